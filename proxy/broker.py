@@ -1,0 +1,528 @@
+"""The embedded broker: AMQP events of client connections -> local queues.
+
+How this works
+--------------
+``Broker`` is node-wide: the queue registry, the routing table, and two
+"needs attention" sets. ``ClientHandler`` is one per client connection; it
+receives proton events (``on_event``) and keeps, per link, an endpoint object:
+
+* ``QueueProducer`` — the client sends to a queue (our proton Receiver).
+  Incoming transfers are copied out of proton as bytes and enqueued, never
+  decoded; unsettled ones are accepted and settled at once (§3.4.2). Credit is
+  topped up to the credit window as it is used, and never beyond what the
+  queue's depth limit leaves room for (§2.6.7: credit withheld, nothing lost).
+* ``QueueConsumer`` — the client receives from a queue (our proton Sender).
+  ``LocalQueue.dispatch`` calls ``deliver`` only when the link has credit.
+  Outcomes (§3.4) come back as disposition updates and go to the queue.
+
+Work caused by one connection's input often lands on another connection
+(a producer's message goes out to a consumer). Such queues and connections are
+marked dirty; ``Broker.run_pending`` dispatches the queues and flushes the
+connections once per input chunk, so many transfers share one write.
+
+Proton objects are reached through raw pointers on the hot path (see
+``proxy.engine``); tables are keyed by those pointers, never by attributes
+hung on proton objects.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Callable
+
+from cproton import (
+    PN_ACCEPTED,
+    PN_MODIFIED,
+    PN_RECEIVED,
+    PN_REJECTED,
+    PN_RELEASED,
+    pn_delivery,
+    pn_delivery_aborted,
+    pn_delivery_link,
+    pn_delivery_partial,
+    pn_delivery_pending,
+    pn_delivery_remote_state,
+    pn_delivery_settle,
+    pn_delivery_settled,
+    pn_delivery_update,
+    pn_link_advance,
+    pn_link_credit,
+    pn_link_drained,
+    pn_link_flow,
+    pn_link_get_drain,
+    pn_link_recv,
+    pn_link_send,
+)
+from proton import Condition, Delivery, Link, Session, Terminus
+
+from . import engine
+from .local_queues import LocalQueue, QueueRegistry, StoredMessage
+
+log = logging.getLogger("fedgate.broker")
+
+UNAUTHORIZED = "amqp:unauthorized-access"
+NOT_FOUND = "amqp:not-found"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+INVALID_FIELD = "amqp:invalid-field"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
+
+
+class Broker:
+    """Node-wide broker state shared by all client connections."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        queues: QueueRegistry,
+        resolve: Callable,
+        credit_window: int = 1000,
+        max_message_size: int = 0,
+        authorize: Callable | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.queues = queues
+        self.resolve = resolve
+        self.credit_window = credit_window
+        self.max_message_size = max_message_size
+        self.authorize = authorize or (lambda identity, address, direction: True)
+        self.dirty_queues: set[LocalQueue] = set()
+        self.dirty_handlers: set[ClientHandler] = set()
+        self.handlers: dict[int, ClientHandler] = {}
+        self.consumer_ids = itertools.count(1)
+        self.connection_ids = itertools.count(1)
+        self.temp_prefix = f"tmp.{node_id}."
+
+    # -- the per-input-chunk cycle ----------------------------------------
+    def run_pending(self) -> None:
+        """Dispatch queues that changed, then flush every connection touched."""
+        while self.dirty_queues:
+            queues, self.dirty_queues = self.dirty_queues, set()
+            for queue in queues:
+                queue.dispatch()
+                _finish_drains(queue)
+                if queue.producers_blocked:
+                    _replenish_producers(queue)
+        while self.dirty_handlers:
+            handlers, self.dirty_handlers = self.dirty_handlers, set()
+            for handler in handlers:
+                handler.flush()
+
+    def enqueue(self, queue: LocalQueue, message: StoredMessage) -> None:
+        queue.enqueue(message)
+        self.dirty_queues.add(queue)
+
+    def dead_letter(self, queue: LocalQueue, message: StoredMessage) -> None:
+        target = self.queues.lookup_or_create(queue.dead_letter) if queue.dead_letter else None
+        if target is None:
+            log.warning("queue %s: dead-letter queue %s unavailable; message dropped",
+                        queue.name, queue.dead_letter)
+            return
+        self.enqueue(target, StoredMessage(message.payload))
+
+    def delete_temporary(self, queue: LocalQueue) -> None:
+        if queue.consumers or queue.producers:
+            return
+        self.queues.delete(queue.name)
+        dropped = queue.purge()
+        if dropped:
+            log.info("temporary queue %s deleted with %d messages", queue.name, dropped)
+
+
+def _finish_drains(queue: LocalQueue) -> None:
+    """Consumers in drain mode that still have credit after dispatch: drained (§2.6.7)."""
+    if queue.messages:
+        return
+    for consumer in queue.consumers:
+        ptr = consumer.link_ptr
+        if pn_link_get_drain(ptr) and pn_link_credit(ptr) > 0:
+            pn_link_drained(ptr)
+            consumer.handler.mark_dirty()
+
+
+def _replenish_producers(queue: LocalQueue) -> None:
+    queue.producers_blocked = False
+    for producer in queue.producers:
+        producer.top_up()
+
+
+class QueueProducer:
+    """Client -> local queue. Our side is a proton Receiver."""
+
+    __slots__ = ("handler", "link", "link_ptr", "queue", "window", "address", "received")
+
+    def __init__(self, handler: "ClientHandler", link: Link, queue: LocalQueue, window: int) -> None:
+        self.handler = handler
+        self.link = link
+        self.link_ptr = link._impl
+        self.queue = queue
+        self.window = window
+        self.address = queue.name
+        self.received = 0
+
+    @property
+    def outstanding_credit(self) -> int:
+        return pn_link_credit(self.link_ptr)
+
+    def top_up(self) -> None:
+        """Grant credit up to the window, within the queue's room (§2.6.7)."""
+        ptr = self.link_ptr
+        credit = pn_link_credit(ptr)
+        want = self.window - credit
+        if want <= 0:
+            return
+        room = self.queue.room()
+        if room is not None:
+            room -= sum(p.outstanding_credit for p in self.queue.producers)
+            if room < want:
+                self.queue.producers_blocked = True
+                want = max(0, room)
+        if want:
+            pn_link_flow(ptr, want)
+            self.handler.mark_dirty()
+
+    def on_delivery(self, delivery) -> None:
+        if pn_delivery_partial(delivery):
+            limit = self.handler.broker.max_message_size
+            if limit and pn_delivery_pending(delivery) > limit:
+                self._too_large(delivery)
+            return  # wait for the rest of a multi-frame transfer
+        ptr = self.link_ptr
+        if pn_delivery_aborted(delivery):  # §2.6.14: discard an aborted transfer
+            pn_delivery_settle(delivery)
+            pn_link_advance(ptr)
+            return
+        size = pn_delivery_pending(delivery)
+        limit = self.handler.broker.max_message_size
+        if limit and size > limit:
+            self._too_large(delivery)
+            return
+        _, payload = pn_link_recv(ptr, size)
+        if not pn_delivery_settled(delivery):
+            pn_delivery_update(delivery, PN_ACCEPTED)
+        pn_delivery_settle(delivery)
+        pn_link_advance(ptr)
+        self.received += 1
+        self.handler.broker.enqueue(self.queue, StoredMessage(bytes(payload)))
+        if pn_link_credit(ptr) <= self.window // 2:
+            self.top_up()
+
+    def _too_large(self, delivery) -> None:
+        limit = self.handler.broker.max_message_size
+        self.handler.close_link(
+            self.link, MESSAGE_SIZE_EXCEEDED, f"message larger than {limit} bytes"
+        )
+
+    def detached(self) -> None:
+        queue = self.queue
+        if self in queue.producers:
+            queue.producers.remove(self)
+        if queue.temporary:
+            self.handler.broker.delete_temporary(queue)
+
+
+class QueueConsumer:
+    """Local queue -> client. Our side is a proton Sender."""
+
+    __slots__ = (
+        "handler", "link", "link_ptr", "queue", "consumer_id", "presettled",
+        "unsettled", "tags", "owns_queue", "address", "sent",
+    )
+
+    def __init__(self, handler: "ClientHandler", link: Link, queue: LocalQueue, *,
+                 presettled: bool, owns_queue: bool) -> None:
+        self.handler = handler
+        self.link = link
+        self.link_ptr = link._impl
+        self.queue = queue
+        self.consumer_id = next(handler.broker.consumer_ids)
+        self.presettled = presettled
+        self.unsettled: dict = {}
+        self.tags = itertools.count(1)
+        self.owns_queue = owns_queue
+        self.address = queue.name
+        self.sent = 0
+
+    @property
+    def credit(self) -> int:
+        if not self.handler.writable:
+            return 0
+        return pn_link_credit(self.link_ptr)
+
+    def deliver(self, message: StoredMessage) -> None:
+        ptr = self.link_ptr
+        delivery = pn_delivery(ptr, str(next(self.tags)).encode())
+        pn_link_send(ptr, message.payload)
+        pn_link_advance(ptr)
+        self.sent += 1
+        if self.presettled:
+            pn_delivery_settle(delivery)
+            self.queue.settled_accepted()
+        else:
+            self.unsettled[delivery] = message
+        self.handler.mark_dirty()
+
+    def on_delivery(self, delivery) -> None:
+        state = pn_delivery_remote_state(delivery)
+        if state == PN_RECEIVED or (not state and not pn_delivery_settled(delivery)):
+            return  # not an outcome yet (§3.4.1 received is non-terminal)
+        message = self.unsettled.pop(delivery, None)
+        pn_delivery_settle(delivery)
+        if message is None:
+            return
+        queue = self.queue
+        broker = self.handler.broker
+        if state == PN_ACCEPTED or not state:
+            # settled without an outcome: the source's default, accepted here
+            queue.settled_accepted()
+            if queue.producers_blocked:
+                broker.dirty_queues.add(queue)
+            return
+        if state == PN_RELEASED:
+            queue.settled_released(message)
+        elif state == PN_MODIFIED:
+            remote = Delivery.wrap(delivery).remote
+            queue.settled_modified(
+                message,
+                delivery_failed=bool(remote.failed),
+                undeliverable_here=bool(remote.undeliverable),
+                consumer_id=self.consumer_id,
+                annotations=remote.annotations or None,
+            )
+        elif state == PN_REJECTED:
+            dead = queue.settled_rejected(message)
+            if dead is not None:
+                broker.dead_letter(queue, dead)
+        else:
+            queue.settled_released(message)
+        broker.dirty_queues.add(queue)
+
+    def on_flow(self) -> None:
+        self.handler.broker.dirty_queues.add(self.queue)
+
+    def detached(self) -> None:
+        queue = self.queue
+        queue.remove_consumer(self)
+        if self.unsettled:
+            # §3.4: unsettled deliveries of a departed receiver go back to the queue
+            queue.orphaned(self.unsettled.values())
+            self.unsettled.clear()
+            self.handler.broker.dirty_queues.add(queue)
+        if queue.temporary and self.owns_queue:
+            self.handler.broker.delete_temporary(queue)
+
+
+class ClientHandler:
+    """Proton events of one client connection -> broker operations."""
+
+    def __init__(self, broker: Broker, *, peer: str = "", max_links: int = 0) -> None:
+        self.broker = broker
+        self.connection_id = next(broker.connection_ids)
+        self.peer = peer
+        self.max_links = max_links
+        self.server_connection = None  # the ServerConnection, set on_amqp_start
+        self.links: dict = {}  # link pointer -> endpoint
+        self.writable = True
+        self.flush: Callable[[], None] = lambda: None
+        self._dispatch = {
+            engine.PN_DELIVERY: self._on_delivery,
+            engine.PN_LINK_FLOW: self._on_link_flow,
+            engine.PN_LINK_REMOTE_OPEN: self._on_link_open,
+            engine.PN_LINK_REMOTE_CLOSE: self._on_link_close,
+            engine.PN_LINK_REMOTE_DETACH: self._on_link_close,
+            engine.PN_SESSION_REMOTE_OPEN: self._on_session_open,
+            engine.PN_SESSION_REMOTE_CLOSE: self._on_session_close,
+            engine.PN_CONNECTION_REMOTE_OPEN: self._on_connection_open,
+            engine.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_close,
+            engine.PN_TRANSPORT_CLOSED: self._on_transport_closed,
+        }
+
+    # -- plumbing -------------------------------------------------------------
+    def on_amqp_start(self, server_connection) -> None:
+        self.server_connection = server_connection
+        self.broker.handlers[self.connection_id] = self
+
+    def on_event(self, event_type: int, event) -> None:
+        method = self._dispatch.get(event_type)
+        if method is not None:
+            method(event)
+
+    def mark_dirty(self) -> None:
+        self.broker.dirty_handlers.add(self)
+
+    @property
+    def identity(self):
+        return self.server_connection.identity if self.server_connection else None
+
+    # -- connection and sessions -------------------------------------------
+    def _on_connection_open(self, event) -> None:
+        self.server_connection.connection.open()
+
+    def _on_connection_close(self, event) -> None:
+        self.server_connection.connection.close()
+
+    def _on_session_open(self, event) -> None:
+        session = Session.wrap(engine.pn_event_session(event))
+        limit = self.server_connection.settings.max_sessions
+        open_sessions = sum(
+            1 for s in self._sessions() if s.state & Session.LOCAL_ACTIVE
+        )
+        session.open()
+        if limit and open_sessions >= limit:
+            session.condition = Condition(RESOURCE_LIMIT, f"at most {limit} sessions per connection")
+            session.close()
+
+    def _sessions(self):
+        connection = self.server_connection.connection
+        session = connection.session_head(0)
+        while session is not None:
+            yield session
+            session = session.next(0)
+
+    def _on_session_close(self, event) -> None:
+        Session.wrap(engine.pn_event_session(event)).close()
+
+    def _on_transport_closed(self, event) -> None:
+        self.release_all()
+
+    def release_all(self) -> None:
+        """The connection is gone: every link's state goes back to the broker."""
+        links, self.links = self.links, {}
+        for endpoint in links.values():
+            endpoint.detached()
+        self.broker.handlers.pop(self.connection_id, None)
+        self.broker.dirty_handlers.discard(self)
+
+    # -- links ------------------------------------------------------------------
+    def _on_link_open(self, event) -> None:
+        link = Link.wrap(engine.pn_event_link(event))
+        if self.max_links and len(self.links) >= self.max_links:
+            self.refuse_link(link, RESOURCE_LIMIT, f"at most {self.max_links} links per connection")
+            return
+        try:
+            if link.is_sender:
+                self._attach_consumer(link)
+            else:
+                self._attach_producer(link)
+        except LinkRefused as refused:
+            self.refuse_link(link, refused.condition, refused.description)
+
+    def _resolve_local(self, address: str | None, direction: str) -> LocalQueue:
+        if not address:
+            raise LinkRefused(INVALID_FIELD, f"{direction} link needs an address (no anonymous relay)")
+        identity = self.identity
+        if not self.broker.authorize(identity, address, direction):
+            raise LinkRefused(UNAUTHORIZED, f"{direction} to {address!r} not allowed")
+        decision = self.broker.resolve(address)
+        if decision.kind == "deny":
+            raise LinkRefused(UNAUTHORIZED, f"address {address!r} denied: {decision.reason}")
+        if decision.kind != "local":
+            raise LinkRefused(NOT_IMPLEMENTED, f"{decision.kind} addresses are not served yet: {decision.reason}")
+        queue = self.broker.queues.lookup_or_create(address)
+        if queue is None:
+            raise LinkRefused(NOT_FOUND, f"no queue {address!r} (auto-create is off)")
+        return queue
+
+    def _attach_consumer(self, link: Link) -> None:
+        remote = link.remote_source
+        owns = False
+        if remote.dynamic:
+            queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
+            owns = True
+        else:
+            queue = self._resolve_local(remote.address, "receive")
+        link.source.copy(remote)
+        link.source.address = queue.name
+        link.target.copy(link.remote_target)
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
+        link.rcv_settle_mode = Link.RCV_FIRST
+        link.open()
+        consumer = QueueConsumer(self, link, queue, presettled=presettled, owns_queue=owns)
+        self.links[consumer.link_ptr] = consumer
+        queue.add_consumer(consumer)
+        self.broker.dirty_queues.add(queue)
+        self.mark_dirty()
+
+    def _attach_producer(self, link: Link) -> None:
+        remote = link.remote_target
+        if remote.dynamic:
+            queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
+        else:
+            queue = self._resolve_local(remote.address, "send")
+        link.target.copy(remote)
+        link.target.address = queue.name
+        link.source.copy(link.remote_source)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = Link.RCV_FIRST
+        link.open()
+        producer = QueueProducer(self, link, queue, self.broker.credit_window)
+        self.links[producer.link_ptr] = producer
+        queue.producers.append(producer)
+        producer.top_up()
+        self.mark_dirty()
+
+    def refuse_link(self, link: Link, condition: str, description: str) -> None:
+        """Refuse an attach: answer with a null terminus, then detach with the error (§2.6.3)."""
+        log.info("connection %s (%s, user %s): link %r refused: %s %s", self.connection_id,
+                 self.peer, getattr(self.identity, "user", "?"), link.name, condition, description)
+        if link.is_sender:
+            link.source.type = Terminus.UNSPECIFIED
+            link.target.copy(link.remote_target)
+        else:
+            link.target.type = Terminus.UNSPECIFIED
+            link.source.copy(link.remote_source)
+        link.open()
+        link.condition = Condition(condition, description)
+        link.close()
+        self.mark_dirty()
+
+    def close_link(self, link: Link, condition: str, description: str) -> None:
+        endpoint = self.links.pop(link._impl, None)
+        if endpoint is not None:
+            endpoint.detached()
+        link.condition = Condition(condition, description)
+        link.close()
+        self.mark_dirty()
+
+    def _on_link_close(self, event) -> None:
+        ptr = engine.pn_event_link(event)
+        endpoint = self.links.pop(ptr, None)
+        if endpoint is not None:
+            endpoint.detached()
+        link = Link.wrap(ptr)
+        if link.state & Link.LOCAL_ACTIVE:
+            link.close()
+        self.mark_dirty()
+
+    def _on_link_flow(self, event) -> None:
+        endpoint = self.links.get(engine.pn_event_link(event))
+        if endpoint is not None and isinstance(endpoint, QueueConsumer):
+            endpoint.on_flow()
+
+    def _on_delivery(self, event) -> None:
+        delivery = engine.pn_event_delivery(event)
+        endpoint = self.links.get(pn_delivery_link(delivery))
+        if endpoint is not None:
+            endpoint.on_delivery(delivery)
+        else:
+            pn_delivery_settle(delivery)
+
+    # -- write-side backpressure -------------------------------------------
+    def pause(self) -> None:
+        self.writable = False
+
+    def resume(self) -> None:
+        self.writable = True
+        for endpoint in self.links.values():
+            if isinstance(endpoint, QueueConsumer):
+                self.broker.dirty_queues.add(endpoint.queue)
+
+
+class LinkRefused(Exception):
+    def __init__(self, condition: str, description: str) -> None:
+        super().__init__(f"{condition}: {description}")
+        self.condition = condition
+        self.description = description

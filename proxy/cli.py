@@ -1,0 +1,138 @@
+"""The ``fedgate`` command: serve, check-config, users."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from . import config as config_mod
+from .config import ConfigError
+from .users import UsersFile, UsersFileError, make_record
+
+log = logging.getLogger("fedgate")
+
+
+def _load_config(path: str | None, **overrides) -> config_mod.Config:
+    config = config_mod.load(path) if path else config_mod.from_dict({})
+    return config_mod.apply_overrides(config, **overrides)
+
+
+async def _serve(config: config_mod.Config) -> int:
+    from .node import Node
+
+    node = Node(config)
+    await node.start()
+    print(f"fedgate node {node.node_id} listening on {node.url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("signal received, shutting down")
+    await node.stop()
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    config = _load_config(
+        args.config, listen=args.listen, admin=args.admin, node_id=args.node_id,
+        data_dir=args.data_dir, log_level=args.log_level,
+    )
+    logging.basicConfig(
+        level=config.node.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return asyncio.run(_serve(config))
+    except OSError as exc:
+        print(f"fedgate: cannot listen on {config.node.listen}: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = config_mod.load(args.file)
+    from .node import build_tls_context
+
+    build_tls_context(config)  # certificate files must load
+    rules = config.ruleset()
+    print(f"{args.file}: ok (node {config.node.id}, {len(rules.rules)} rules, "
+          f"{len(config.peers)} peers)")
+    return 0
+
+
+def cmd_users(args: argparse.Namespace) -> int:
+    users = UsersFile.load(args.file, missing_ok=args.action == "add")
+    if args.action == "add":
+        if args.password_stdin:
+            password = sys.stdin.readline().rstrip("\n")
+        else:
+            import getpass
+
+            password = getpass.getpass(f"password for {args.name}: ")
+        groups = tuple(g for g in (args.groups or "").split(",") if g)
+        users.add(make_record(args.name, password, groups=groups))
+        users.save()
+        print(f"user {args.name} saved to {args.file}")
+    elif args.action == "remove":
+        if not users.remove(args.name):
+            print(f"fedgate: no user {args.name!r} in {args.file}", file=sys.stderr)
+            return 1
+        users.save()
+        print(f"user {args.name} removed")
+    else:
+        for name, record in sorted(users.users.items()):
+            groups = f" groups={','.join(record.groups)}" if record.groups else ""
+            print(f"{name}{groups}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedgate", description="AMQP 1.0 federation proxy node")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a node")
+    serve.add_argument("--config", help="TOML config file")
+    serve.add_argument("--listen", help="HOST:PORT for AMQP (default 127.0.0.1:5672)")
+    serve.add_argument("--admin", help="HOST:PORT for the admin API (default 127.0.0.1:8080)")
+    serve.add_argument("--node-id", help="this node's id")
+    serve.add_argument("--data-dir", help="directory for the node's state")
+    serve.add_argument("--log-level", choices=config_mod.LOG_LEVELS)
+    serve.set_defaults(func=cmd_serve)
+
+    check = sub.add_parser("check-config", help="validate a config file without serving")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_check_config)
+
+    users = sub.add_parser("users", help="manage a users file (salted hashes)")
+    users_sub = users.add_subparsers(dest="action", required=True)
+    add = users_sub.add_parser("add")
+    add.add_argument("name")
+    add.add_argument("--file", required=True)
+    add.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    add.add_argument("--groups", help="comma-separated groups (for ACLs)")
+    remove = users_sub.add_parser("remove")
+    remove.add_argument("name")
+    remove.add_argument("--file", required=True)
+    listing = users_sub.add_parser("list")
+    listing.add_argument("--file", required=True)
+    users.set_defaults(func=cmd_users)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"fedgate: config error: {exc}", file=sys.stderr)
+        return 2
+    except (UsersFileError, OSError) as exc:
+        print(f"fedgate: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""One server-side AMQP connection, sans-I/O: bytes in, bytes out, events out.
+
+How this works
+--------------
+The asyncio protocol (``proxy.server``) owns the socket; this object owns the
+protocol state. It moves through phases:
+
+``HEADER``  wait for the 8-byte protocol header (§2.2). ``AMQP 3.1.0.0``
+            starts SASL, ``AMQP 0.1.0.0`` goes straight to AMQP when SASL is
+            optional; anything else gets our header back and is closed
+            (the protocol-negotiation reply of §2.2).
+``SASL``    our own ``SaslServer`` runs the exchange (§5.3); proton never
+            sees SASL, so it is configured without it.
+``AMQP``    bytes go to a proton ``Transport`` bound to a ``Connection`` with a
+            ``Collector``. Until the first frame (the peer's open) is in, we
+            check its size against 512 bytes (§2.4.1, MIN-MAX-FRAME-SIZE):
+            proton does not enforce that limit before negotiation. After it,
+            proton enforces the negotiated max-frame-size.
+``CLOSED``  nothing more is read; remaining output is flushed, then the
+            socket is closed.
+
+A deadline covers header, SASL and the peer's open (slow-loris); after open,
+proton's idle-timeout handling (``tick``) takes over (§2.4.5).
+Events are read from the collector with proton's low-level calls, and handed to
+``handler.on_event(type, event)``; see ``proxy.engine``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import struct
+from dataclasses import dataclass
+
+from proton import Collector, Condition, Connection, Transport
+
+from . import engine
+from .sasl import SASL_HEADER, SaslFailure, SaslProtocolError, SaslServer, SaslSuccess
+
+log = logging.getLogger("fedgate.connection")
+
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+TLS_HEADER = b"AMQP\x02\x01\x00\x00"
+MIN_MAX_FRAME_SIZE = 512
+
+
+class Phase(enum.Enum):
+    HEADER = "header"
+    SASL = "sasl"
+    AMQP = "amqp"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    container_id: str
+    max_frame_size: int = 65536
+    idle_timeout: float = 60.0  # seconds; 0 disables
+    handshake_timeout: float = 10.0  # header + SASL + open
+    sasl_mechanisms: tuple[str, ...] = ("ANONYMOUS",)
+    sasl_required: bool = False  # refuse a bare AMQP header (no SASL layer)
+    max_sessions: int = 32
+    properties: dict | None = None
+    offered_capabilities: tuple[str, ...] = ()
+
+
+@dataclass
+class Identity:
+    user: str = "anonymous"
+    mechanism: str | None = None
+    groups: tuple[str, ...] = ()
+
+
+class ServerConnection:
+    """Protocol state of one client connection. See the module docstring."""
+
+    def __init__(self, settings: ConnectionSettings, authenticator, handler, now: float) -> None:
+        self.settings = settings
+        self.authenticator = authenticator
+        self.handler = handler
+        self.phase = Phase.HEADER
+        self.identity = Identity()
+        self.failure: str | None = None  # why we closed, for logs and stats
+        self._in = b""
+        self._out = bytearray()
+        self._sasl: SaslServer | None = None
+        self._handshake_deadline = now + settings.handshake_timeout if settings.handshake_timeout else None
+        self._first_frame_checked = False
+        self._pump: engine.EventPump | None = None
+        self.transport: Transport | None = None
+        self.connection: Connection | None = None
+        self.collector: Collector | None = None
+
+    # -- input -------------------------------------------------------------
+    def receive(self, data: bytes) -> None:
+        if self.phase is Phase.CLOSED:
+            return
+        if self.phase is Phase.AMQP:
+            self._push_amqp(data)
+            return
+        self._in += data
+        if self.phase is Phase.HEADER:
+            self._read_header()
+        if self.phase is Phase.SASL:
+            self._run_sasl(b"")
+
+    def _read_header(self) -> None:
+        if len(self._in) < 8:
+            if not (SASL_HEADER.startswith(self._in) or AMQP_HEADER.startswith(self._in)
+                    or TLS_HEADER.startswith(self._in)):
+                self._refuse_header("wrong protocol header")
+            return
+        header, rest = self._in[:8], self._in[8:]
+        self._in = b""
+        if header == SASL_HEADER and self.settings.sasl_mechanisms:
+            self._sasl = SaslServer(self.settings.sasl_mechanisms, self.authenticator)
+            self._out += self._sasl.start()
+            self.phase = Phase.SASL
+            self._in = rest
+        elif header == AMQP_HEADER and not self.settings.sasl_required:
+            self._start_amqp(header + rest)
+        elif header == AMQP_HEADER or header == TLS_HEADER:
+            self._refuse_header(f"protocol header {header!r} not accepted here")
+        else:
+            self._refuse_header("wrong protocol header")
+
+    def _refuse_header(self, reason: str) -> None:
+        # §2.2: reply with the header we support, then close the socket.
+        self._out += SASL_HEADER if self.settings.sasl_mechanisms else AMQP_HEADER
+        self._fail(reason)
+
+    def _run_sasl(self, data: bytes) -> None:
+        assert self._sasl is not None
+        try:
+            self._out += self._sasl.receive(self._in + data)
+        except SaslProtocolError as exc:
+            self._fail(f"SASL protocol error: {exc}")
+            return
+        self._in = b""
+        result = self._sasl.result
+        if isinstance(result, SaslFailure):
+            self._fail(f"SASL authentication failed: {result.reason}")
+        elif isinstance(result, SaslSuccess):
+            self.identity = Identity(result.identity, result.mechanism, result.groups)
+            leftover, self._sasl = self._sasl.leftover, None
+            self._start_amqp(leftover)
+
+    def _start_amqp(self, data: bytes) -> None:
+        settings = self.settings
+        transport = Transport(Transport.SERVER)
+        transport.max_frame_size = settings.max_frame_size
+        if settings.idle_timeout:
+            transport.idle_timeout = settings.idle_timeout
+        connection = Connection()
+        collector = Collector()
+        connection.collect(collector)
+        connection.container = settings.container_id
+        if settings.properties:
+            connection.properties = settings.properties
+        if settings.offered_capabilities:
+            from proton import symbol
+
+            connection.offered_capabilities = [symbol(c) for c in settings.offered_capabilities]
+        transport.bind(connection)
+        self.transport, self.connection, self.collector = transport, connection, collector
+        self._pump = engine.EventPump(collector, self.handler)
+        self.phase = Phase.AMQP
+        self.handler.on_amqp_start(self)
+        if data:
+            self._push_amqp(data)
+
+    def _push_amqp(self, data: bytes) -> None:
+        if not self._first_frame_checked:
+            data = self._check_first_frame(data)
+            if data is None:
+                return
+        transport = self.transport
+        while data:
+            capacity = transport.capacity()
+            if capacity < 0:  # tail closed: proton will not read more
+                return
+            if capacity == 0:
+                # proton holds a full input buffer: let it process, then retry
+                self._pump.run()
+                capacity = transport.capacity()
+                if capacity <= 0:
+                    self._fail("input buffer full")
+                    return
+            chunk, data = data[:capacity], data[capacity:]
+            transport.push(chunk)
+            self._pump.run()
+
+    def _check_first_frame(self, data: bytes) -> bytes | None:
+        """Hold bytes until the first frame's size is known; refuse if > 512."""
+        self._in += data
+        buffered = self._in
+        offset = len(AMQP_HEADER)  # the header always comes first in this phase
+        if len(buffered) < offset + 4:
+            return None
+        (size,) = struct.unpack_from(">I", buffered, offset)
+        self._first_frame_checked = True
+        self._in = b""
+        if size > MIN_MAX_FRAME_SIZE:
+            # Let proton answer properly: header, open, close(framing-error).
+            self.transport.push(buffered[:offset])
+            self.connection.condition = Condition(
+                "amqp:connection:framing-error",
+                f"first frame of {size} bytes exceeds {MIN_MAX_FRAME_SIZE} before open (AMQP 1.0 2.4.1)",
+            )
+            self.connection.open()
+            self.connection.close()
+            self.transport.close_tail()
+            self.failure = f"oversized first frame ({size} bytes)"
+            self._pump.run()
+            return None
+        return buffered
+
+    # -- lifecycle ----------------------------------------------------------
+    def input_closed(self) -> None:
+        """The peer closed its side or the socket failed."""
+        if self.phase is Phase.AMQP and self.transport is not None:
+            self.transport.close_tail()
+            self._pump.run()
+        elif self.phase is not Phase.CLOSED:
+            self._fail(self.failure or "peer closed during handshake")
+
+    def close(self, condition: str | None = None, description: str | None = None) -> None:
+        """Close the AMQP connection (with an error condition if given)."""
+        if self.phase is Phase.AMQP and self.connection is not None:
+            connection = self.connection
+            if condition:
+                connection.condition = Condition(condition, description)
+            if not connection.state & Connection.LOCAL_ACTIVE:
+                connection.open()
+            connection.close()
+            self._pump.run()
+        else:
+            self._fail(description or condition or "closed by node")
+
+    def _fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+        self.phase = Phase.CLOSED
+        self._in = b""
+
+    # -- output and timers ---------------------------------------------------
+    def take_output(self) -> bytes:
+        out = self._out
+        if out:
+            self._out = bytearray()
+        transport = self.transport
+        if transport is not None:
+            pending = transport.pending()
+            if pending > 0:
+                chunk = transport.peek(pending)
+                transport.pop(pending)
+                if out:
+                    out += chunk
+                else:
+                    return bytes(chunk)
+        return bytes(out)
+
+    @property
+    def finished(self) -> bool:
+        """True when nothing more will be written: the socket may be closed."""
+        if self._out:
+            return False
+        if self.phase is Phase.CLOSED:
+            return True
+        transport = self.transport
+        return transport is not None and transport.pending() < 0
+
+    def tick(self, now: float) -> float | None:
+        """Run timers; return the next deadline (loop time) or None."""
+        deadline = None
+        if self._handshake_deadline is not None:
+            if self._opened():
+                self._handshake_deadline = None
+            elif now >= self._handshake_deadline:
+                self._handshake_deadline = None
+                self.failure = self.failure or "handshake deadline passed"
+                self.close("amqp:connection:forced", "handshake deadline passed")
+                if self.phase is not Phase.CLOSED and self.transport is not None:
+                    self.transport.close_tail()
+                return None
+            else:
+                deadline = self._handshake_deadline
+        if self.phase is Phase.AMQP and self.transport is not None:
+            next_tick = self.transport.tick(now)
+            self._pump.run()
+            if next_tick:
+                deadline = next_tick if deadline is None else min(deadline, next_tick)
+        return deadline
+
+    def _opened(self) -> bool:
+        connection = self.connection
+        return connection is not None and bool(connection.state & Connection.REMOTE_ACTIVE)
+
+    def process(self) -> None:
+        if self._pump is not None:
+            self._pump.run()

@@ -1,0 +1,92 @@
+"""Rewrite the header section of an encoded message without touching the rest.
+
+Messages are stored as the producer encoded them (AMQP 1.0 §3.2: a sequence of
+described sections). Only on the rare redelivery paths do we need to change
+anything: the header's delivery-count (§3.2.1) after modified(delivery-failed)
+or a lost consumer, and message-annotations merged from a modified outcome
+(§3.4.5). The header, when present, is the first section, so we decode just
+that one, re-encode it, and keep every following byte as it was.
+"""
+
+from __future__ import annotations
+
+from proton import Data, DataException, Message, symbol, ulong
+
+HEADER = 0x70
+_HEADER_PREFIX = b"\x00\x53\x70"  # described by smallulong 0x70
+_HEADER_PREFIX_LONG = b"\x00\x80" + (0x70).to_bytes(8, "big")
+
+
+def _split_header(payload: bytes) -> tuple[list, bytes]:
+    """Return (header fields, rest of the payload). Fields is [] when absent."""
+    if not (payload.startswith(_HEADER_PREFIX) or payload.startswith(_HEADER_PREFIX_LONG)):
+        return [], payload
+    data = Data()
+    consumed = data.decode(payload)
+    data.rewind()
+    data.next()
+    data.enter()
+    data.next()  # descriptor
+    data.next()  # the list
+    fields: list = []
+    if data.type() == Data.LIST:
+        data.enter()
+        while data.next() is not None:
+            fields.append(data.get_object())
+    return fields, payload[consumed:]
+
+
+def _encode_header(fields: list) -> bytes:
+    fields = (fields + [None] * 5)[:5]
+    durable, priority, ttl, first_acquirer, delivery_count = fields
+    data = Data()
+    data.put_described()
+    data.enter()
+    data.put_ulong(ulong(HEADER))
+    data.put_list()
+    data.enter()
+    for value, put in (
+        (durable, data.put_bool),
+        (priority, data.put_ubyte),
+        (ttl, data.put_uint),
+        (first_acquirer, data.put_bool),
+        (delivery_count, data.put_uint),
+    ):
+        if value is None:
+            data.put_null()
+        else:
+            put(value)
+    data.exit()
+    data.exit()
+    return bytes(data.encode())
+
+
+def delivery_count(payload: bytes) -> int:
+    fields, _ = _split_header(payload)
+    return int(fields[4]) if len(fields) > 4 and fields[4] is not None else 0
+
+
+def modify(payload: bytes, *, increment_count: bool, annotations: dict | None = None) -> bytes:
+    """Return payload with delivery-count + 1 and/or message-annotations merged.
+
+    A payload we cannot parse is returned unchanged: redelivery must never be
+    blocked by a producer's odd encoding.
+    """
+    try:
+        if annotations:
+            message = Message()
+            message.decode(payload)
+            if increment_count:
+                message.delivery_count += 1
+            merged = dict(message.annotations or {})
+            merged.update({symbol(str(k)): v for k, v in annotations.items()})
+            message.annotations = merged
+            return bytes(message.encode())
+        if not increment_count:
+            return payload
+        fields, rest = _split_header(payload)
+        fields = (fields + [None] * 5)[:5]
+        fields[4] = (fields[4] or 0) + 1
+        return _encode_header(fields) + rest
+    except (DataException, ValueError, TypeError, KeyError):
+        return payload

@@ -1,0 +1,131 @@
+"""A fedgate node: configuration, broker, listener and shutdown in one object.
+
+How this works
+--------------
+``Node`` composes the parts and owns the asyncio server. ``start`` binds the
+listener (TLS-only when ``[tls]`` is configured), ``stop`` closes every client
+connection with ``amqp:connection:forced`` (§2.8.15), waits a bounded time
+for the close frames to go out, and aborts what is left. ``admit`` applies the
+connection-count limit before a connection gets any state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from pathlib import Path
+
+from routing import RoutingTable
+
+from .broker import Broker
+from .config import Config
+from .connection import ConnectionSettings
+from .local_queues import QueueRegistry
+from .sasl import Authenticator
+from .server import AmqpProtocol
+from .users import UsersFile
+
+log = logging.getLogger("fedgate.node")
+
+SHUTDOWN_GRACE = 2.0  # seconds for close frames to reach clients
+
+
+def build_tls_context(config: Config) -> ssl.SSLContext | None:
+    tls = config.tls
+    if tls is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.resolve_path(tls.cert), config.resolve_path(tls.key))
+    if tls.ca:
+        context.load_verify_locations(config.resolve_path(tls.ca))
+    context.verify_mode = ssl.CERT_REQUIRED if tls.verify_client else ssl.CERT_NONE
+    return context
+
+
+class Node:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.node_id = config.node.id
+        self.data_dir = Path(config.node.data_dir)
+        self.routing = RoutingTable(config.ruleset())
+        declared = {q.name: q for q in config.queue}
+        defaults = config.queues
+
+        def queue_options(name: str) -> dict:
+            decl = declared.get(name)
+            return {
+                "max_depth": decl.max_depth if decl and decl.max_depth else defaults.max_depth,
+                "dead_letter": (decl.dead_letter if decl and decl.dead_letter else defaults.dead_letter),
+            }
+
+        self.queues = QueueRegistry(auto_create=defaults.auto_create, defaults=queue_options)
+        for name in declared:
+            self.queues.declare(name, **queue_options(name))
+        self.broker = Broker(
+            node_id=self.node_id,
+            queues=self.queues,
+            resolve=self.routing.resolve,
+            credit_window=defaults.credit_window,
+            max_message_size=config.limits.max_message_size,
+        )
+        users = None
+        if config.sasl.users_file:
+            users = UsersFile.load(config.resolve_path(config.sasl.users_file), missing_ok=True)
+        self.authenticator = Authenticator(users)
+        limits = config.limits
+        self.connection_settings = ConnectionSettings(
+            container_id=self.node_id,
+            max_frame_size=limits.max_frame_size,
+            idle_timeout=limits.idle_timeout,
+            handshake_timeout=limits.handshake_timeout,
+            sasl_mechanisms=config.sasl.mechanisms,
+            sasl_required=config.sasl.require,
+            max_sessions=limits.max_sessions_per_connection,
+        )
+        self.tls_context = build_tls_context(config)
+        self.connections: set[AmqpProtocol] = set()
+        self.server: asyncio.base_events.Server | None = None
+        self.address: tuple[str, int] | None = None
+
+    def admit(self, protocol: AmqpProtocol) -> str | None:
+        """None to accept a new connection, else the reason to refuse it."""
+        limit = self.config.limits.max_connections
+        if limit and len(self.connections) >= limit:
+            return f"connection limit {limit} reached"
+        return None
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        scheme = "amqps" if self.tls_context else "amqp"
+        host = f"[{host}]" if ":" in host else host
+        return f"{scheme}://{host}:{port}"
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        host, port = self.config.listen
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: AmqpProtocol(self), host, port, ssl=self.tls_context,
+            reuse_address=True, backlog=4096,
+        )
+        sockname = self.server.sockets[0].getsockname()
+        self.address = (sockname[0], sockname[1])
+        log.info("fedgate node %s listening on %s", self.node_id, self.url)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for protocol in list(self.connections):
+            protocol.close("amqp:connection:forced", "node shutting down")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SHUTDOWN_GRACE
+        while self.connections and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for protocol in list(self.connections):
+            protocol.abort()
+        if self.server is not None:
+            await self.server.wait_closed()
+        log.info("fedgate node %s stopped", self.node_id)

@@ -1,0 +1,282 @@
+"""The node's own SASL server layer (AMQP 1.0 §5.3), sans-I/O.
+
+How this works
+--------------
+Proton's built-in SASL cannot verify a password on the server side, so the
+node runs the SASL exchange itself, in front of a proton transport that never
+sees SASL. ``SaslServer`` takes bytes that follow the client's SASL protocol
+header and returns bytes to send back. Frames are decoded with proton's
+``Data`` codec; every frame is bounded by the 512-byte limit that holds before
+any negotiation (§5.3.1, MIN-MAX-FRAME-SIZE).
+
+    server                         client
+    AMQP 3.1.0.0 + sasl-mechanisms  ->
+                                   <-  sasl-init(mechanism, initial-response)
+    [sasl-challenge               <-> sasl-response]*       (multi-step mechs)
+    sasl-outcome(code)              ->
+
+After a successful outcome ``result`` is a ``SaslSuccess`` and ``leftover``
+holds any bytes the client pipelined after its last SASL frame (normally the
+AMQP protocol header); they belong to the AMQP layer.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from proton import Data, DataException, symbol, ulong
+
+from .users import UsersFile
+
+log = logging.getLogger("fedgate.sasl")
+
+SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+SASL_FRAME_TYPE = 0x01
+SASL_MAX_FRAME = 512
+
+MECHANISMS = 0x40
+INIT = 0x41
+CHALLENGE = 0x42
+RESPONSE = 0x43
+OUTCOME = 0x44
+
+# sasl-code (§5.3.3.6)
+OK, AUTH, SYS, SYS_PERM, SYS_TEMP = 0, 1, 2, 3, 4
+
+
+class SaslProtocolError(Exception):
+    """The peer sent something that is not a valid SASL exchange."""
+
+
+@dataclass(frozen=True)
+class SaslSuccess:
+    identity: str
+    mechanism: str
+    groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SaslFailure:
+    code: int
+    reason: str  # for our logs; the client only learns the code
+
+
+@dataclass(frozen=True)
+class Challenge:
+    data: bytes
+
+
+Step = SaslSuccess | SaslFailure | Challenge
+
+
+class Mechanism(Protocol):
+    name: str
+
+    def start(self, initial_response: bytes | None) -> Step: ...
+
+    def respond(self, response: bytes) -> Step: ...
+
+
+class Authenticator:
+    """Holds what mechanisms need to check credentials (the users file)."""
+
+    def __init__(self, users: UsersFile | None) -> None:
+        self.users = users
+
+    def check_plain(self, name: str, password: str) -> Step:
+        record = self.users.get(name) if self.users else None
+        if record is None:
+            return SaslFailure(AUTH, f"unknown user {name!r}")
+        if not record.check_password(password):
+            return SaslFailure(AUTH, f"wrong password for user {name!r}")
+        return SaslSuccess(name, "PLAIN", record.groups)
+
+
+class AnonymousMechanism:
+    name = "ANONYMOUS"
+
+    def start(self, initial_response: bytes | None) -> Step:
+        return SaslSuccess("anonymous", self.name)
+
+    def respond(self, response: bytes) -> Step:
+        return SaslFailure(AUTH, "ANONYMOUS takes no response")
+
+
+class PlainMechanism:
+    """RFC 4616: ``[authzid] NUL authcid NUL passwd``."""
+
+    name = "PLAIN"
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self.authenticator = authenticator
+
+    def start(self, initial_response: bytes | None) -> Step:
+        if initial_response is None:
+            return Challenge(b"")  # ask for the credentials (RFC 4616 §2)
+        return self.respond(initial_response)
+
+    def respond(self, response: bytes) -> Step:
+        parts = response.split(b"\x00")
+        if len(parts) != 3:
+            return SaslFailure(AUTH, "malformed PLAIN response")
+        try:
+            authzid, authcid, password = (p.decode("utf-8") for p in parts)
+        except UnicodeDecodeError:
+            return SaslFailure(AUTH, "PLAIN response is not UTF-8")
+        if authzid and authzid != authcid:
+            return SaslFailure(AUTH, f"user {authcid!r} may not act as {authzid!r}")
+        return self.authenticator.check_plain(authcid, password)
+
+
+def make_mechanism(name: str, authenticator: Authenticator) -> Mechanism:
+    if name == "ANONYMOUS":
+        return AnonymousMechanism()
+    if name == "PLAIN":
+        return PlainMechanism(authenticator)
+    raise ValueError(f"unsupported SASL mechanism {name!r}")
+
+
+SUPPORTED_MECHANISMS = ("ANONYMOUS", "PLAIN")
+
+
+# -- frame codec -----------------------------------------------------------
+def encode_frame(code: int, fields: Sequence[tuple[str, object]]) -> bytes:
+    """Encode a SASL performative; fields are (type, value) in order."""
+    data = Data()
+    data.put_described()
+    data.enter()
+    data.put_ulong(ulong(code))
+    data.put_list()
+    data.enter()
+    for kind, value in fields:
+        if value is None:
+            data.put_null()
+        elif kind == "symbols":
+            data.put_array(False, Data.SYMBOL)
+            data.enter()
+            for item in value:  # type: ignore[union-attr]
+                data.put_symbol(symbol(item))
+            data.exit()
+        elif kind == "ubyte":
+            data.put_ubyte(value)  # type: ignore[arg-type]
+        elif kind == "binary":
+            data.put_binary(value)  # type: ignore[arg-type]
+        else:
+            raise ValueError(kind)
+    data.exit()
+    data.exit()
+    body = bytes(data.encode())
+    return struct.pack(">IBBH", 8 + len(body), 2, SASL_FRAME_TYPE, 0) + body
+
+
+def decode_body(body: bytes) -> tuple[int, list]:
+    """Decode a SASL frame body into (descriptor code, [field values])."""
+    data = Data()
+    try:
+        consumed = data.decode(body)
+    except DataException as exc:
+        raise SaslProtocolError(f"undecodable SASL frame: {exc}") from exc
+    if consumed != len(body):
+        raise SaslProtocolError("trailing bytes in SASL frame")
+    data.rewind()
+    if data.next() != Data.DESCRIBED:
+        raise SaslProtocolError("SASL frame body is not a described type")
+    data.enter()
+    data.next()
+    if data.type() not in (Data.ULONG, Data.SYMBOL):
+        raise SaslProtocolError("bad SASL descriptor")
+    code = data.get_object()
+    if not isinstance(code, int):
+        code = {"amqp:sasl-init:list": INIT, "amqp:sasl-response:list": RESPONSE}.get(str(code), -1)
+    if data.next() != Data.LIST:
+        raise SaslProtocolError("SASL performative is not a list")
+    data.enter()
+    fields = []
+    while data.next() is not None:
+        fields.append(data.get_object())
+    return int(code), fields
+
+
+def _as_bytes(value: object) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise SaslProtocolError("expected binary")
+
+
+class SaslServer:
+    """One server-side SASL exchange. Feed bytes with ``receive``."""
+
+    def __init__(self, mechanisms: Sequence[str], authenticator: Authenticator) -> None:
+        self.offered = tuple(mechanisms)
+        self.authenticator = authenticator
+        self.mechanism: Mechanism | None = None
+        self.result: SaslSuccess | SaslFailure | None = None
+        self.leftover = b""
+        self._buffer = b""
+
+    def start(self) -> bytes:
+        """The server's opening: SASL protocol header and sasl-mechanisms."""
+        return SASL_HEADER + encode_frame(MECHANISMS, [("symbols", self.offered)])
+
+    def receive(self, data: bytes) -> bytes:
+        """Consume client bytes; return bytes to send. Sets ``result`` when done."""
+        if self.result is not None:
+            self.leftover += data
+            return b""
+        self._buffer += data
+        output = b""
+        while self.result is None:
+            frame = self._next_frame()
+            if frame is None:
+                break
+            output += self._handle(*frame)
+        if self.result is not None:
+            self.leftover, self._buffer = self._buffer, b""
+        return output
+
+    def _next_frame(self) -> tuple[int, list] | None:
+        buf = self._buffer
+        if len(buf) < 8:
+            return None
+        size, doff, ftype, _channel = struct.unpack_from(">IBBH", buf)
+        if size > SASL_MAX_FRAME:
+            raise SaslProtocolError(f"SASL frame of {size} bytes exceeds {SASL_MAX_FRAME}")
+        if size < 8 or doff < 2 or doff * 4 > size:
+            raise SaslProtocolError(f"malformed SASL frame header (size={size}, doff={doff})")
+        if ftype != SASL_FRAME_TYPE:
+            raise SaslProtocolError(f"frame type {ftype} during SASL negotiation")
+        if len(buf) < size:
+            return None
+        body = buf[doff * 4 : size]
+        self._buffer = buf[size:]
+        if not body:
+            raise SaslProtocolError("empty SASL frame")  # no heartbeats in SASL
+        return decode_body(body)
+
+    def _handle(self, code: int, fields: list) -> bytes:
+        if self.mechanism is None:
+            if code != INIT:
+                raise SaslProtocolError(f"expected sasl-init, got performative 0x{code:x}")
+            name = str(fields[0]) if fields and fields[0] is not None else ""
+            if name not in self.offered:
+                return self._finish(SaslFailure(AUTH, f"mechanism {name!r} not offered"))
+            self.mechanism = make_mechanism(name, self.authenticator)
+            initial = _as_bytes(fields[1]) if len(fields) > 1 else None
+            step = self.mechanism.start(initial)
+        else:
+            if code != RESPONSE:
+                raise SaslProtocolError(f"expected sasl-response, got performative 0x{code:x}")
+            step = self.mechanism.respond(_as_bytes(fields[0] if fields else None) or b"")
+        if isinstance(step, Challenge):
+            return encode_frame(CHALLENGE, [("binary", step.data)])
+        return self._finish(step)
+
+    def _finish(self, result: SaslSuccess | SaslFailure) -> bytes:
+        self.result = result
+        code = OK if isinstance(result, SaslSuccess) else result.code
+        return encode_frame(OUTCOME, [("ubyte", code)])
