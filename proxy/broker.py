@@ -190,9 +190,11 @@ class QueueProducer:
                 self._too_large(delivery)
             return  # wait for the rest of a multi-frame transfer
         ptr = self.link_ptr
+        # Advance before settling: settling the current delivery also advances
+        # the link, and advancing twice would skip the next transfer.
         if pn_delivery_aborted(delivery):  # §2.6.14: discard an aborted transfer
-            pn_delivery_settle(delivery)
             pn_link_advance(ptr)
+            pn_delivery_settle(delivery)
             return
         size = pn_delivery_pending(delivery)
         limit = self.handler.broker.max_message_size
@@ -200,10 +202,10 @@ class QueueProducer:
             self._too_large(delivery)
             return
         _, payload = pn_link_recv(ptr, size)
+        pn_link_advance(ptr)
         if not pn_delivery_settled(delivery):
             pn_delivery_update(delivery, PN_ACCEPTED)
         pn_delivery_settle(delivery)
-        pn_link_advance(ptr)
         self.received += 1
         self.handler.broker.enqueue(self.queue, StoredMessage(bytes(payload)))
         if pn_link_credit(ptr) <= self.window // 2:

@@ -201,19 +201,24 @@ class ServerConnection:
         self._first_frame_checked = True
         self._in = b""
         if size > MIN_MAX_FRAME_SIZE:
-            # Let proton answer properly: header, open, close(framing-error).
             self.transport.push(buffered[:offset])
-            self.connection.condition = Condition(
+            self._abort_amqp(
                 "amqp:connection:framing-error",
                 f"first frame of {size} bytes exceeds {MIN_MAX_FRAME_SIZE} before open (AMQP 1.0 2.4.1)",
             )
-            self.connection.open()
-            self.connection.close()
-            self.transport.close_tail()
             self.failure = f"oversized first frame ({size} bytes)"
-            self._pump.run()
             return None
         return buffered
+
+    def _abort_amqp(self, condition: str, description: str) -> None:
+        """Close before the peer's open: proton answers with open + close(condition).
+
+        The condition goes on the transport, which is what proton's error path
+        puts in its close frame once the input side is shut.
+        """
+        self.transport.condition = Condition(condition, description)
+        self.transport.close_tail()
+        self._pump.run()
 
     # -- lifecycle ----------------------------------------------------------
     def input_closed(self) -> None:
@@ -279,9 +284,10 @@ class ServerConnection:
             elif now >= self._handshake_deadline:
                 self._handshake_deadline = None
                 self.failure = self.failure or "handshake deadline passed"
-                self.close("amqp:connection:forced", "handshake deadline passed")
-                if self.phase is not Phase.CLOSED and self.transport is not None:
-                    self.transport.close_tail()
+                if self.phase is Phase.AMQP:
+                    self._abort_amqp("amqp:connection:forced", "handshake deadline passed")
+                else:
+                    self._fail("handshake deadline passed")
                 return None
             else:
                 deadline = self._handshake_deadline

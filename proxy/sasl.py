@@ -196,7 +196,10 @@ def decode_body(body: bytes) -> tuple[int, list]:
     data.enter()
     fields = []
     while data.next() is not None:
-        fields.append(data.get_object())
+        value = data.get_object()
+        if isinstance(value, memoryview):  # points into proton memory: copy it
+            value = bytes(value)
+        fields.append(value)
     return int(code), fields
 
 
