@@ -1,0 +1,246 @@
+"""proton-python command-line client with the same contract as tests/js/*.js.
+
+    python proton_client.py send --url U --address A --count N [--prefix P] [--presettled]
+                                 [--username U --password P] [--timeout-ms T]
+    python proton_client.py receive --url U --address A --count N [--credit C]
+                                 [--idle-ms I] [--timeout-ms T] [--hold] [--dynamic]
+
+send prints one JSON line {"sent", "accepted", "released", "rejected", "modified", "error"}.
+receive prints {"id", "producer", "seq", "delivery_count"} per message, then
+{"done": true, "received": n, "error": null}. With --hold it accepts nothing:
+it prints each message and then waits (to be killed by a test).
+Exit codes: 0 ok, 2 AMQP error, 3 timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from proton import Message
+from proton.handlers import MessagingHandler
+from proton.reactor import Container, DynamicNodeProperties  # noqa: F401
+
+
+def emit(obj) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def error_of(endpoint) -> dict | None:
+    cond = endpoint.remote_condition if endpoint is not None else None
+    if cond is None:
+        return None
+    return {"condition": cond.name, "description": cond.description}
+
+
+class Base(MessagingHandler):
+    def __init__(self, args, **kw) -> None:
+        super().__init__(**kw)
+        self.args = args
+        self.error: dict | None = None
+        self.exit_code = 0
+        self.conn = None
+
+    def connect(self, event):
+        kw = {"reconnect": False, "sasl_enabled": True, "allow_insecure_mechs": True}
+        if self.args.username:
+            kw.update(user=self.args.username, password=self.args.password,
+                      allowed_mechs="PLAIN")
+        else:
+            kw["allowed_mechs"] = "ANONYMOUS"
+        self.conn = event.container.connect(self.args.url, **kw)
+        if self.args.timeout_ms:
+            event.container.schedule(self.args.timeout_ms / 1000.0, self)
+
+    def on_timer_task(self, event):
+        if self.exit_code == 0 and not self.finished():
+            self.fail({"condition": "timeout", "description": "deadline passed"}, 3)
+
+    def finished(self) -> bool:
+        return False
+
+    def fail(self, error, code=2):
+        if self.error is None:
+            self.error = error
+            self.exit_code = code
+        if self.conn is not None:
+            self.conn.close()
+        self.stop_container()
+
+    def stop_container(self):
+        self.container.stop()
+
+    def on_start(self, event):
+        self.container = event.container
+        self.connect(event)
+        self.start_link(event)
+
+    def on_link_error(self, event):
+        self.fail(error_of(event.link) or {"condition": "link-closed", "description": ""})
+
+    def on_session_error(self, event):
+        self.fail(error_of(event.session) or {"condition": "session-closed", "description": ""})
+
+    def on_connection_error(self, event):
+        self.fail(error_of(event.connection) or {"condition": "connection-closed", "description": ""})
+
+    def on_transport_error(self, event):
+        cond = event.transport.condition
+        self.fail({"condition": cond.name if cond else "disconnected",
+                   "description": cond.description if cond else ""})
+
+    def on_link_remote_close(self, event):
+        if event.link.remote_condition:
+            self.on_link_error(event)
+
+
+class Sender(Base):
+    def __init__(self, args):
+        super().__init__(args, auto_settle=True)
+        self.sent = 0
+        self.outcomes = {"accepted": 0, "released": 0, "rejected": 0, "modified": 0}
+
+    def start_link(self, event):
+        opts = None
+        if self.args.presettled:
+            from proton.reactor import AtMostOnce
+            opts = AtMostOnce()
+        self.sender = event.container.create_sender(self.conn, self.args.address, options=opts)
+
+    def on_sendable(self, event):
+        while event.sender.credit and self.sent < self.args.count:
+            seq = self.sent
+            message = Message(
+                id=f"{self.args.prefix}-{seq}",
+                body=f"message {seq}",
+                properties={"producer": self.args.prefix, "seq": seq},
+            )
+            event.sender.send(message)
+            self.sent += 1
+        if self.args.presettled and self.sent >= self.args.count:
+            self.outcomes["accepted"] = self.sent
+            self.conn.close()
+
+    def settled_count(self):
+        return sum(self.outcomes.values())
+
+    def finished(self):
+        return self.settled_count() >= self.args.count
+
+    def on_accepted(self, event):
+        self.outcomes["accepted"] += 1
+        self._maybe_done()
+
+    def on_rejected(self, event):
+        self.outcomes["rejected"] += 1
+        self._maybe_done()
+
+    def on_released(self, event):
+        key = "modified" if event.delivery.remote_state == event.delivery.MODIFIED else "released"
+        self.outcomes[key] += 1
+        self._maybe_done()
+
+    def _maybe_done(self):
+        if self.finished():
+            self.conn.close()
+
+    def on_connection_closed(self, event):
+        self.stop_container()
+
+    def result(self):
+        return {"sent": self.sent, **self.outcomes, "error": self.error}
+
+
+class Receiver(Base):
+    def __init__(self, args):
+        super().__init__(args, prefetch=0, auto_accept=False)
+        self.received = 0
+        self.idle_timer = None
+
+    def start_link(self, event):
+        if self.args.dynamic:
+            self.receiver = event.container.create_receiver(self.conn, None, dynamic=True)
+        else:
+            self.receiver = event.container.create_receiver(self.conn, self.args.address)
+        self.receiver.flow(self.credit_wanted())
+        self.arm_idle(event.container)
+
+    def on_link_opened(self, event):
+        if self.args.dynamic and event.receiver is not None:
+            emit({"dynamic_address": event.receiver.remote_source.address})
+
+    def credit_wanted(self):
+        if not self.args.count:
+            return self.args.credit
+        return max(0, min(self.args.credit, self.args.count - self.received))
+
+    def arm_idle(self, container):
+        if self.args.idle_ms:
+            if self.idle_timer is not None:
+                self.idle_timer.cancel()
+            self.idle_timer = container.schedule(self.args.idle_ms / 1000.0, IdleTimer(self))
+
+    def on_message(self, event):
+        message = event.message
+        props = message.properties or {}
+        emit({"id": message.id, "producer": props.get("producer"), "seq": props.get("seq"),
+              "delivery_count": message.delivery_count})
+        self.received += 1
+        if self.args.hold:
+            return
+        self.accept(event.delivery)
+        self.arm_idle(event.container)
+        if self.args.count and self.received >= self.args.count:
+            self.receiver.close()
+            self.conn.close()
+            return
+        if self.receiver.credit <= self.args.credit // 2:
+            missing = self.credit_wanted() - self.receiver.credit
+            if missing > 0:
+                self.receiver.flow(missing)
+
+    def finished(self):
+        return bool(self.args.count) and self.received >= self.args.count
+
+    def on_connection_closed(self, event):
+        self.stop_container()
+
+    def result(self):
+        return {"done": self.error is None, "received": self.received, "error": self.error}
+
+
+class IdleTimer:
+    def __init__(self, receiver: Receiver):
+        self.receiver = receiver
+
+    def on_timer_task(self, event):
+        if self.receiver.idle_timer is not None and self.receiver.conn is not None:
+            self.receiver.conn.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["send", "receive"])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--address")
+    parser.add_argument("--count", type=int, default=0)
+    parser.add_argument("--prefix", default="proton")
+    parser.add_argument("--presettled", action="store_true")
+    parser.add_argument("--username")
+    parser.add_argument("--password")
+    parser.add_argument("--timeout-ms", type=int, default=30000)
+    parser.add_argument("--credit", type=int, default=100)
+    parser.add_argument("--idle-ms", type=int, default=0)
+    parser.add_argument("--hold", action="store_true")
+    parser.add_argument("--dynamic", action="store_true")
+    args = parser.parse_args()
+    handler = Sender(args) if args.mode == "send" else Receiver(args)
+    Container(handler).run()
+    emit(handler.result())
+    return handler.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

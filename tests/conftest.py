@@ -1,0 +1,219 @@
+"""Shared fixtures: real node processes on free loopback ports, client runners.
+
+Prerequisites (node, npm packages, brokers) are installed by ``make test``.
+When one is missing, a test is skipped on a developer machine but fails under
+CI (``CI=true``): CI must never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+PYTHON = sys.executable
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(condition: bool, what: str) -> None:
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"prerequisite missing in CI: {what}")
+    pytest.skip(f"prerequisite missing: {what} (run `make test` to install)")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(value)
+
+
+def to_toml(config: dict) -> str:
+    """Enough TOML writing for test configs: tables, arrays of tables, scalars."""
+    lines = []
+    for section, body in config.items():
+        if isinstance(body, list):
+            for item in body:
+                lines.append(f"[[{section}]]")
+                lines += [f"{k} = {toml_value(v)}" for k, v in item.items()]
+        else:
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {toml_value(v)}" for k, v in body.items()]
+    return "\n".join(lines) + "\n"
+
+
+class NodeProcess:
+    """A `fedgate serve` process; ``url`` once it says it listens."""
+
+    def __init__(self, workdir: Path, config: dict | None = None, name: str = "n1") -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        config = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (config or {}).items()}
+        node = config.setdefault("node", {})
+        node.setdefault("id", name)
+        node.setdefault("listen", f"127.0.0.1:{self.port}")
+        node.setdefault("data_dir", str(workdir / f"data-{name}"))
+        self.config_path = workdir / f"{name}.toml"
+        self.config_path.write_text(to_toml(config))
+        self.log_path = workdir / f"{name}.log"
+        self.url = f"amqp://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 15.0) -> "NodeProcess":
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "proxy", "serve", "--config", str(self.config_path)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log,
+        )
+        import selectors
+
+        selector = selectors.DefaultSelector()
+        selector.register(self.proc.stdout, selectors.EVENT_READ)
+        ready = selector.select(timeout)
+        line = self.proc.stdout.readline().decode() if ready else ""  # "listening on ..."
+        if "listening on" not in line:
+            self.stop()
+            raise RuntimeError(f"node did not start: {line!r}\n{self.log_path.read_text()}")
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_node(tmp_path):
+    nodes: list[NodeProcess] = []
+
+    def start(config: dict | None = None, name: str = "n1") -> NodeProcess:
+        node = NodeProcess(tmp_path, config, name).start()
+        nodes.append(node)
+        return node
+
+    yield start
+    for node in nodes:
+        node.stop()
+
+
+@pytest.fixture
+def node(start_node):
+    return start_node()
+
+
+# -- client processes ------------------------------------------------------
+NODE_JS = shutil.which("node")
+
+
+def client_command(kind: str, mode: str, url: str, **options) -> list[str]:
+    if kind == "rhea":
+        require(NODE_JS is not None, "node (Node.js)")
+        require((TESTS / "js" / "node_modules" / "rhea").is_dir(), "rhea (npm ci in tests/js)")
+        cmd = [NODE_JS, str(TESTS / "js" / f"{mode}.js"), "--url", url]
+    else:
+        cmd = [PYTHON, str(TESTS / "clients" / "proton_client.py"), mode, "--url", url]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            cmd.append(flag)
+        elif value is not None and value is not False:
+            cmd += [flag, str(value)]
+    return cmd
+
+
+class ClientProcess:
+    def __init__(self, kind: str, mode: str, url: str, **options) -> None:
+        self.cmd = client_command(kind, mode, url, **options)
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     bufsize=0)
+        self._pending = b""  # bytes read by readline() beyond the last line
+
+    def readline(self, timeout: float = 20.0) -> dict:
+        """Next JSON line, waiting at most ``timeout`` seconds."""
+        import select
+
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                raise TimeoutError(f"no output from {self.cmd[1]} within {timeout}s")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise EOFError(self.proc.stderr.read().decode())
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return json.loads(line)
+
+    def finish(self, timeout: float = 60.0) -> list[dict]:
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            raise AssertionError(f"client did not finish in {timeout}s: {self.cmd}\n{err.decode()}")
+        out = self._pending + out
+        lines = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+        if not lines:
+            raise AssertionError(f"client printed nothing: {self.cmd}\n{err.decode()}")
+        return lines
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def clients():
+    started: list[ClientProcess] = []
+
+    def run(kind: str, mode: str, url: str, **options) -> ClientProcess:
+        client = ClientProcess(kind, mode, url, **options)
+        started.append(client)
+        return client
+
+    yield run
+    for client in started:
+        client.kill()
