@@ -1,0 +1,40 @@
+# fedgate: two commands on a fresh Debian machine.
+#   make run    set up, then start a node on the embedded default
+#   make test   set up every test prerequisite, then run the test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CONFIG ?= deploy/examples/standalone.toml
+PYTEST_ARGS ?=
+
+.PHONY: run test venv system npm bench bench-deps clean
+
+$(STAMP): pyproject.toml
+	bash .ci/install/system.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+npm:
+	bash .ci/install/npm.sh
+
+run: venv
+	$(VENV)/bin/fedgate serve --config $(CONFIG)
+
+test: venv npm
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench-deps: venv
+	bash .ci/install/rabbitmq.sh
+	bash .ci/install/c-clients.sh
+
+bench: bench-deps
+	$(PY) bench/local_queue.py
+
+clean:
+	rm -rf $(VENV) .build tests/js/node_modules
