@@ -44,6 +44,16 @@ def build_tls_context(config: Config) -> ssl.SSLContext | None:
     return context
 
 
+def offered_mechanisms(config: Config) -> tuple[str, ...]:
+    """PLAIN sends the password in the clear: only over TLS unless explicitly allowed."""
+    mechanisms = config.sasl.mechanisms
+    if "PLAIN" in mechanisms and config.tls is None and not config.sasl.allow_plain_without_tls:
+        log.warning("PLAIN not offered: the listener has no TLS "
+                    "(set [sasl] allow_plain_without_tls = true to allow it)")
+        mechanisms = tuple(m for m in mechanisms if m != "PLAIN")
+    return mechanisms
+
+
 class Node:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -75,16 +85,16 @@ class Node:
             users = UsersFile.load(config.resolve_path(config.sasl.users_file), missing_ok=True)
         self.authenticator = Authenticator(users)
         limits = config.limits
+        self.tls_context = build_tls_context(config)
         self.connection_settings = ConnectionSettings(
             container_id=self.node_id,
             max_frame_size=limits.max_frame_size,
             idle_timeout=limits.idle_timeout,
             handshake_timeout=limits.handshake_timeout,
-            sasl_mechanisms=config.sasl.mechanisms,
+            sasl_mechanisms=offered_mechanisms(config),
             sasl_required=config.sasl.require,
             max_sessions=limits.max_sessions_per_connection,
         )
-        self.tls_context = build_tls_context(config)
         self.connections: set[AmqpProtocol] = set()
         self.server: asyncio.base_events.Server | None = None
         self.address: tuple[str, int] | None = None

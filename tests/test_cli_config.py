@@ -75,3 +75,14 @@ def test_users_add_list_remove(tmp_path):
     assert listed.stdout.split() == [b"bob"]
     assert fedgate("users", "remove", "bob", "--file", str(users)).returncode == 0
     assert fedgate("users", "remove", "bob", "--file", str(users)).returncode == 1
+
+
+def test_plain_is_offered_only_with_tls_unless_allowed(tmp_path):
+    from proxy.node import offered_mechanisms
+
+    plain = {"mechanisms": ["ANONYMOUS", "PLAIN"], "users_file": "u.json"}
+    assert offered_mechanisms(config_mod.from_dict({"sasl": plain})) == ("ANONYMOUS",)
+    allowed = config_mod.from_dict({"sasl": {**plain, "allow_plain_without_tls": True}})
+    assert offered_mechanisms(allowed) == ("ANONYMOUS", "PLAIN")
+    with_tls = config_mod.from_dict({"sasl": plain, "tls": {"cert": "c.pem", "key": "k.pem"}})
+    assert offered_mechanisms(with_tls) == ("ANONYMOUS", "PLAIN")
