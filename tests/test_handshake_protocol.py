@@ -128,3 +128,20 @@ def test_users_file_never_holds_the_password(tmp_path):
     assert loaded.get("alice").check_password("s3cret")
     assert not loaded.get("alice").check_password("s3cret!")
     assert (tmp_path / "users.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_silent_peer_is_closed_after_idle_timeout():
+    """§2.4.5: a peer that sends nothing for the idle timeout is closed."""
+    from dataclasses import replace
+
+    h = Harness()
+    h.settings = replace(h.settings, idle_timeout=2.0)
+    c = h.client()
+    assert c.connection.state & Connection.REMOTE_ACTIVE
+    assert 0 < c.transport.remote_idle_timeout <= 2.0  # proton advertises half, for margin
+    c.server.tick(1.0)  # within the timeout: nothing happens
+    h.pump()
+    assert c.connection.remote_condition is None
+    c.server.tick(10.0)  # the client stayed silent
+    h.pump()
+    assert c.connection.remote_condition.name == "amqp:resource-limit-exceeded"
