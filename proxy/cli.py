@@ -9,6 +9,7 @@ import signal
 import sys
 
 from . import config as config_mod
+from . import plugins
 from .config import ConfigError
 from .users import UsersFile, UsersFileError, make_record
 
@@ -25,14 +26,21 @@ async def _serve(config: config_mod.Config) -> int:
 
     node = Node(config)
     await node.start()
-    print(f"fedgate node {node.node_id} listening on {node.url}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("signal received, shutting down")
-    await node.stop()
+    services = [factory(node) for factory in plugins.load("fedgate.services")]
+    try:
+        for service in services:
+            await service.start()
+        print(f"fedgate node {node.node_id} listening on {node.url}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("signal received, shutting down")
+    finally:
+        for service in reversed(services):
+            await service.stop()
+        await node.stop()
     return 0
 
 
@@ -119,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     listing = users_sub.add_parser("list")
     listing.add_argument("--file", required=True)
     users.set_defaults(func=cmd_users)
+    for register in plugins.load("fedgate.commands"):
+        register(sub)
     return parser
 
 
