@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from time import monotonic
 from typing import Callable
 
 from cproton import (
@@ -58,6 +59,8 @@ from proton import Condition, Delivery, Link, Session, Terminus
 
 from . import engine
 from .local_queues import LocalQueue, QueueRegistry, StoredMessage
+from .proxy_links import ProxyConsumer, ProxyProducer
+from .metrics import Histogram
 
 log = logging.getLogger("fedgate.broker")
 
@@ -94,19 +97,25 @@ class Broker:
         self.consumer_ids = itertools.count(1)
         self.connection_ids = itertools.count(1)
         self.temp_prefix = f"tmp.{node_id}."
+        self.upstreams = None  # UpstreamRegistry, set by the node
+        # seconds from enqueue to accepted settlement (read by the admin API)
+        self.delivery_latency = Histogram()
 
     # -- the per-input-chunk cycle ----------------------------------------
     def run_pending(self) -> None:
         """Dispatch queues that changed, then flush every connection touched."""
+        # The sets are shared (upstream pools add to dirty_handlers): clear, never rebind.
         while self.dirty_queues:
-            queues, self.dirty_queues = self.dirty_queues, set()
+            queues = list(self.dirty_queues)
+            self.dirty_queues.clear()
             for queue in queues:
                 queue.dispatch()
                 _finish_drains(queue)
                 if queue.producers_blocked:
                     _replenish_producers(queue)
         while self.dirty_handlers:
-            handlers, self.dirty_handlers = self.dirty_handlers, set()
+            handlers = list(self.dirty_handlers)
+            self.dirty_handlers.clear()
             for handler in handlers:
                 handler.flush()
 
@@ -211,6 +220,9 @@ class QueueProducer:
         if pn_link_credit(ptr) <= self.window // 2:
             self.top_up()
 
+    def on_flow(self) -> None:
+        pass  # the client's flow frames change nothing for a sender into a queue
+
     def _too_large(self, delivery) -> None:
         limit = self.handler.broker.max_message_size
         self.handler.close_link(
@@ -262,6 +274,7 @@ class QueueConsumer:
         if self.presettled:
             pn_delivery_settle(delivery)
             self.queue.settled_accepted()
+            self.handler.broker.delivery_latency.observe(monotonic() - message.enqueued_at)
         else:
             self.unsettled[delivery] = message
         self.handler.mark_dirty()
@@ -279,6 +292,7 @@ class QueueConsumer:
         if state == PN_ACCEPTED or not state:
             # settled without an outcome: the source's default, accepted here
             queue.settled_accepted()
+            broker.delivery_latency.observe(monotonic() - message.enqueued_at)
             if queue.producers_blocked:
                 broker.dirty_queues.add(queue)
             return
@@ -411,17 +425,29 @@ class ClientHandler:
         except LinkRefused as refused:
             self.refuse_link(link, refused.condition, refused.description)
 
-    def _resolve_local(self, address: str | None, direction: str) -> LocalQueue:
+    def check_access(self, address: str | None, direction: str) -> None:
+        """The authorize hook ([[acl]]); address None is a dynamic node. Denials are logged."""
+        identity = self.identity
+        if self.broker.authorize(identity, address, direction):
+            return
+        user = getattr(identity, "user", "anonymous")
+        what = "a dynamic node" if address is None else repr(address)
+        log.warning("access denied: user %s from %s: %s %s", user, self.peer, direction, what)
+        raise LinkRefused(UNAUTHORIZED, f"user {user!r} may not {direction} ({what})")
+
+    def _resolve(self, address: str | None, direction: str):
+        """Authorize and route an attach; returns the routing decision."""
         if not address:
             raise LinkRefused(INVALID_FIELD, f"{direction} link needs an address (no anonymous relay)")
-        identity = self.identity
-        if not self.broker.authorize(identity, address, direction):
-            raise LinkRefused(UNAUTHORIZED, f"{direction} to {address!r} not allowed")
+        self.check_access(address, direction)
         decision = self.broker.resolve(address)
         if decision.kind == "deny":
             raise LinkRefused(UNAUTHORIZED, f"address {address!r} denied: {decision.reason}")
-        if decision.kind != "local":
+        if decision.kind not in ("local", "proxy"):
             raise LinkRefused(NOT_IMPLEMENTED, f"{decision.kind} addresses are not served yet: {decision.reason}")
+        return decision
+
+    def _local_queue(self, address: str) -> LocalQueue:
         queue = self.broker.queues.lookup_or_create(address)
         if queue is None:
             raise LinkRefused(NOT_FOUND, f"no queue {address!r} (auto-create is off)")
@@ -430,40 +456,59 @@ class ClientHandler:
     def _attach_consumer(self, link: Link) -> None:
         remote = link.remote_source
         owns = False
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         if remote.dynamic:
+            self.check_access(None, "receive")
             queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
             owns = True
         else:
-            queue = self._resolve_local(remote.address, "receive")
-        link.source.copy(remote)
-        link.source.address = queue.name
-        link.target.copy(link.remote_target)
-        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
-        link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
-        link.rcv_settle_mode = Link.RCV_FIRST
-        link.open()
+            decision = self._resolve(remote.address, "receive")
+            if decision.kind == "proxy":
+                self._open_client_link(link, presettled)
+                upstream = self.broker.upstreams.for_decision(decision)
+                endpoint = ProxyConsumer(self, link, upstream, decision.remote_address,
+                                         presettled=presettled)
+                self.links[endpoint.link_ptr] = endpoint
+                return
+            queue = self._local_queue(remote.address)
+        self._open_client_link(link, presettled, address=queue.name)
         consumer = QueueConsumer(self, link, queue, presettled=presettled, owns_queue=owns)
         self.links[consumer.link_ptr] = consumer
         queue.add_consumer(consumer)
         self.broker.dirty_queues.add(queue)
-        self.mark_dirty()
 
     def _attach_producer(self, link: Link) -> None:
         remote = link.remote_target
         if remote.dynamic:
+            self.check_access(None, "send")
             queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
         else:
-            queue = self._resolve_local(remote.address, "send")
-        link.target.copy(remote)
-        link.target.address = queue.name
-        link.source.copy(link.remote_source)
-        link.snd_settle_mode = link.remote_snd_settle_mode
-        link.rcv_settle_mode = Link.RCV_FIRST
-        link.open()
+            decision = self._resolve(remote.address, "send")
+            if decision.kind == "proxy":
+                self._open_client_link(link, False)
+                upstream = self.broker.upstreams.for_decision(decision)
+                endpoint = ProxyProducer(self, link, upstream, decision.remote_address)
+                self.links[endpoint.link_ptr] = endpoint
+                return
+            queue = self._local_queue(remote.address)
+        self._open_client_link(link, False, address=queue.name)
         producer = QueueProducer(self, link, queue, self.broker.credit_window)
         self.links[producer.link_ptr] = producer
         queue.producers.append(producer)
         producer.top_up()
+
+    def _open_client_link(self, link: Link, presettled: bool, address: str | None = None) -> None:
+        """Answer the client's attach with matching termini (§2.6.3)."""
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        if address is not None:
+            (link.source if link.is_sender else link.target).address = address
+        if link.is_sender:
+            link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
+        else:
+            link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = Link.RCV_FIRST
+        link.open()
         self.mark_dirty()
 
     def refuse_link(self, link: Link, condition: str, description: str) -> None:
@@ -501,7 +546,7 @@ class ClientHandler:
 
     def _on_link_flow(self, event) -> None:
         endpoint = self.links.get(engine.pn_event_link(event))
-        if endpoint is not None and isinstance(endpoint, QueueConsumer):
+        if endpoint is not None:
             endpoint.on_flow()
 
     def _on_delivery(self, event) -> None:
@@ -518,9 +563,8 @@ class ClientHandler:
 
     def resume(self) -> None:
         self.writable = True
-        for endpoint in self.links.values():
-            if isinstance(endpoint, QueueConsumer):
-                self.broker.dirty_queues.add(endpoint.queue)
+        for endpoint in list(self.links.values()):
+            endpoint.on_flow()
 
 
 class LinkRefused(Exception):

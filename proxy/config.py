@@ -18,6 +18,8 @@ from typing import Any
 
 from routing import RuleSet, RuleValidationError
 
+from .acl import AclEntry
+
 DEFAULT_LISTEN = "127.0.0.1:5672"
 DEFAULT_ADMIN = "127.0.0.1:8080"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -61,14 +63,76 @@ class NodeSection:
             raise ConfigError(f"{key}.log_level", f"one of {', '.join(LOG_LEVELS)}")
 
 
+ADMIN_ROLES = ("read", "admin")
+
+
 @dataclass(frozen=True)
 class AdminSection:
+    """The HTTP admin API (``admin_api``): listener, bearer tokens, cluster peers."""
+
     listen: str = DEFAULT_ADMIN
     enabled: bool = True
+    # [{token = "...", role = "admin"}, {token_sha256 = "<64 hex>", role = "read"}]
     tokens: tuple[dict, ...] = ()
+    # other nodes' admin URLs, for cluster-wide rules: {n2 = "http://host:port"}
+    cluster: dict[str, str] = field(default_factory=dict)
+    # token sent to the other nodes (must be an admin token there);
+    # default: the first admin token given in plain text above
+    cluster_token: str | None = None
 
     def check(self, key: str) -> None:
         parse_hostport(self.listen, f"{key}.listen")
+        for index, entry in enumerate(self.tokens):
+            _check_token(entry, f"{key}.tokens[{index}]")
+        for node_id, url in self.cluster.items():
+            _check_http_url(url, f"{key}.cluster.{node_id}")
+        if self.cluster_token is not None and not self.cluster_token:
+            raise ConfigError(f"{key}.cluster_token", "must not be empty")
+        if self.cluster and self.node_token() is None:
+            raise ConfigError(f"{key}.cluster_token",
+                              "required with admin.cluster (or an admin token given as 'token')")
+
+    def node_token(self) -> str | None:
+        """The bearer token this node presents to the other nodes."""
+        if self.cluster_token:
+            return self.cluster_token
+        for entry in self.tokens:
+            if entry.get("role") == "admin" and entry.get("token"):
+                return entry["token"]
+        return None
+
+
+def _check_token(entry: dict, key: str) -> None:
+    for name in entry:
+        if name not in ("token", "token_sha256", "role"):
+            raise ConfigError(f"{key}.{name}", "unknown key (known: role, token, token_sha256)")
+    if ("token" in entry) == ("token_sha256" in entry):
+        raise ConfigError(key, "exactly one of 'token' or 'token_sha256'")
+    if "token" in entry:
+        token = entry["token"]
+        if not isinstance(token, str) or len(token) < 16 or any(c.isspace() for c in token):
+            raise ConfigError(f"{key}.token", "at least 16 characters, no spaces")
+    else:
+        digest = entry["token_sha256"]
+        if not isinstance(digest, str) or len(digest) != 64 or any(
+                c not in "0123456789abcdefABCDEF" for c in digest):
+            raise ConfigError(f"{key}.token_sha256", "64 hex digits (sha256 of the token)")
+    if entry.get("role") not in ADMIN_ROLES:
+        raise ConfigError(f"{key}.role", f"one of {', '.join(ADMIN_ROLES)}")
+
+
+def _check_http_url(url: Any, key: str) -> None:
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ConfigError(key, f"expected an http:// or https:// URL, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ConfigError(key, f"invalid URL {url!r}: {exc}") from None
+    if not parts.hostname:
+        raise ConfigError(key, f"invalid URL {url!r}: no host")
 
 
 @dataclass(frozen=True)
@@ -77,16 +141,21 @@ class SaslSection:
     users_file: str | None = None
     require: bool = False  # refuse clients that skip the SASL layer
     allow_plain_without_tls: bool = False
+    external_identity: str = "CN"  # EXTERNAL: the client-certificate subject field used as user name
 
     def check(self, key: str) -> None:
-        from .sasl import SUPPORTED_MECHANISMS
+        from .sasl import SUBJECT_FIELDS, SUPPORTED_MECHANISMS
 
         for index, mech in enumerate(self.mechanisms):
             if mech not in SUPPORTED_MECHANISMS:
                 raise ConfigError(f"{key}.mechanisms[{index}]",
                                   f"unsupported mechanism {mech!r} (supported: {', '.join(SUPPORTED_MECHANISMS)})")
-        if "PLAIN" in self.mechanisms and not self.users_file:
-            raise ConfigError(f"{key}.users_file", "PLAIN needs a users file")
+        for mech in ("PLAIN", "SCRAM-SHA-256"):
+            if mech in self.mechanisms and not self.users_file:
+                raise ConfigError(f"{key}.users_file", f"{mech} needs a users file")
+        if self.external_identity not in SUBJECT_FIELDS:
+            raise ConfigError(f"{key}.external_identity",
+                              f"one of {', '.join(SUBJECT_FIELDS)}")
 
 
 @dataclass(frozen=True)
@@ -110,6 +179,8 @@ class LimitsSection:
     max_frame_size: int = 65536
     max_message_size: int = 16 * 1024 * 1024
     max_connections: int = 0  # 0 = unlimited
+    max_connections_per_ip: int = 0  # checked at accept; 0 = unlimited
+    max_connections_per_user: int = 0  # authenticated users, checked when SASL succeeds
     max_sessions_per_connection: int = 32
     max_links_per_connection: int = 1024
     idle_timeout: float = 60.0
@@ -119,7 +190,8 @@ class LimitsSection:
         if not 512 <= self.max_frame_size <= 16 * 1024 * 1024:
             raise ConfigError(f"{key}.max_frame_size", "between 512 and 16777216")
         for name in ("max_message_size", "max_connections", "max_sessions_per_connection",
-                     "max_links_per_connection"):
+                     "max_links_per_connection", "max_connections_per_ip",
+                     "max_connections_per_user"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{key}.{name}", "must not be negative")
         if self.idle_timeout < 0 or self.handshake_timeout < 0:
@@ -164,6 +236,7 @@ class Config:
     queues: QueuesSection = field(default_factory=QueuesSection)
     queue: tuple[QueueDecl, ...] = ()
     rules: tuple[dict, ...] = ()
+    acl: tuple[AclEntry, ...] = ()  # [[acl]]: when any is given, what none allows is denied
     source: str | None = None  # the file it came from
 
     @property
@@ -246,7 +319,7 @@ def _section(raw: Any, cls: type, key: str):
 
 
 def from_dict(raw: dict, *, source: str | None = None) -> Config:
-    known = set(_SECTIONS) | {"peers", "queue", "rules"}
+    known = set(_SECTIONS) | {"peers", "queue", "rules", "acl"}
     for name in raw:
         if name not in known:
             raise ConfigError(name, f"unknown section (known: {', '.join(sorted(known))})")
@@ -269,13 +342,24 @@ def from_dict(raw: dict, *, source: str | None = None) -> Config:
     if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
         raise ConfigError("rules", "expected [[rules]] entries")
     values["rules"] = tuple(rules)
+    acl_list = raw.get("acl", [])
+    if not isinstance(acl_list, list):
+        raise ConfigError("acl", "expected [[acl]] entries")
+    values["acl"] = tuple(_section(a, AclEntry, f"acl[{i}]") for i, a in enumerate(acl_list))
     config = Config(**values)
+    _check_across_sections(config)
     try:
         config.ruleset()
     except RuleValidationError as exc:
         first = exc.problems[0]
         raise ConfigError(first.field, "; ".join(f"{p.field}: {p.detail}" for p in exc.problems)) from exc
     return config
+
+
+def _check_across_sections(config: Config) -> None:
+    mechanisms = config.sasl.mechanisms
+    if "EXTERNAL" in mechanisms and (config.tls is None or not config.tls.ca):
+        raise ConfigError("sasl.mechanisms", "EXTERNAL needs [tls] with a 'ca' to verify client certificates")
 
 
 def load(path: str | Path) -> Config:

@@ -21,6 +21,14 @@ protocol state. It moves through phases:
 
 A deadline covers header, SASL and the peer's open (slow-loris); after open,
 proton's idle-timeout handling (``tick``) takes over (§2.4.5).
+
+After a successful SASL exchange the ``admit`` hook (the node's per-user
+connection limit) may refuse the identity. SASL has already said ok, so the
+refusal is an AMQP one: once the client's AMQP header is in, proton answers
+with open + close(``amqp:resource-limit-exceeded``) and none of the client's
+frames is acted on. EXTERNAL is offered only when the TLS layer verified a
+client certificate that yields an identity (``cert_identity``).
+
 Events are read from the collector with proton's low-level calls, and handed to
 ``handler.on_event(type, event)``; see ``proxy.engine``.
 """
@@ -32,7 +40,7 @@ import logging
 import struct
 from dataclasses import dataclass
 
-from proton import Collector, Condition, Connection, Transport
+from proton import Condition, Connection, Transport, symbol
 
 from . import engine
 from .sasl import SASL_HEADER, SaslFailure, SaslProtocolError, SaslServer, SaslSuccess
@@ -74,8 +82,12 @@ class Identity:
 class ServerConnection:
     """Protocol state of one client connection. See the module docstring."""
 
-    def __init__(self, settings: ConnectionSettings, authenticator, handler, now: float) -> None:
+    def __init__(self, settings: ConnectionSettings, authenticator, handler, now: float, *,
+                 cert_identity: str | None = None, admit=None) -> None:
         self.settings = settings
+        self.cert_identity = cert_identity  # from the verified TLS client certificate
+        self.admit = admit  # Identity -> None, or the reason to refuse it
+        self._refusal: tuple[str, str] | None = None
         self.authenticator = authenticator
         self.handler = handler
         self.phase = Phase.HEADER
@@ -86,10 +98,9 @@ class ServerConnection:
         self._sasl: SaslServer | None = None
         self._handshake_deadline = now + settings.handshake_timeout if settings.handshake_timeout else None
         self._first_frame_checked = False
-        self._pump: engine.EventPump | None = None
+        self.pipe: engine.ProtonPipe | None = None
         self.transport: Transport | None = None
         self.connection: Connection | None = None
-        self.collector: Collector | None = None
 
     # -- input -------------------------------------------------------------
     def receive(self, data: bytes) -> None:
@@ -113,7 +124,10 @@ class ServerConnection:
         header, rest = self._in[:8], self._in[8:]
         self._in = b""
         if header == SASL_HEADER and self.settings.sasl_mechanisms:
-            self._sasl = SaslServer(self.settings.sasl_mechanisms, self.authenticator)
+            offered = self.settings.sasl_mechanisms
+            if self.cert_identity is None:
+                offered = tuple(m for m in offered if m != "EXTERNAL")
+            self._sasl = SaslServer(offered, self.authenticator, self.cert_identity)
             self._out += self._sasl.start()
             self.phase = Phase.SASL
             self._in = rest
@@ -142,6 +156,9 @@ class ServerConnection:
             self._fail(f"SASL authentication failed: {result.reason}")
         elif isinstance(result, SaslSuccess):
             self.identity = Identity(result.identity, result.mechanism, result.groups)
+            refusal = self.admit(self.identity) if self.admit is not None else None
+            if refusal:
+                self._refusal = ("amqp:resource-limit-exceeded", refusal)
             leftover, self._sasl = self._sasl.leftover, None
             self._start_amqp(leftover)
 
@@ -152,43 +169,28 @@ class ServerConnection:
         if settings.idle_timeout:
             transport.idle_timeout = settings.idle_timeout
         connection = Connection()
-        collector = Collector()
-        connection.collect(collector)
         connection.container = settings.container_id
         if settings.properties:
             connection.properties = settings.properties
         if settings.offered_capabilities:
-            from proton import symbol
-
             connection.offered_capabilities = [symbol(c) for c in settings.offered_capabilities]
-        transport.bind(connection)
-        self.transport, self.connection, self.collector = transport, connection, collector
-        self._pump = engine.EventPump(collector, self.handler)
+        self.pipe = engine.ProtonPipe(transport, connection, self.handler)
+        self.transport, self.connection = transport, connection
         self.phase = Phase.AMQP
         self.handler.on_amqp_start(self)
         if data:
             self._push_amqp(data)
 
     def _push_amqp(self, data: bytes) -> None:
+        if self._refusal is not None:
+            self._refuse_after_sasl(data)
+            return
         if not self._first_frame_checked:
             data = self._check_first_frame(data)
             if data is None:
                 return
-        transport = self.transport
-        while data:
-            capacity = transport.capacity()
-            if capacity < 0:  # tail closed: proton will not read more
-                return
-            if capacity == 0:
-                # proton holds a full input buffer: let it process, then retry
-                self._pump.run()
-                capacity = transport.capacity()
-                if capacity <= 0:
-                    self._fail("input buffer full")
-                    return
-            chunk, data = data[:capacity], data[capacity:]
-            transport.push(chunk)
-            self._pump.run()
+        if not self.pipe.push(data) and self.transport.capacity() == 0:
+            self._abort_amqp("amqp:connection:framing-error", "input not consumed")
 
     def _check_first_frame(self, data: bytes) -> bytes | None:
         """Hold bytes until the first frame's size is known; refuse if > 512."""
@@ -210,6 +212,19 @@ class ServerConnection:
             return None
         return buffered
 
+    def _refuse_after_sasl(self, data: bytes) -> None:
+        """Wait for the AMQP header, then answer open + close(refusal); read nothing else."""
+        self._in += data
+        if len(self._in) < len(AMQP_HEADER):
+            return
+        header, self._in = self._in[: len(AMQP_HEADER)], b""
+        condition, description = self._refusal
+        self._refusal = None
+        self._first_frame_checked = True
+        self.failure = f"refused: {description}"
+        self.transport.push(header)
+        self._abort_amqp(condition, description)
+
     def _abort_amqp(self, condition: str, description: str) -> None:
         """Close before the peer's open: proton answers with open + close(condition).
 
@@ -217,15 +232,13 @@ class ServerConnection:
         puts in its close frame once the input side is shut.
         """
         self.transport.condition = Condition(condition, description)
-        self.transport.close_tail()
-        self._pump.run()
+        self.pipe.close_input()
 
     # -- lifecycle ----------------------------------------------------------
     def input_closed(self) -> None:
         """The peer closed its side or the socket failed."""
-        if self.phase is Phase.AMQP and self.transport is not None:
-            self.transport.close_tail()
-            self._pump.run()
+        if self.phase is Phase.AMQP:
+            self.pipe.close_input()
         elif self.phase is not Phase.CLOSED:
             self._fail(self.failure or "peer closed during handshake")
 
@@ -238,7 +251,7 @@ class ServerConnection:
             if not connection.state & Connection.LOCAL_ACTIVE:
                 connection.open()
             connection.close()
-            self._pump.run()
+            self.pipe.pump.run()
         else:
             self._fail(description or condition or "closed by node")
 
@@ -253,16 +266,11 @@ class ServerConnection:
         out = self._out
         if out:
             self._out = bytearray()
-        transport = self.transport
-        if transport is not None:
-            pending = transport.pending()
-            if pending > 0:
-                chunk = transport.peek(pending)
-                transport.pop(pending)
-                if out:
-                    out += chunk
-                else:
-                    return bytes(chunk)
+        if self.pipe is not None:
+            chunk = self.pipe.output()
+            if not out:
+                return chunk
+            out += chunk
         return bytes(out)
 
     @property
@@ -272,8 +280,7 @@ class ServerConnection:
             return False
         if self.phase is Phase.CLOSED:
             return True
-        transport = self.transport
-        return transport is not None and transport.pending() < 0
+        return self.pipe is not None and self.pipe.finished
 
     def tick(self, now: float) -> float | None:
         """Run timers; return the next deadline (loop time) or None."""
@@ -291,9 +298,8 @@ class ServerConnection:
                 return None
             else:
                 deadline = self._handshake_deadline
-        if self.phase is Phase.AMQP and self.transport is not None:
-            next_tick = self.transport.tick(now)
-            self._pump.run()
+        if self.phase is Phase.AMQP:
+            next_tick = self.pipe.tick(now)
             if next_tick:
                 deadline = next_tick if deadline is None else min(deadline, next_tick)
         return deadline
@@ -303,5 +309,5 @@ class ServerConnection:
         return connection is not None and bool(connection.state & Connection.REMOTE_ACTIVE)
 
     def process(self) -> None:
-        if self._pump is not None:
-            self._pump.run()
+        if self.pipe is not None:
+            self.pipe.pump.run()

@@ -59,7 +59,70 @@ class EventPump:
                 event = pn_collector_peek(collector)
                 if not event:
                     break
-                on_event(pn_event_type(event), event)
-                pn_collector_pop(collector)
+                try:
+                    on_event(pn_event_type(event), event)
+                finally:  # a handler's exception must not leave the event to run again
+                    pn_collector_pop(collector)
         finally:
             self._running = False
+
+
+class ProtonPipe:
+    """A proton Transport + Connection + Collector, fed with bytes (sans-I/O).
+
+    Used for both ends: the AMQP phase of a client connection and the node's
+    own connections to primaries. ``push`` respects proton's input capacity
+    (processing events to make room), ``output`` drains what proton wrote.
+    """
+
+    __slots__ = ("transport", "connection", "collector", "pump")
+
+    def __init__(self, transport, connection, handler: EventHandler) -> None:
+        from proton import Collector
+
+        self.transport = transport
+        self.connection = connection
+        self.collector = Collector()
+        connection.collect(self.collector)
+        transport.bind(connection)
+        self.pump = EventPump(self.collector, handler)
+
+    def push(self, data: bytes) -> bool:
+        """Feed bytes to proton; False if proton cannot take them (input closed or stuck)."""
+        transport = self.transport
+        while data:
+            capacity = transport.capacity()
+            if capacity < 0:  # tail closed: proton reads no more
+                return False
+            if capacity == 0:
+                self.pump.run()  # let proton process, then retry
+                capacity = transport.capacity()
+                if capacity <= 0:
+                    return False
+            chunk, data = data[:capacity], data[capacity:]
+            transport.push(chunk)
+            self.pump.run()
+        return True
+
+    def output(self) -> bytes:
+        transport = self.transport
+        pending = transport.pending()
+        if pending <= 0:
+            return b""
+        chunk = transport.peek(pending)
+        transport.pop(pending)
+        return bytes(chunk)
+
+    @property
+    def finished(self) -> bool:
+        """Proton has written everything it ever will (its head is closed)."""
+        return self.transport.pending() < 0
+
+    def tick(self, now: float) -> float | None:
+        deadline = self.transport.tick(now)
+        self.pump.run()
+        return deadline or None
+
+    def close_input(self) -> None:
+        self.transport.close_tail()
+        self.pump.run()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import deque
+from time import monotonic
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
@@ -39,6 +40,8 @@ class StoredMessage:
     # Consumers (by id) this message must not be offered to again
     # (modified with undeliverable-here, §3.4.5).
     excluded: frozenset[int] = frozenset()
+    # time.monotonic() when first stored: delivery latency is measured from here
+    enqueued_at: float = field(default_factory=monotonic)
 
 
 class Consumer(Protocol):
@@ -209,6 +212,8 @@ class QueueRegistry:
         self._defaults = defaults or (lambda name: {})
         self.queues: dict[str, LocalQueue] = {}
         self._temp_ids = itertools.count(1)
+        # stats of deleted queues, so node-wide totals never go down
+        self.retired = QueueStats()
 
     def get(self, name: str) -> LocalQueue | None:
         return self.queues.get(name)
@@ -234,4 +239,16 @@ class QueueRegistry:
         return self.declare(name, temporary=True)
 
     def delete(self, name: str) -> LocalQueue | None:
-        return self.queues.pop(name, None)
+        queue = self.queues.pop(name, None)
+        if queue is not None:
+            for key, value in vars(queue.stats).items():
+                setattr(self.retired, key, getattr(self.retired, key) + value)
+        return queue
+
+    def totals(self) -> QueueStats:
+        """Message counters summed over every queue, deleted ones included."""
+        total = QueueStats(**vars(self.retired))
+        for queue in self.queues.values():
+            for key, value in vars(queue.stats).items():
+                setattr(total, key, getattr(total, key) + value)
+        return total

@@ -6,7 +6,10 @@ How this works
 listener (TLS-only when ``[tls]`` is configured), ``stop`` closes every client
 connection with ``amqp:connection:forced`` (§2.8.15), waits a bounded time
 for the close frames to go out, and aborts what is left. ``admit`` applies the
-connection-count limit before a connection gets any state.
+connection-count limits (total, per source IP) before a connection gets any
+state; ``admit_user`` applies the per-user limit when SASL succeeds;
+``release`` forgets a closed connection. ``[[acl]]`` becomes the broker's
+``authorize`` hook (``proxy.acl``).
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from pathlib import Path
 
 from routing import RoutingTable
 
+from .acl import Acl
 from .broker import Broker
 from .config import Config
 from .connection import ConnectionSettings
 from .local_queues import QueueRegistry
+from .rules_store import RulesStore
 from .sasl import Authenticator
 from .server import AmqpProtocol
+from .upstream import UpstreamRegistry
 from .users import UsersFile
 
 log = logging.getLogger("fedgate.node")
@@ -40,7 +46,13 @@ def build_tls_context(config: Config) -> ssl.SSLContext | None:
     context.load_cert_chain(config.resolve_path(tls.cert), config.resolve_path(tls.key))
     if tls.ca:
         context.load_verify_locations(config.resolve_path(tls.ca))
-    context.verify_mode = ssl.CERT_REQUIRED if tls.verify_client else ssl.CERT_NONE
+    if tls.verify_client:
+        context.verify_mode = ssl.CERT_REQUIRED
+    elif tls.ca and "EXTERNAL" in config.sasl.mechanisms:
+        # certificate optional, verified when given: EXTERNAL for those who have one
+        context.verify_mode = ssl.CERT_OPTIONAL
+    else:
+        context.verify_mode = ssl.CERT_NONE
     return context
 
 
@@ -59,7 +71,9 @@ class Node:
         self.config = config
         self.node_id = config.node.id
         self.data_dir = Path(config.node.data_dir)
-        self.routing = RoutingTable(config.ruleset())
+        # rules changed through the admin API (<data_dir>/rules.json) win over [[rules]]
+        self.rules_store = RulesStore(self.data_dir)
+        self.routing = RoutingTable(self.rules_store.initial_ruleset(config))
         declared = {q.name: q for q in config.queue}
         defaults = config.queues
 
@@ -79,7 +93,13 @@ class Node:
             resolve=self.routing.resolve,
             credit_window=defaults.credit_window,
             max_message_size=config.limits.max_message_size,
+            authorize=self._authorizer(config),
         )
+        self.upstreams = UpstreamRegistry(
+            node_id=self.node_id, dirty=self.broker.dirty_handlers,
+            run_pending=self.broker.run_pending,
+        )
+        self.broker.upstreams = self.upstreams
         users = None
         if config.sasl.users_file:
             users = UsersFile.load(config.resolve_path(config.sasl.users_file), missing_ok=True)
@@ -96,15 +116,66 @@ class Node:
             max_sessions=limits.max_sessions_per_connection,
         )
         self.connections: set[AmqpProtocol] = set()
+        self._ip_of: dict[AmqpProtocol, str] = {}  # for the per-IP limit
+        self._user_of: dict[AmqpProtocol, str] = {}  # for the per-user limit
+        self.per_ip: dict[str, int] = {}
+        self.per_user: dict[str, int] = {}
         self.server: asyncio.base_events.Server | None = None
         self.address: tuple[str, int] | None = None
 
+    @staticmethod
+    def _authorizer(config: Config):
+        acl = Acl(config.acl)
+        return acl.allows if acl.enabled else None
+
     def admit(self, protocol: AmqpProtocol) -> str | None:
         """None to accept a new connection, else the reason to refuse it."""
-        limit = self.config.limits.max_connections
-        if limit and len(self.connections) >= limit:
-            return f"connection limit {limit} reached"
+        limits = self.config.limits
+        if limits.max_connections and len(self.connections) >= limits.max_connections:
+            return f"connection limit {limits.max_connections} reached"
+        ip = protocol.ip
+        count = self.per_ip.get(ip, 0)
+        if limits.max_connections_per_ip and count >= limits.max_connections_per_ip:
+            return f"{count} connections from {ip} (max_connections_per_ip)"
+        self.per_ip[ip] = count + 1
+        self._ip_of[protocol] = ip
         return None
+
+    def admit_user(self, protocol: AmqpProtocol, identity) -> str | None:
+        """Called when SASL succeeds: None to go on, else why the user is refused."""
+        limit = self.config.limits.max_connections_per_user
+        log.info("connection from %s authenticated: user %s (%s)", protocol.peer, identity.user,
+                 identity.mechanism)
+        if identity.mechanism in (None, "ANONYMOUS"):
+            return None  # anonymous clients are bounded per source IP
+        user = identity.user
+        count = self.per_user.get(user, 0)
+        if limit and count >= limit:
+            log.warning("connection from %s refused: user %s already has %d connections "
+                        "(max_connections_per_user)", protocol.peer, user, count)
+            return f"user {user!r} already has {count} connections (max_connections_per_user)"
+        self.per_user[user] = count + 1
+        self._user_of[protocol] = user
+        return None
+
+    def release(self, protocol: AmqpProtocol) -> None:
+        """A connection is gone: forget it in the per-IP and per-user counts."""
+        self.connections.discard(protocol)
+        for owner, counts in ((self._ip_of, self.per_ip), (self._user_of, self.per_user)):
+            key = owner.pop(protocol, None)
+            if key is not None:
+                left = counts.get(key, 1) - 1
+                if left > 0:
+                    counts[key] = left
+                else:
+                    counts.pop(key, None)
+
+    def describe_upstreams(self) -> list[dict]:
+        return self.upstreams.describe()
+
+    def upstreams_ready(self) -> bool:
+        return all(pool.connected or not any(m.endpoints for m in pool.members)
+                   for pool in self.upstreams.pools.values())
 
     @property
     def url(self) -> str:
@@ -120,6 +191,9 @@ class Node:
         self.server = await loop.create_server(
             lambda: AmqpProtocol(self), host, port, ssl=self.tls_context,
             reuse_address=True, backlog=4096,
+            # a TLS handshake is part of the handshake deadline (slow-loris)
+            ssl_handshake_timeout=(self.config.limits.handshake_timeout or None)
+            if self.tls_context else None,
         )
         sockname = self.server.sockets[0].getsockname()
         self.address = (sockname[0], sockname[1])
@@ -136,6 +210,7 @@ class Node:
             await asyncio.sleep(0.02)
         for protocol in list(self.connections):
             protocol.abort()
+        self.upstreams.close()
         if self.server is not None:
             await self.server.wait_closed()
         log.info("fedgate node %s stopped", self.node_id)

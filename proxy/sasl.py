@@ -18,11 +18,18 @@ any negotiation (§5.3.1, MIN-MAX-FRAME-SIZE).
 After a successful outcome ``result`` is a ``SaslSuccess`` and ``leftover``
 holds any bytes the client pipelined after its last SASL frame (normally the
 AMQP protocol header); they belong to the AMQP layer.
+
+Mechanisms: ANONYMOUS, PLAIN (RFC 4616), EXTERNAL (RFC 4422 appendix A: the
+identity is a field of the TLS client certificate the listener verified, see
+``certificate_identity``) and SCRAM-SHA-256 (RFC 5802 / RFC 7677, in
+``proxy.scram``). SCRAM's server-final message travels in the success
+outcome's ``additional-data`` (§5.3.3.6).
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import struct
 from dataclasses import dataclass
 from typing import Protocol, Sequence
@@ -56,6 +63,7 @@ class SaslSuccess:
     identity: str
     mechanism: str
     groups: tuple[str, ...] = ()
+    additional_data: bytes | None = None  # sasl-outcome additional-data (§5.3.3.6)
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,12 @@ class Authenticator:
 
     def __init__(self, users: UsersFile | None) -> None:
         self.users = users
+        # per-process secret for SCRAM's answers about unknown users (RFC 5802 §5.1)
+        self.secret = secrets.token_bytes(32)
+
+    def groups_of(self, name: str) -> tuple[str, ...]:
+        record = self.users.get(name) if self.users else None
+        return record.groups if record else ()
 
     def check_plain(self, name: str, password: str) -> Step:
         record = self.users.get(name) if self.users else None
@@ -131,15 +145,83 @@ class PlainMechanism:
         return self.authenticator.check_plain(authcid, password)
 
 
-def make_mechanism(name: str, authenticator: Authenticator) -> Mechanism:
+class ExternalMechanism:
+    """RFC 4422 appendix A: the identity comes from the verified TLS client certificate.
+
+    The initial response is an authorization identity: empty (act as the
+    certificate's identity) or exactly that identity.
+    """
+
+    name = "EXTERNAL"
+
+    def __init__(self, authenticator: Authenticator, cert_identity: str | None) -> None:
+        self.authenticator = authenticator
+        self.cert_identity = cert_identity
+
+    def start(self, initial_response: bytes | None) -> Step:
+        identity = self.cert_identity
+        if not identity:
+            return SaslFailure(AUTH, "EXTERNAL without a verified client certificate identity")
+        if identity == RESERVED_ANONYMOUS:
+            return SaslFailure(AUTH, "certificate identity 'anonymous' is reserved")
+        if initial_response:
+            try:
+                authzid = initial_response.decode("utf-8")
+            except UnicodeDecodeError:
+                return SaslFailure(AUTH, "EXTERNAL authorization identity is not UTF-8")
+            if authzid != identity:
+                return SaslFailure(AUTH, f"certificate {identity!r} may not act as {authzid!r}")
+        return SaslSuccess(identity, self.name, self.authenticator.groups_of(identity))
+
+    def respond(self, response: bytes) -> Step:
+        return self.start(response)
+
+
+RESERVED_ANONYMOUS = "anonymous"
+
+# Short names for certificate subject attributes, as Python's ssl module spells them.
+SUBJECT_FIELDS = {
+    "CN": "commonName",
+    "UID": "userId",
+    "emailAddress": "emailAddress",
+    "E": "emailAddress",
+    "OU": "organizationalUnitName",
+    "O": "organizationName",
+    "serialNumber": "serialNumber",
+}
+
+
+def certificate_identity(peercert: dict | None, field: str = "CN") -> str | None:
+    """The value of one subject field of a verified peer certificate, or None.
+
+    ``peercert`` is ``ssl.SSLSocket.getpeercert()``: empty when the certificate
+    was not verified, so an unverified certificate never yields an identity.
+    """
+    if not peercert:
+        return None
+    wanted = SUBJECT_FIELDS.get(field, field)
+    for rdn in peercert.get("subject", ()):
+        for name, value in rdn:
+            if name == wanted and value:
+                return value
+    return None
+
+
+def make_mechanism(name: str, authenticator: Authenticator, cert_identity: str | None = None) -> Mechanism:
     if name == "ANONYMOUS":
         return AnonymousMechanism()
     if name == "PLAIN":
         return PlainMechanism(authenticator)
+    if name == "EXTERNAL":
+        return ExternalMechanism(authenticator, cert_identity)
+    if name == "SCRAM-SHA-256":
+        from .scram import ScramSha256Mechanism
+
+        return ScramSha256Mechanism(authenticator)
     raise ValueError(f"unsupported SASL mechanism {name!r}")
 
 
-SUPPORTED_MECHANISMS = ("ANONYMOUS", "PLAIN")
+SUPPORTED_MECHANISMS = ("ANONYMOUS", "PLAIN", "EXTERNAL", "SCRAM-SHA-256")
 
 
 # -- frame codec -----------------------------------------------------------
@@ -214,9 +296,11 @@ def _as_bytes(value: object) -> bytes | None:
 class SaslServer:
     """One server-side SASL exchange. Feed bytes with ``receive``."""
 
-    def __init__(self, mechanisms: Sequence[str], authenticator: Authenticator) -> None:
+    def __init__(self, mechanisms: Sequence[str], authenticator: Authenticator,
+                 cert_identity: str | None = None) -> None:
         self.offered = tuple(mechanisms)
         self.authenticator = authenticator
+        self.cert_identity = cert_identity  # for EXTERNAL
         self.mechanism: Mechanism | None = None
         self.result: SaslSuccess | SaslFailure | None = None
         self.leftover = b""
@@ -268,7 +352,7 @@ class SaslServer:
             name = str(fields[0]) if fields and fields[0] is not None else ""
             if name not in self.offered:
                 return self._finish(SaslFailure(AUTH, f"mechanism {name!r} not offered"))
-            self.mechanism = make_mechanism(name, self.authenticator)
+            self.mechanism = make_mechanism(name, self.authenticator, self.cert_identity)
             initial = _as_bytes(fields[1]) if len(fields) > 1 else None
             step = self.mechanism.start(initial)
         else:
@@ -281,5 +365,9 @@ class SaslServer:
 
     def _finish(self, result: SaslSuccess | SaslFailure) -> bytes:
         self.result = result
-        code = OK if isinstance(result, SaslSuccess) else result.code
-        return encode_frame(OUTCOME, [("ubyte", code)])
+        if isinstance(result, SaslSuccess):
+            fields = [("ubyte", OK)]
+            if result.additional_data is not None:
+                fields.append(("binary", result.additional_data))
+            return encode_frame(OUTCOME, fields)
+        return encode_frame(OUTCOME, [("ubyte", result.code)])

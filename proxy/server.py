@@ -5,6 +5,10 @@ what is specific to clients: admission (connection limits) before any state
 exists, a ``ClientHandler`` for the broker, and write-side backpressure
 (while the socket is paused, that connection's consumers report no credit, so
 queues stop handing them messages).
+
+Containment: an unexpected exception while handling one connection's input
+or timers is logged with its traceback and closes only that connection, with
+``amqp:internal-error`` (§2.8.15); the node goes on serving everyone else.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import logging
 from .broker import Broker, ClientHandler
 from .connection import ConnectionSettings, ServerConnection
 from .io import EngineProtocol
+from .sasl import certificate_identity
+
+INTERNAL_ERROR = "amqp:internal-error"
 
 log = logging.getLogger("fedgate.server")
 
@@ -25,17 +32,28 @@ class AmqpProtocol(EngineProtocol):
         self.broker: Broker = node.broker
         self.handler: ClientHandler | None = None
         self.peer = ""
+        self.ip = ""
+        self._failed = False  # an internal error closed this connection: ignore its input
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.ip = str(peer[0]) if peer else "?"
         refusal = self.node.admit(self)
         settings: ConnectionSettings = self.node.connection_settings
         self.handler = ClientHandler(self.broker, peer=self.peer,
                                      max_links=self.node.config.limits.max_links_per_connection)
         self.handler.flush = self.flush
-        self.conn = ServerConnection(settings, self.node.authenticator, self.handler, self.loop.time())
+        cert_identity = None
+        if self.node.tls_context is not None:
+            cert_identity = certificate_identity(transport.get_extra_info("peercert"),
+                                                 self.node.config.sasl.external_identity)
+        self.conn = ServerConnection(
+            settings, self.node.authenticator, self.handler, self.loop.time(),
+            cert_identity=cert_identity,
+            admit=lambda identity: self.node.admit_user(self, identity),
+        )
         if refusal:
             log.warning("connection from %s refused: %s", self.peer, refusal)
             self.conn.failure = refusal
@@ -44,9 +62,47 @@ class AmqpProtocol(EngineProtocol):
         self.node.connections.add(self)
         self._schedule(self.conn.tick(self.loop.time()))
 
+    def data_received(self, data: bytes) -> None:
+        if self._failed:
+            return
+        try:
+            super().data_received(data)
+        except Exception:
+            self._contain("reading input")
+
+    def eof_received(self) -> bool:
+        if self._failed:
+            return True
+        try:
+            return super().eof_received()
+        except Exception:
+            self._contain("end of input")
+            return True
+
+    def _on_timer(self) -> None:
+        try:
+            super()._on_timer()
+        except Exception:
+            self._contain("timer")
+
+    def _contain(self, where: str) -> None:
+        """One connection's unexpected error closes that connection only."""
+        log.exception("connection %s from %s (user %s): internal error while %s; closing it "
+                      "with amqp:internal-error", self.handler.connection_id, self.peer,
+                      getattr(self.conn.identity, "user", "?"), where)
+        self._failed = True
+        self.conn.failure = self.conn.failure or f"internal error while {where}"
+        try:
+            self.conn.close(INTERNAL_ERROR, "internal error in the node; see its log")
+            self.flush()
+        except Exception:
+            log.exception("connection %s from %s: close after internal error failed; aborting",
+                          self.handler.connection_id, self.peer)
+            self.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self.node.connections.discard(self)
+        self.node.release(self)
         conn = self.conn
         if conn is None:
             return
@@ -60,7 +116,10 @@ class AmqpProtocol(EngineProtocol):
 
     def resume_writing(self) -> None:
         self.handler.resume()
-        self.broker.run_pending()
+        try:
+            self.broker.run_pending()
+        except Exception:
+            self._contain("resuming output")
 
     def close(self, condition: str | None = None, description: str | None = None) -> None:
         """Node-initiated close (shutdown, admin)."""

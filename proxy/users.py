@@ -95,6 +95,8 @@ def make_record(name: str, password: str, *, iterations: int = DEFAULT_ITERATION
 def validate_name(name: str) -> None:
     if not name or len(name) > NAME_MAX or any(c in name for c in "\x00\n\r"):
         raise UsersFileError(f"invalid user name {name!r}")
+    if name == "anonymous":
+        raise UsersFileError("'anonymous' is reserved for SASL ANONYMOUS clients")
 
 
 class UsersFile:

@@ -1,0 +1,162 @@
+"""On-disk format of the durable-queue journal: segment files and records.
+
+A segment file is a 24-byte file header followed by records, appended only::
+
+    file header   magic b"FGJRNL\\x00\\x01" | segment number u64 | first message id u64
+    record        magic 0xA5 u8 | type u8 | body length u32 | crc32 u32 | body
+    ENQUEUE body  message id u64 | queue name length u16 | queue name (UTF-8) | message bytes
+    DEQUEUE body  message id u64 * n
+
+All integers are little-endian. The CRC (``zlib.crc32``) covers the first six
+header bytes (magic, type, length) and the body, so a length or type damaged
+on disk is caught like damaged content. A zero-filled region (a file extended
+by the file system but never written) fails the magic byte check.
+
+The message bytes are the AMQP encoding exactly as the producer sent it; the
+journal never decodes them.
+
+``scan`` walks a segment's bytes and stops at the first record that is
+incomplete (runs past the end: a torn write) or fails a check (corrupt); the
+caller decides what that means (see ``proxy.journal``).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+FILE_MAGIC = b"FGJRNL\x00\x01"
+FILE_HEADER = struct.Struct("<8sQQ")
+RECORD_MAGIC = 0xA5
+RECORD_HEADER = struct.Struct("<BBII")  # magic, type, body length, crc32
+RECORD_PREFIX = struct.Struct("<BBI")  # the part of the header the CRC covers
+ENQUEUE_HEAD = struct.Struct("<QH")  # message id, queue name length
+ID = struct.Struct("<Q")
+
+ENQUEUE = 1
+DEQUEUE = 2
+TYPES = (ENQUEUE, DEQUEUE)
+
+MAX_QUEUE_NAME = 0xFFFF
+MAX_BODY = 0xFFFFFFFF
+SEGMENT_SUFFIX = ".seg"
+
+_crc32 = zlib.crc32
+_prefix_pack = RECORD_PREFIX.pack
+_enqueue_head_pack = ENQUEUE_HEAD.pack
+
+
+def segment_name(number: int) -> str:
+    return f"{number:016d}{SEGMENT_SUFFIX}"
+
+
+def segment_number(name: str) -> int | None:
+    """The number in a segment file name, None for any other file."""
+    stem = name[: -len(SEGMENT_SUFFIX)]
+    if not name.endswith(SEGMENT_SUFFIX) or len(stem) != 16 or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+def encode_file_header(number: int, first_id: int) -> bytes:
+    return FILE_HEADER.pack(FILE_MAGIC, number, first_id)
+
+
+def decode_file_header(data: bytes) -> tuple[int, int] | None:
+    """(segment number, first message id), or None if the header is missing or bad."""
+    if len(data) < FILE_HEADER.size:
+        return None
+    magic, number, first_id = FILE_HEADER.unpack_from(data, 0)
+    if magic != FILE_MAGIC:
+        return None
+    return number, first_id
+
+
+def encode_enqueue(message_id: int, queue: bytes, payload: bytes) -> bytes:
+    """One ENQUEUE record. ``queue`` is the UTF-8 queue name."""
+    head = _enqueue_head_pack(message_id, len(queue)) + queue
+    length = len(head) + len(payload)
+    prefix = _prefix_pack(RECORD_MAGIC, ENQUEUE, length)
+    crc = _crc32(payload, _crc32(head, _crc32(prefix)))
+    return b"".join((prefix, crc.to_bytes(4, "little"), head, payload))
+
+
+def encode_dequeue(message_ids: list[int]) -> bytes:
+    """One DEQUEUE record removing every id in ``message_ids``."""
+    body = struct.pack(f"<{len(message_ids)}Q", *message_ids)
+    prefix = _prefix_pack(RECORD_MAGIC, DEQUEUE, len(body))
+    crc = _crc32(body, _crc32(prefix))
+    return b"".join((prefix, crc.to_bytes(4, "little"), body))
+
+
+@dataclass
+class ScanStop:
+    """Where and why a scan stopped before the end of the data."""
+
+    offset: int
+    reason: str
+    incomplete: bool  # the record runs past the end of the data (a torn write)
+    end: int | None = None  # where the record says it ends, when its header was readable
+
+
+def scan(data: bytes, start: int = FILE_HEADER.size,
+         stop: list | None = None) -> Iterator[tuple[int, int, int, int]]:
+    """Yield ``(offset, type, body_start, body_end)`` for each valid record.
+
+    On the first bad record nothing more is yielded and a ``ScanStop`` is
+    appended to ``stop`` (when given).
+    """
+    header_size = RECORD_HEADER.size
+    unpack = RECORD_HEADER.unpack_from
+    end = len(data)
+    view = memoryview(data)
+    pos = start
+    problem: ScanStop | None = None
+    while pos < end:
+        if end - pos < header_size:
+            problem = ScanStop(pos, "record header cut short", True)
+            break
+        magic, rtype, length, crc = unpack(data, pos)
+        if magic != RECORD_MAGIC:
+            problem = ScanStop(pos, f"bad record magic 0x{magic:02x}", False)
+            break
+        body_start = pos + header_size
+        body_end = body_start + length
+        if body_end > end:
+            problem = ScanStop(pos, f"record of {length} bytes cut short at {end - body_start}",
+                               True, body_end)
+            break
+        if _crc32(view[body_start:body_end], _crc32(view[pos:pos + 6])) != crc:
+            problem = ScanStop(pos, "checksum mismatch", False, body_end)
+            break
+        if rtype not in TYPES or not _well_formed(data, rtype, body_start, length):
+            problem = ScanStop(pos, f"malformed record of type {rtype}", False, body_end)
+            break
+        yield pos, rtype, body_start, body_end
+        pos = body_end
+    if problem is not None and stop is not None:
+        stop.append(problem)
+
+
+def _well_formed(data: bytes, rtype: int, body_start: int, length: int) -> bool:
+    if rtype == DEQUEUE:
+        return length % ID.size == 0
+    if length < ENQUEUE_HEAD.size:
+        return False
+    _, name_length = ENQUEUE_HEAD.unpack_from(data, body_start)
+    return ENQUEUE_HEAD.size + name_length <= length
+
+
+def decode_enqueue(data: bytes, body_start: int, body_end: int) -> tuple[int, bytes, bytes]:
+    """(message id, queue name bytes, message bytes) of a valid ENQUEUE record."""
+    message_id, name_length = ENQUEUE_HEAD.unpack_from(data, body_start)
+    name_start = body_start + ENQUEUE_HEAD.size
+    name_end = name_start + name_length
+    return message_id, data[name_start:name_end], data[name_end:body_end]
+
+
+def decode_dequeue(data: bytes, body_start: int, body_end: int) -> tuple[int, ...]:
+    count = (body_end - body_start) // ID.size
+    return struct.unpack_from(f"<{count}Q", data, body_start)

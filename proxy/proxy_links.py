@@ -1,0 +1,392 @@
+"""Proxy links: a client link on the node bridged to a link on a primary.
+
+How this works
+--------------
+Each proxied client link gets one upstream link of the opposite role on a
+shared pool connection (``proxy.upstream``). Messages cross as encoded bytes,
+never decoded. The client's link is attached at once and stays attached while
+the primary is unreachable; the upstream link follows the pool member's state
+(``upstream_up`` / ``upstream_down``).
+
+``ProxyConsumer`` (client receives; upstream is our Receiver)
+    Credit passes through: the upstream link is granted only the credit the
+    client has (minus messages held), so nothing is fetched that no client can
+    take (§2.6.7; the seed's "stuck messages"). Drain is passed upstream and the
+    client is drained when the primary answers. The client's outcome is applied
+    upstream, and only then is the upstream delivery settled (§3.4). A client
+    that detaches or drops has its unsettled deliveries released upstream.
+
+``ProxyProducer`` (client sends; upstream is our Sender)
+    The client gets credit only as the primary grants it. Each client delivery
+    is forwarded and settled with the primary's outcome (end-to-end
+    at-least-once). Deliveries in flight when the upstream connection breaks are
+    kept and replayed after reconnecting, so the client sees the real outcome
+    rather than a spurious release; duplicates are possible, loss is not.
+
+An upstream detach with an error (``amqp:not-found`` ...) closes the client
+link with the same condition.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+
+from cproton import (
+    PN_ACCEPTED,
+    PN_MODIFIED,
+    PN_RECEIVED,
+    PN_REJECTED,
+    PN_RELEASED,
+    pn_delivery,
+    pn_delivery_aborted,
+    pn_delivery_partial,
+    pn_delivery_pending,
+    pn_delivery_remote_state,
+    pn_delivery_settle,
+    pn_delivery_settled,
+    pn_delivery_update,
+    pn_link_advance,
+    pn_link_credit,
+    pn_link_drained,
+    pn_link_flow,
+    pn_link_get_drain,
+    pn_link_recv,
+    pn_link_send,
+    pn_link_set_drain,
+)
+from proton import Delivery, Link
+
+log = logging.getLogger("fedgate.proxy")
+
+TERMINAL = (PN_ACCEPTED, PN_REJECTED, PN_RELEASED, PN_MODIFIED)
+_link_names = itertools.count(1)
+
+
+def copy_outcome(source, target) -> int:
+    """Apply the remote outcome of delivery ``source`` as the local state of ``target``."""
+    state = pn_delivery_remote_state(source)
+    if state in (PN_MODIFIED, PN_REJECTED):
+        remote = Delivery.wrap(source).remote
+        local = Delivery.wrap(target).local
+        if state == PN_MODIFIED:
+            local.failed = remote.failed
+            local.undeliverable = remote.undeliverable
+            if remote.annotations:
+                local.annotations = remote.annotations
+        elif remote.condition is not None:
+            local.condition = remote.condition
+    if state:
+        pn_delivery_update(target, state)
+    return state
+
+
+def _read_transfer(link_ptr, delivery, max_size: int):
+    """Return the delivery's bytes once complete, or None (partial, aborted, too big)."""
+    if pn_delivery_partial(delivery):
+        if max_size and pn_delivery_pending(delivery) > max_size:
+            return False
+        return None
+    if pn_delivery_aborted(delivery):
+        pn_link_advance(link_ptr)
+        pn_delivery_settle(delivery)
+        return None
+    size = pn_delivery_pending(delivery)
+    if max_size and size > max_size:
+        return False
+    _, payload = pn_link_recv(link_ptr, size)
+    pn_link_advance(link_ptr)
+    return bytes(payload)
+
+
+class _ProxyEndpoint:
+    """What both directions share: client link, pool member, upstream link."""
+
+    sender_upstream = False  # role of our upstream link
+
+    def __init__(self, handler, client_link: Link, upstream, remote_address: str) -> None:
+        self.handler = handler
+        self.link = client_link
+        self.link_ptr = client_link._impl
+        self.upstream = upstream
+        self.remote_address = remote_address
+        self.address = remote_address
+        self.up_link: Link | None = None
+        self.up_ptr = None
+        self.up_attached = False
+        self.tags = itertools.count(1)
+        self.closed = False
+        self.member = upstream.add(self)
+
+    # -- upstream lifecycle ------------------------------------------------------
+    def upstream_up(self, member) -> None:
+        if self.closed:
+            return
+        self.member = member
+        name = f"fedgate-{next(_link_names)}-{self.link.name}"
+        link = member.new_link(name, sender=self.sender_upstream)
+        self.configure_upstream(link)
+        link.open()
+        self.up_link, self.up_ptr, self.up_attached = link, link._impl, False
+        member.register(link, self)
+        member.mark_dirty()
+
+    def on_upstream_attached(self) -> None:
+        self.up_attached = True
+        self.on_upstream_flow()
+
+    def upstream_down(self) -> None:
+        self.up_link = self.up_ptr = None
+        self.up_attached = False
+
+    def on_upstream_detached(self, condition) -> None:
+        """The primary detached our link: the client learns the same condition."""
+        self.up_link = self.up_ptr = None
+        self.up_attached = False
+        if self.closed:
+            return
+        name = condition.name if condition else "amqp:link:detach-forced"
+        description = condition.description if condition else "detached by the primary"
+        log.info("proxy link %s -> %s detached by primary: %s %s", self.link.name,
+                 self.remote_address, name, description)
+        self.handler.close_link(self.link, name, description or "")
+
+    def _close_upstream(self) -> None:
+        if self.up_link is not None:
+            self.member.unregister(self.up_link)
+            self.up_link.close()
+            self.member.mark_dirty()
+        self.up_link = self.up_ptr = None
+        self.upstream.remove(self, self.member)
+
+    def on_flow(self) -> None:  # client flow
+        pass
+
+
+class ProxyConsumer(_ProxyEndpoint):
+    """Client receives from an address on a primary."""
+
+    sender_upstream = False
+
+    def __init__(self, handler, client_link, upstream, remote_address, *, presettled: bool) -> None:
+        self.presettled = presettled
+        self.unsettled: dict = {}  # client delivery -> upstream delivery (None once upstream is gone)
+        self.held: deque = deque()  # (payload, upstream delivery) waiting for client credit
+        self.draining = False
+        self.sent = 0
+        super().__init__(handler, client_link, upstream, remote_address)
+
+    def configure_upstream(self, link: Link) -> None:
+        link.source.address = self.remote_address
+        link.target.address = None
+        if self.presettled:
+            link.snd_settle_mode = Link.SND_SETTLED
+        link.rcv_settle_mode = Link.RCV_FIRST
+
+    def upstream_down(self) -> None:
+        super().upstream_down()
+        self.draining = False
+        # upstream deliveries died with the connection: the primary redelivers them
+        self.held.clear()
+        for delivery in self.unsettled:
+            self.unsettled[delivery] = None
+
+    # -- credit --------------------------------------------------------------------
+    def on_flow(self) -> None:
+        self._deliver_held()
+        self.sync_credit()
+
+    def sync_credit(self) -> None:
+        up = self.up_ptr
+        if up is None or not self.up_attached:
+            return
+        client_credit = pn_link_credit(self.link_ptr) if self.handler.writable else 0
+        want = client_credit - pn_link_credit(up) - len(self.held)
+        changed = False
+        if want > 0:
+            pn_link_flow(up, want)
+            changed = True
+        if pn_link_get_drain(self.link_ptr) and not self.draining:
+            self.draining = True
+            pn_link_set_drain(up, True)
+            pn_link_flow(up, 0)  # send a flow with drain set
+            changed = True
+        if changed:
+            self.member.mark_dirty()
+
+    def on_upstream_flow(self) -> None:
+        up = self.up_ptr
+        if up is None:
+            return
+        if self.draining and pn_link_credit(up) == 0:
+            self.draining = False
+            pn_link_set_drain(up, False)
+            if pn_link_get_drain(self.link_ptr) and not self.held:
+                pn_link_drained(self.link_ptr)
+                self.handler.mark_dirty()
+        self.sync_credit()
+
+    # -- messages --------------------------------------------------------------------
+    def on_upstream_delivery(self, delivery) -> None:
+        payload = _read_transfer(self.up_ptr, delivery, self.handler.broker.max_message_size)
+        if payload is None:
+            return
+        if payload is False:
+            pn_delivery_update(delivery, PN_REJECTED)
+            pn_delivery_settle(delivery)
+            return
+        if pn_link_credit(self.link_ptr) > 0 and not self.held:
+            self._forward(payload, delivery)
+        else:
+            self.held.append((payload, delivery))
+
+    def _deliver_held(self) -> None:
+        held = self.held
+        while held and pn_link_credit(self.link_ptr) > 0:
+            self._forward(*held.popleft())
+
+    def _forward(self, payload: bytes, up_delivery) -> None:
+        ptr = self.link_ptr
+        delivery = pn_delivery(ptr, str(next(self.tags)).encode())
+        pn_link_send(ptr, payload)
+        pn_link_advance(ptr)
+        self.sent += 1
+        if self.presettled or pn_delivery_settled(up_delivery):
+            pn_delivery_settle(delivery)
+            if not pn_delivery_settled(up_delivery):
+                pn_delivery_update(up_delivery, PN_ACCEPTED)
+            pn_delivery_settle(up_delivery)
+            self.member.mark_dirty()
+        else:
+            self.unsettled[delivery] = up_delivery
+        self.handler.mark_dirty()
+
+    def on_delivery(self, delivery) -> None:
+        """The client's disposition: apply it upstream, then settle both (§3.4)."""
+        state = pn_delivery_remote_state(delivery)
+        if state == PN_RECEIVED or (not state and not pn_delivery_settled(delivery)):
+            return
+        up = self.unsettled.pop(delivery, None)
+        if up is not None:
+            if state in TERMINAL:
+                copy_outcome(delivery, up)
+            else:
+                pn_delivery_update(up, PN_ACCEPTED)  # settled with no outcome: accepted
+            pn_delivery_settle(up)
+            self.member.mark_dirty()
+        pn_delivery_settle(delivery)
+
+    def detached(self) -> None:
+        """Client link gone: release what it held upstream (§3.4.4), close our link."""
+        self.closed = True
+        for up in self.unsettled.values():
+            if up is not None:
+                pn_delivery_update(up, PN_RELEASED)
+                pn_delivery_settle(up)
+        self.unsettled.clear()
+        for _, up in self.held:
+            pn_delivery_update(up, PN_RELEASED)
+            pn_delivery_settle(up)
+        self.held.clear()
+        self._close_upstream()
+
+
+class ProxyProducer(_ProxyEndpoint):
+    """Client sends to an address on a primary."""
+
+    sender_upstream = True
+
+    def __init__(self, handler, client_link, upstream, remote_address) -> None:
+        self.pending: deque = deque()  # (payload, client delivery | None) not yet sent upstream
+        self.inflight: dict = {}  # upstream delivery -> (payload, client delivery | None)
+        self.received = 0
+        super().__init__(handler, client_link, upstream, remote_address)
+
+    def configure_upstream(self, link: Link) -> None:
+        link.target.address = self.remote_address
+        link.source.address = None
+        link.snd_settle_mode = Link.SND_UNSETTLED
+        link.rcv_settle_mode = Link.RCV_FIRST
+
+    def upstream_down(self) -> None:
+        super().upstream_down()
+        if self.inflight:
+            # replay after reconnecting, in the original order
+            replay = list(self.inflight.values())
+            self.inflight.clear()
+            self.pending.extendleft(reversed(replay))
+
+    def on_upstream_flow(self) -> None:
+        self._send_pending()
+        self.sync_credit()
+
+    def sync_credit(self) -> None:
+        """Give the client the credit the primary gave us, minus what is queued."""
+        if self.closed:
+            return
+        up_credit = pn_link_credit(self.up_ptr) if self.up_ptr is not None and self.up_attached else 0
+        want = up_credit - len(self.pending) - pn_link_credit(self.link_ptr)
+        if want > 0:
+            pn_link_flow(self.link_ptr, want)
+            self.handler.mark_dirty()
+
+    def on_delivery(self, delivery) -> None:
+        payload = _read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
+        if payload is None:
+            return
+        if payload is False:
+            limit = self.handler.broker.max_message_size
+            self.handler.close_link(self.link, "amqp:link:message-size-exceeded",
+                                    f"message larger than {limit} bytes")
+            return
+        self.received += 1
+        if pn_delivery_settled(delivery):  # pre-settled by the client: at-most-once
+            pn_delivery_settle(delivery)
+            delivery = None
+        self.pending.append((payload, delivery))
+        self._send_pending()
+
+    def _send_pending(self) -> None:
+        up = self.up_ptr
+        if up is None or not self.up_attached:
+            return
+        pending = self.pending
+        sent = False
+        while pending and pn_link_credit(up) > 0:
+            item = pending.popleft()
+            payload, client_delivery = item
+            up_delivery = pn_delivery(up, str(next(self.tags)).encode())
+            pn_link_send(up, payload)
+            pn_link_advance(up)
+            if client_delivery is None:
+                pn_delivery_settle(up_delivery)
+            else:
+                self.inflight[up_delivery] = item
+            sent = True
+        if sent:
+            self.member.mark_dirty()
+
+    def on_upstream_delivery(self, delivery) -> None:
+        """The primary's outcome: pass it to the client, then settle both."""
+        state = pn_delivery_remote_state(delivery)
+        if state == PN_RECEIVED or (not state and not pn_delivery_settled(delivery)):
+            return
+        item = self.inflight.pop(delivery, None)
+        pn_delivery_settle(delivery)
+        if item is None:
+            return
+        client_delivery = item[1]
+        if client_delivery is not None and not self.closed:
+            if state:
+                copy_outcome(delivery, client_delivery)
+            else:
+                pn_delivery_update(client_delivery, PN_ACCEPTED)
+            pn_delivery_settle(client_delivery)
+            self.handler.mark_dirty()
+
+    def detached(self) -> None:
+        """Client link gone: its unsettled sends have no one to report to."""
+        self.closed = True
+        self.pending.clear()
+        self._close_upstream()

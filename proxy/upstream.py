@@ -1,0 +1,453 @@
+"""Connections from the node to primary brokers: a small shared pool per primary.
+
+How this works
+--------------
+``Upstream`` is the pool for one primary (URL + credentials). It has
+``pool_size`` members (default 1); each ``PoolMember`` is one AMQP connection
+with one session carrying many links: client links proxied to that primary
+are multiplexed over it (the connection concentrator). Members are opened on
+first need and closed after ``idle_timeout`` without links, so clients coming
+and going do not open and close upstream connections.
+
+The client side of the protocol is proton's engine in client mode, including
+proton's client SASL (ANONYMOUS or PLAIN), driven sans-I/O by
+``UpstreamConnection`` and moved by ``UpstreamProtocol`` (``proxy.io``).
+Heartbeats: the transport's idle timeout is twice the heartbeat, so proton
+asks the primary for a frame every heartbeat and declares it dead after two
+(§2.4.5). A lost member is reconnected with capped exponential backoff and
+jitter; its proxy links are told ``upstream_down`` and later ``upstream_up``
+(they keep their client links attached meanwhile).
+
+Proxy link endpoints (``proxy.proxy_links``) implement the per-link logic;
+this module only routes upstream link events to them by link pointer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import ssl
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
+
+from cproton import pn_delivery_link, pn_delivery_settle
+from proton import Connection, Link, Transport
+
+from . import engine
+from .io import EngineProtocol
+
+log = logging.getLogger("fedgate.upstream")
+
+BACKOFF_START = 0.1
+BACKOFF_CAP = 5.0
+
+
+@dataclass(frozen=True)
+class UpstreamTarget:
+    """Where and how to connect: a primary URL plus per-rule options."""
+
+    scheme: str
+    host: str
+    port: int
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    heartbeat: float = 10.0
+    idle_timeout: float = 60.0
+    pool_size: int = 1
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.scheme, self.host, self.port, self.user, self.tls_ca, self.tls_cert)
+
+    @property
+    def display(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        return f"{self.scheme}://{user}{self.host}:{self.port}"
+
+    @classmethod
+    def from_url(cls, url: str, **options) -> "UpstreamTarget":
+        parts = urlsplit(url)
+        if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+            raise ValueError(f"not an amqp:// or amqps:// URL: {url!r}")
+        port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+        user = unquote(parts.username) if parts.username else None
+        password = unquote(parts.password) if parts.password else None
+        options.setdefault("user", user)
+        options.setdefault("password", password)
+        return cls(scheme=parts.scheme, host=parts.hostname, port=port, **options)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.scheme != "amqps":
+            return None
+        context = ssl.create_default_context(cafile=self.tls_ca)
+        if self.tls_cert:
+            context.load_cert_chain(self.tls_cert, self.tls_key)
+        return context
+
+
+class UpstreamConnection:
+    """Client-mode proton connection to a primary, sans-I/O (same shape as ServerConnection)."""
+
+    def __init__(self, target: UpstreamTarget, handler, container_id: str) -> None:
+        transport = Transport()
+        transport.max_frame_size = 65536
+        if target.heartbeat:
+            transport.idle_timeout = target.heartbeat * 2
+        sasl = transport.sasl()
+        if target.user:
+            sasl.allowed_mechs("PLAIN")
+            sasl.allow_insecure_mechs = True  # the URL's choice; amqps:// for TLS
+        else:
+            sasl.allowed_mechs("ANONYMOUS")
+        connection = Connection()
+        connection.container = container_id
+        connection.hostname = target.host
+        if target.user:
+            connection.user = target.user
+            connection.password = target.password or ""
+        self.pipe = engine.ProtonPipe(transport, connection, handler)
+        self.transport = transport
+        self.connection = connection
+        self.failure: str | None = None
+        connection.open()
+
+    def receive(self, data: bytes) -> None:
+        self.pipe.push(data)
+
+    def process(self) -> None:
+        self.pipe.pump.run()
+
+    def take_output(self) -> bytes:
+        return self.pipe.output()
+
+    @property
+    def finished(self) -> bool:
+        return self.pipe.finished
+
+    def tick(self, now: float) -> float | None:
+        return self.pipe.tick(now)
+
+    def input_closed(self) -> None:
+        self.pipe.close_input()
+
+
+class UpstreamProtocol(EngineProtocol):
+    def __init__(self, member: "PoolMember") -> None:
+        super().__init__(member.upstream.run_pending)
+        self.member = member
+        self.conn = member.conn
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.member.lost(str(exc) if exc else "connection closed")
+
+    def pause_writing(self) -> None:
+        self.member.writable = False
+
+    def resume_writing(self) -> None:
+        self.member.writable = True
+        self.member.resume()
+
+
+class PoolMember:
+    """One upstream AMQP connection of a pool, and the proxy links it carries."""
+
+    def __init__(self, upstream: "Upstream", index: int) -> None:
+        self.upstream = upstream
+        self.index = index
+        self.state = "down"  # down | connecting | up | backoff
+        self.conn: UpstreamConnection | None = None
+        self.protocol: UpstreamProtocol | None = None
+        self.session = None
+        self.endpoints: set = set()  # proxy endpoints assigned to this member
+        self.links: dict = {}  # upstream link pointer -> endpoint
+        self.writable = True
+        self.attempts = 0
+        self.connects = 0
+        self.reconnects = 0
+        self.last_error: str | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._dispatch = {
+            engine.PN_CONNECTION_REMOTE_OPEN: self._on_remote_open,
+            engine.PN_CONNECTION_REMOTE_CLOSE: self._on_remote_close,
+            engine.PN_LINK_REMOTE_OPEN: self._on_link_open,
+            engine.PN_LINK_REMOTE_CLOSE: self._on_link_close,
+            engine.PN_LINK_REMOTE_DETACH: self._on_link_close,
+            engine.PN_LINK_FLOW: self._on_link_flow,
+            engine.PN_DELIVERY: self._on_delivery,
+            engine.PN_TRANSPORT_ERROR: self._on_transport_error,
+        }
+
+    # -- connection lifecycle ------------------------------------------------
+    def connect(self) -> None:
+        if self.state in ("connecting", "up"):
+            return
+        self._cancel_timer()
+        self.state = "connecting"
+        asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        upstream = self.upstream
+        target = upstream.target
+        self.conn = UpstreamConnection(target, self, f"{upstream.node_id}-up-{next(_container_ids)}")
+        loop = asyncio.get_running_loop()
+        try:
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(lambda: UpstreamProtocol(self), target.host, target.port,
+                                       ssl=target.ssl_context(),
+                                       server_hostname=target.host if target.scheme == "amqps" else None),
+                timeout=max(2.0, target.heartbeat),
+            )
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+            self.conn = None
+            self._schedule_retry(f"connect failed: {exc!r}")
+            return
+        self.protocol = protocol
+        self.connects += 1
+
+    def _on_remote_open(self, event) -> None:
+        self.state = "up"
+        self.attempts = 0
+        self.last_error = None
+        self.session = self.conn.connection.session()
+        self.session.open()
+        log.info("upstream %s member %d up", self.upstream.target.display, self.index)
+        for endpoint in list(self.endpoints):
+            endpoint.upstream_up(self)
+        self.mark_dirty()
+
+    def _on_remote_close(self, event) -> None:
+        cond = self.conn.connection.remote_condition
+        self.last_error = f"closed by primary: {cond.name}: {cond.description}" if cond else "closed by primary"
+        self.conn.connection.close()
+        self.mark_dirty()
+
+    def _on_transport_error(self, event) -> None:
+        cond = self.conn.transport.condition
+        if cond is not None:
+            self.last_error = f"{cond.name}: {cond.description}"
+
+    def lost(self, reason: str) -> None:
+        """The socket is gone (error, close, heartbeat timeout)."""
+        was_up = self.state == "up"
+        self.protocol = None
+        self.conn = None
+        self.session = None
+        self.links.clear()
+        for endpoint in list(self.endpoints):
+            endpoint.upstream_down()
+        reason = self.last_error or reason
+        if self.endpoints:
+            if was_up:
+                self.reconnects += 1
+            self._schedule_retry(reason)
+        else:
+            self.state = "down"
+            log.info("upstream %s member %d closed: %s", self.upstream.target.display, self.index, reason)
+        self.upstream.run_pending()
+
+    def _schedule_retry(self, reason: str) -> None:
+        self.state = "backoff"
+        self.last_error = reason
+        delay = min(BACKOFF_CAP, BACKOFF_START * (2 ** self.attempts))
+        delay *= random.uniform(0.5, 1.0)  # jitter: many nodes do not retry in step
+        self.attempts += 1
+        log.warning("upstream %s member %d: %s; retry in %.2fs", self.upstream.target.display,
+                    self.index, reason, delay)
+        self._cancel_timer()
+        self._timer = asyncio.get_running_loop().call_later(delay, self._retry)
+
+    def _retry(self) -> None:
+        self._timer = None
+        if self.endpoints:
+            self.state = "down"
+            self.connect()
+        else:
+            self.state = "down"
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def release_if_idle(self) -> None:
+        """No links left: close after the idle timeout unless one comes back."""
+        if self.endpoints or self.state != "up":
+            return
+        self._cancel_timer()
+        self._timer = asyncio.get_running_loop().call_later(
+            self.upstream.target.idle_timeout, self._close_idle)
+
+    def _close_idle(self) -> None:
+        self._timer = None
+        if self.endpoints or self.conn is None:
+            return
+        log.info("upstream %s member %d idle: closing", self.upstream.target.display, self.index)
+        self.conn.connection.close()
+        self.mark_dirty()
+
+    def close(self) -> None:
+        self._cancel_timer()
+        if self.conn is not None:
+            self.conn.connection.close()
+            self.flush()
+
+    # -- plumbing ----------------------------------------------------------------
+    def on_amqp_start(self, conn) -> None:  # pragma: no cover - server-side hook only
+        pass
+
+    def on_event(self, event_type: int, event) -> None:
+        method = self._dispatch.get(event_type)
+        if method is not None:
+            method(event)
+
+    def mark_dirty(self) -> None:
+        self.upstream.dirty.add(self)
+
+    def flush(self) -> None:
+        if self.protocol is not None:
+            self.protocol.flush()
+
+    def resume(self) -> None:
+        for endpoint in list(self.endpoints):
+            endpoint.on_upstream_flow()
+        self.upstream.run_pending()
+
+    def new_link(self, name: str, *, sender: bool) -> Link:
+        return self.session.sender(name) if sender else self.session.receiver(name)
+
+    def register(self, link: Link, endpoint) -> None:
+        self.links[link._impl] = endpoint
+
+    def unregister(self, link: Link) -> None:
+        self.links.pop(link._impl, None)
+
+    # -- link events --------------------------------------------------------------
+    def _on_link_open(self, event) -> None:
+        endpoint = self.links.get(engine.pn_event_link(event))
+        if endpoint is not None:
+            endpoint.on_upstream_attached()
+
+    def _on_link_close(self, event) -> None:
+        ptr = engine.pn_event_link(event)
+        endpoint = self.links.pop(ptr, None)
+        link = Link.wrap(ptr)
+        condition = link.remote_condition
+        if link.state & Link.LOCAL_ACTIVE:
+            link.close()
+        if endpoint is not None:
+            endpoint.on_upstream_detached(condition)
+        self.mark_dirty()
+
+    def _on_link_flow(self, event) -> None:
+        endpoint = self.links.get(engine.pn_event_link(event))
+        if endpoint is not None:
+            endpoint.on_upstream_flow()
+
+    def _on_delivery(self, event) -> None:
+        delivery = engine.pn_event_delivery(event)
+        endpoint = self.links.get(pn_delivery_link(delivery))
+        if endpoint is not None:
+            endpoint.on_upstream_delivery(delivery)
+        else:
+            pn_delivery_settle(delivery)
+
+    def describe(self) -> dict:
+        return {
+            "member": self.index,
+            "state": self.state,
+            "links": len(self.links),
+            "endpoints": len(self.endpoints),
+            "connects": self.connects,
+            "reconnects": self.reconnects,
+            "last_error": self.last_error,
+        }
+
+
+_container_ids = itertools.count(1)
+
+
+class Upstream:
+    """The pool of connections to one primary."""
+
+    def __init__(self, target: UpstreamTarget, *, node_id: str, dirty: set, run_pending) -> None:
+        self.target = target
+        self.node_id = node_id
+        self.dirty = dirty  # the broker's set of things to flush
+        self.run_pending = run_pending
+        self.members = [PoolMember(self, i) for i in range(max(1, target.pool_size))]
+
+    def add(self, endpoint) -> PoolMember:
+        """Assign a proxy endpoint to the least-loaded member; connect if needed."""
+        member = min(self.members, key=lambda m: (m.state != "up", len(m.endpoints)))
+        if member.state != "up" and any(m.state == "up" and not m.endpoints for m in self.members):
+            member = next(m for m in self.members if m.state == "up")
+        member.endpoints.add(endpoint)
+        member._cancel_timer() if member.state == "up" else None
+        if member.state == "up":
+            endpoint.upstream_up(member)
+        else:
+            member.connect()
+        return member
+
+    def remove(self, endpoint, member: PoolMember) -> None:
+        member.endpoints.discard(endpoint)
+        member.release_if_idle()
+
+    @property
+    def connected(self) -> int:
+        return sum(1 for m in self.members if m.state == "up")
+
+    def close(self) -> None:
+        for member in self.members:
+            member.close()
+
+    def describe(self) -> dict:
+        return {"primary": self.target.display, "pool_size": len(self.members),
+                "connected": self.connected, "members": [m.describe() for m in self.members]}
+
+
+class UpstreamRegistry:
+    """All pools of a node, by primary; created on first use."""
+
+    def __init__(self, *, node_id: str, dirty: set, run_pending, secrets: dict | None = None) -> None:
+        self.node_id = node_id
+        self.dirty = dirty
+        self.run_pending = run_pending
+        self.secrets = secrets or {}
+        self.pools: dict[tuple, Upstream] = {}
+
+    def for_decision(self, decision) -> Upstream:
+        rule = decision.rule
+        options = rule.upstream
+        credentials = self.secrets.get(options.credentials) if options.credentials else None
+        extra = {}
+        if credentials:
+            extra = {"user": credentials.get("user"), "password": credentials.get("password")}
+        target = UpstreamTarget.from_url(
+            decision.primary_url or decision.primary,
+            heartbeat=options.heartbeat, idle_timeout=options.idle_timeout,
+            pool_size=options.pool_size, tls_ca=options.tls_ca, tls_cert=options.tls_cert,
+            tls_key=options.tls_key, **extra,
+        )
+        pool = self.pools.get(target.key)
+        if pool is None:
+            pool = Upstream(target, node_id=self.node_id, dirty=self.dirty, run_pending=self.run_pending)
+            self.pools[target.key] = pool
+        return pool
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+
+    def describe(self) -> list[dict]:
+        return [pool.describe() for pool in self.pools.values()]
