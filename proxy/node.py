@@ -25,6 +25,8 @@ from .acl import Acl
 from .broker import Broker
 from .config import Config
 from .connection import ConnectionSettings
+from .journal import JournalError
+from .journal_queues import open_journal, restore
 from .local_queues import QueueRegistry
 from .rules_store import RulesStore
 from .sasl import Authenticator
@@ -66,6 +68,26 @@ def offered_mechanisms(config: Config) -> tuple[str, ...]:
     return mechanisms
 
 
+def failover_properties(config: Config) -> dict | None:
+    """The open frame's ``failover-server-list`` (the other nodes in ``[peers]``),
+    in the form Qpid JMS and Dispatch Router read: a list of maps with
+    ``network-host``, ``port``, ``scheme`` and ``hostname``."""
+    from urllib.parse import urlsplit
+
+    from proton import symbol
+
+    servers = []
+    for peer_id, url in sorted(config.peers.items()):
+        parts = urlsplit(url)
+        servers.append({
+            symbol("network-host"): parts.hostname,
+            symbol("port"): str(parts.port or (5671 if parts.scheme == "amqps" else 5672)),
+            symbol("scheme"): parts.scheme,
+            symbol("hostname"): parts.hostname,
+        })
+    return {symbol("failover-server-list"): servers} if servers else None
+
+
 class Node:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -82,8 +104,10 @@ class Node:
             return {
                 "max_depth": decl.max_depth if decl and decl.max_depth else defaults.max_depth,
                 "dead_letter": (decl.dead_letter if decl and decl.dead_letter else defaults.dead_letter),
+                "durable": decl.durable if decl and decl.durable is not None else defaults.durable,
             }
 
+        self.queue_options = queue_options
         self.queues = QueueRegistry(auto_create=defaults.auto_create, defaults=queue_options)
         for name in declared:
             self.queues.declare(name, **queue_options(name))
@@ -114,6 +138,7 @@ class Node:
             sasl_mechanisms=offered_mechanisms(config),
             sasl_required=config.sasl.require,
             max_sessions=limits.max_sessions_per_connection,
+            properties=failover_properties(config),
         )
         self.connections: set[AmqpProtocol] = set()
         self._ip_of: dict[AmqpProtocol, str] = {}  # for the per-IP limit
@@ -188,6 +213,7 @@ class Node:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         host, port = self.config.listen
         loop = asyncio.get_running_loop()
+        self._recover_durable_queues(loop)
         self.server = await loop.create_server(
             lambda: AmqpProtocol(self), host, port, ssl=self.tls_context,
             reuse_address=True, backlog=4096,
@@ -211,6 +237,24 @@ class Node:
         for protocol in list(self.connections):
             protocol.abort()
         self.upstreams.close()
+        if self.broker.journal is not None:
+            try:
+                self.broker.journal.close()
+            except JournalError as exc:
+                log.error("journal: %s", exc)
         if self.server is not None:
             await self.server.wait_closed()
         log.info("fedgate node %s stopped", self.node_id)
+
+    def _recover_durable_queues(self, loop) -> None:
+        """Open the journal under the data dir and refill durable queues, before listening."""
+        config = self.config
+        wanted = config.queues.durable or any(q.durable for q in config.queue)
+        journal = open_journal(self.data_dir / "journal", config.journal, wanted=wanted, loop=loop)
+        if journal is None:
+            return
+        restored = restore(journal.open(), self.queues, self.queue_options)
+        journal.on_progress.append(self.broker.run_pending)
+        self.broker.journal = journal
+        if restored:
+            log.info("durable queues: %d messages restored", restored)

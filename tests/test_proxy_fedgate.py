@@ -1,0 +1,169 @@
+"""Proxy queues with another fedgate node as the primary (real processes, real sockets)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+
+import pytest
+from proton import Message
+from proton.utils import BlockingConnection
+
+from conftest import PYTHON, TESTS
+
+PER_SENDER = 500
+
+
+@pytest.fixture
+def pair(start_node):
+    """n2 is the primary; n1 proxies `orders.#` (and a not-found-prone prefix) to it."""
+    primary = start_node({"queues": {"auto_create": True}}, name="n2")
+    proxy = start_node({
+        "peers": {"n2": primary.url},
+        "rules": [
+            {"name": "strict", "match": "strict.#", "kind": "proxy", "primary": "n2",
+             "remote": "missing.{1}"},
+            {"name": "orders", "match": "orders.#", "kind": "proxy", "primary": "n2"},
+        ],
+    }, name="n1")
+    return proxy, primary
+
+
+def ids_of(lines):
+    return [line["id"] for line in lines if "id" in line]
+
+
+@pytest.mark.parametrize("send_via, receive_via", [
+    ("proxy", "primary"), ("primary", "proxy"), ("proxy", "proxy"),
+])
+def test_message_set_through_the_proxy(pair, clients, send_via, receive_via):
+    proxy, primary = pair
+    url = {"proxy": proxy.url, "primary": primary.url}
+    receivers = [clients(kind, "receive", url[receive_via], address="orders.eu", count=0,
+                         credit=20, idle_ms=3000, timeout_ms=60000)
+                 for kind in ("proton", "rhea")]
+    senders = [clients(kind, "send", url[send_via], address="orders.eu", count=PER_SENDER,
+                       prefix=kind, timeout_ms=60000) for kind in ("proton", "rhea")]
+    for sender in senders:
+        (result,) = sender.finish()
+        assert result["error"] is None and result["accepted"] == PER_SENDER
+    got = [i for r in receivers for i in ids_of(r.finish(timeout=90))]
+    expected = {f"{k}-{n}" for k in ("proton", "rhea") for n in range(PER_SENDER)}
+    assert set(got) == expected
+    assert [i for i, c in collections.Counter(got).items() if c > 1] == []
+
+
+def test_killed_client_unsettled_messages_come_back_from_the_primary(pair, clients):
+    proxy, primary = pair
+    (sent,) = clients("rhea", "send", primary.url, address="orders.kill", count=20, prefix="k").finish()
+    assert sent["accepted"] == 20
+    holder = clients("proton", "receive", proxy.url, address="orders.kill", credit=5, hold=True)
+    held = {holder.readline()["id"] for _ in range(5)}
+    holder.kill()
+    lines = clients("rhea", "receive", primary.url, address="orders.kill", count=20).finish()
+    assert set(ids_of(lines)) == {f"k-{i}" for i in range(20)}
+    assert held <= set(ids_of(lines))
+
+
+def test_credit_one_leaves_every_other_message_on_the_primary(pair, clients):
+    proxy, primary = pair
+    (sent,) = clients("rhea", "send", primary.url, address="orders.credit", count=50, prefix="c").finish()
+    assert sent["accepted"] == 50
+    holder = clients("proton", "receive", proxy.url, address="orders.credit", credit=1, hold=True)
+    first = holder.readline()["id"]  # held, unsettled, by the proxied client (credit 1, no top-up)
+    lines = clients("rhea", "receive", primary.url, address="orders.credit", count=0,
+                    idle_ms=2000).finish()
+    direct = ids_of(lines)
+    assert len(direct) == 49 and first not in direct  # nothing was fetched beyond its credit
+    holder.kill()
+    (last,) = ids_of(clients("rhea", "receive", primary.url, address="orders.credit",
+                             count=1).finish())
+    assert last == first  # released upstream when the client went away
+
+
+def test_release_and_reject_through_the_proxy(pair):
+    proxy, primary = pair
+    conn = BlockingConnection(proxy.url, timeout=10)
+    try:
+        conn.create_sender("orders.outcomes").send(Message(id="r1", body="x"))
+        receiver = conn.create_receiver("orders.outcomes", credit=1)
+        assert receiver.receive(timeout=5).id == "r1"
+        receiver.release(delivered=False)
+        assert receiver.receive(timeout=5).id == "r1"  # released upstream, redelivered
+        receiver.reject()
+    finally:
+        conn.close()
+    direct = BlockingConnection(primary.url, timeout=10)
+    try:
+        receiver = direct.create_receiver("orders.outcomes", credit=1)
+        with pytest.raises(Exception):
+            receiver.receive(timeout=1.5)  # rejected at the primary: gone
+    finally:
+        direct.close()
+
+
+def test_not_found_from_the_primary_reaches_the_client(start_node, clients):
+    primary = start_node({"queues": {"auto_create": False}}, name="n2")
+    proxy = start_node({"peers": {"n2": primary.url}, "rules": [
+        {"name": "all", "match": "#", "kind": "proxy", "primary": "n2"}]}, name="n1")
+    for kind in ("rhea", "proton"):
+        lines = clients(kind, "receive", proxy.url, address="nope", count=1, timeout_ms=10000).finish()
+        assert lines[-1]["error"]["condition"] == "amqp:not-found"
+        lines = clients(kind, "send", proxy.url, address="nope", count=1, timeout_ms=10000).finish()
+        assert lines[-1]["error"]["condition"] == "amqp:not-found"
+
+
+def test_open_frame_carries_failover_server_list(pair):
+    proxy, primary = pair
+    conn = BlockingConnection(proxy.url, timeout=10)
+    try:
+        servers = conn.conn.remote_properties["failover-server-list"]
+        assert [(s["network-host"], int(s["port"])) for s in servers] == [("127.0.0.1", primary.port)]
+    finally:
+        conn.close()
+
+
+def established_to(port: int) -> int:
+    """Established TCP connections to ``port`` on this host (from /proc/net/tcp)."""
+    count = 0
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        remote_port = int(fields[2].split(":")[1], 16)
+        if remote_port == port and fields[3] == "01":
+            count += 1
+    return count
+
+
+def test_thousand_clients_share_at_most_two_upstream_connections(pair):
+    proxy, primary = pair
+    proc = subprocess.Popen(
+        [PYTHON, str(TESTS / "clients" / "many_connections.py"), "--url", proxy.url,
+         "--address", "orders.many", "--count", "1000"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        from conftest import ClientProcess
+
+        reader = ClientProcess.__new__(ClientProcess)
+        reader.proc, reader._pending, reader.cmd = proc, b"", ["many_connections"]
+        status = reader.readline(timeout=120)
+        assert status == {"open": 1000, "accepted": 1000}
+        assert established_to(proxy.port) >= 1000  # all clients still connected
+        assert 1 <= established_to(primary.port) <= 2
+        proc.stdin.write(b"close\n")
+        proc.stdin.flush()
+        assert reader.readline(timeout=60) == {"closed": 1000}
+    finally:
+        proc.kill()
+        proc.wait(10)
+    conn = BlockingConnection(primary.url, timeout=10)
+    try:
+        receiver = conn.create_receiver("orders.many", credit=1000)
+        got = set()
+        for _ in range(1000):
+            got.add(receiver.receive(timeout=10).id)
+        receiver.accept()
+        assert got == {f"c-{i}" for i in range(1000)}
+    finally:
+        conn.close()
