@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= deploy/examples/standalone.toml
 PYTEST_ARGS ?=
 
-.PHONY: run test venv system npm bench bench-deps clean
+.PHONY: run test venv system npm brokers bench bench-deps bench-durable clean
 
 $(STAMP): pyproject.toml
 	bash .ci/install/system.sh
@@ -26,7 +26,12 @@ npm:
 run: venv
 	$(VENV)/bin/fedgate serve --config $(CONFIG)
 
-test: venv npm
+brokers:
+	bash .ci/install/rabbitmq.sh
+	bash .ci/install/artemis.sh
+
+test: venv npm brokers
+	bash .ci/install/chromium.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench-deps: venv
@@ -35,6 +40,10 @@ bench-deps: venv
 
 bench: bench-deps
 	$(PY) bench/local_queue.py
+
+bench-durable: venv
+	bash .ci/install/c-clients-durable.sh
+	$(PY) bench/durable.py
 
 clean:
 	rm -rf $(VENV) .build tests/js/node_modules

@@ -1,1 +1,19 @@
-"""Placeholder package; filled in by its own issue."""
+"""HTTP admin API of a fedgate node (aiohttp): rules, inspection, health,
+metrics, cluster-wide rules, a web console, and the ``rules``/``status``
+commands.
+
+It plugs into the node through ``proxy.plugins`` entry points (``proxy``
+never imports this package): ``service(node)`` for ``fedgate.services`` and
+``admin_api.cli.register`` for ``fedgate.commands``.
+"""
+
+from __future__ import annotations
+
+
+def service(node):
+    """``fedgate.services`` factory: the admin API, or a no-op when disabled."""
+    from .app import AdminService, DisabledService
+
+    if not node.config.admin.enabled:
+        return DisabledService()
+    return AdminService(node)

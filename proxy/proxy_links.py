@@ -178,8 +178,11 @@ class ProxyConsumer(_ProxyEndpoint):
         super().__init__(handler, client_link, upstream, remote_address)
 
     def configure_upstream(self, link: Link) -> None:
+        # transparent: the client's termini (durability, expiry, filters,
+        # capabilities) go upstream as they are, only the address is mapped
+        link.source.copy(self.link.remote_source)
         link.source.address = self.remote_address
-        link.target.address = None
+        link.target.copy(self.link.remote_target)
         if self.presettled:
             link.snd_settle_mode = Link.SND_SETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
@@ -304,8 +307,9 @@ class ProxyProducer(_ProxyEndpoint):
         super().__init__(handler, client_link, upstream, remote_address)
 
     def configure_upstream(self, link: Link) -> None:
+        link.target.copy(self.link.remote_target)  # durability etc. as the client asked
         link.target.address = self.remote_address
-        link.source.address = None
+        link.source.copy(self.link.remote_source)
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
 

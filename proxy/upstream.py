@@ -179,6 +179,7 @@ class PoolMember:
         self._dispatch = {
             engine.PN_CONNECTION_REMOTE_OPEN: self._on_remote_open,
             engine.PN_CONNECTION_REMOTE_CLOSE: self._on_remote_close,
+            engine.PN_SESSION_REMOTE_CLOSE: self._on_session_close,
             engine.PN_LINK_REMOTE_OPEN: self._on_link_open,
             engine.PN_LINK_REMOTE_CLOSE: self._on_link_close,
             engine.PN_LINK_REMOTE_DETACH: self._on_link_close,
@@ -218,11 +219,39 @@ class PoolMember:
         self.state = "up"
         self.attempts = 0
         self.last_error = None
-        self.session = self.conn.connection.session()
-        self.session.open()
+        self._new_session()
         log.info("upstream %s member %d up", self.upstream.target.display, self.index)
         for endpoint in list(self.endpoints):
             endpoint.upstream_up(self)
+        self.mark_dirty()
+
+    def _new_session(self) -> None:
+        self.session = self.conn.connection.session()
+        self.session.open()
+
+    def _on_session_close(self, event) -> None:
+        """The primary ended our session (RabbitMQ does so for a failed attach).
+
+        Links still waiting for their attach answer caused it: they get the
+        primary's condition. The others are re-attached on a fresh session.
+        """
+        from proton import Session
+
+        session = Session.wrap(engine.pn_event_session(event))
+        condition = session.remote_condition
+        session.close()
+        if self.session is None or session != self.session:
+            return
+        log.info("upstream %s member %d: session ended by primary: %s", self.upstream.target.display,
+                 self.index, condition)
+        self.links.clear()
+        self._new_session()
+        for endpoint in list(self.endpoints):
+            if endpoint.up_ptr is not None and not endpoint.up_attached:
+                endpoint.on_upstream_detached(condition)
+            else:
+                endpoint.upstream_down()
+                endpoint.upstream_up(self)
         self.mark_dirty()
 
     def _on_remote_close(self, event) -> None:

@@ -78,6 +78,10 @@ class NodeProcess:
         node.setdefault("id", name)
         node.setdefault("listen", f"127.0.0.1:{self.port}")
         node.setdefault("data_dir", str(workdir / f"data-{name}"))
+        # the admin API (a fedgate.services plugin) gets its own free port too
+        admin = config.setdefault("admin", {})
+        admin.setdefault("listen", f"127.0.0.1:{free_port()}")
+        self.admin_url = "http://" + admin["listen"]
         self.config_path = workdir / f"{name}.toml"
         self.config_path.write_text(to_toml(config))
         self.log_path = workdir / f"{name}.log"

@@ -1,11 +1,14 @@
 """proton-python command-line client with the same contract as tests/js/*.js.
 
     python proton_client.py send --url U --address A --count N [--prefix P] [--presettled]
+                                 [--durable] [--report-accepted]
                                  [--username U --password P] [--timeout-ms T]
     python proton_client.py receive --url U --address A --count N [--credit C]
                                  [--idle-ms I] [--timeout-ms T] [--hold] [--dynamic]
 
-send prints one JSON line {"sent", "accepted", "released", "rejected", "modified", "error"}.
+send prints one JSON line {"sent", "accepted", "released", "rejected", "modified", "error"};
+with --report-accepted it first prints {"accepted_id": id} as each outcome arrives.
+--durable sets the header's durable field and asks for a durable target terminus.
 receive prints {"id", "producer", "seq", "delivery_count"} per message, then
 {"done": true, "received": n, "error": null}. With --hold it accepts nothing:
 it prints each message and then waits (to be killed by a test).
@@ -18,9 +21,9 @@ import argparse
 import json
 import sys
 
-from proton import Message
+from proton import Message, Terminus
 from proton.handlers import MessagingHandler
-from proton.reactor import Container, DynamicNodeProperties  # noqa: F401
+from proton.reactor import Container, LinkOption
 
 
 def emit(obj) -> None:
@@ -96,18 +99,29 @@ class Base(MessagingHandler):
             self.on_link_error(event)
 
 
+class DurableTarget(LinkOption):
+    """Ask for a durable node (e.g. RabbitMQ declares a durable queue)."""
+
+    def apply(self, link):
+        link.target.durability = Terminus.DELIVERIES
+        link.target.expiry_policy = Terminus.EXPIRE_NEVER
+
+
 class Sender(Base):
     def __init__(self, args):
         super().__init__(args, auto_settle=True)
         self.sent = 0
         self.outcomes = {"accepted": 0, "released": 0, "rejected": 0, "modified": 0}
+        self.ids = {}  # delivery tag -> message id, for --report-accepted
 
     def start_link(self, event):
-        opts = None
+        opts = []
         if self.args.presettled:
             from proton.reactor import AtMostOnce
-            opts = AtMostOnce()
-        self.sender = event.container.create_sender(self.conn, self.args.address, options=opts)
+            opts.append(AtMostOnce())
+        if self.args.durable:
+            opts.append(DurableTarget())
+        self.sender = event.container.create_sender(self.conn, self.args.address, options=opts or None)
 
     def on_sendable(self, event):
         while event.sender.credit and self.sent < self.args.count:
@@ -116,8 +130,11 @@ class Sender(Base):
                 id=f"{self.args.prefix}-{seq}",
                 body=f"message {seq}",
                 properties={"producer": self.args.prefix, "seq": seq},
+                durable=self.args.durable,
             )
-            event.sender.send(message)
+            delivery = event.sender.send(message)
+            if self.args.report_accepted:
+                self.ids[delivery.tag] = message.id
             self.sent += 1
         if self.args.presettled and self.sent >= self.args.count:
             self.outcomes["accepted"] = self.sent
@@ -131,6 +148,8 @@ class Sender(Base):
 
     def on_accepted(self, event):
         self.outcomes["accepted"] += 1
+        if self.args.report_accepted:
+            emit({"accepted_id": self.ids.pop(event.delivery.tag, None)})
         self._maybe_done()
 
     def on_rejected(self, event):
@@ -228,6 +247,8 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=0)
     parser.add_argument("--prefix", default="proton")
     parser.add_argument("--presettled", action="store_true")
+    parser.add_argument("--durable", action="store_true")
+    parser.add_argument("--report-accepted", action="store_true")
     parser.add_argument("--username")
     parser.add_argument("--password")
     parser.add_argument("--timeout-ms", type=int, default=30000)

@@ -1,0 +1,167 @@
+"""The admin HTTP application and the service that runs it inside the node.
+
+How this works
+--------------
+``build_app(node)`` is the factory: one route table (``ROUTES``, mirrored by
+``admin_api.openapi``), two middlewares and the cluster sync as a
+``cleanup_ctx`` (started with the app, cancelled when it is cleaned up).
+
+* ``errors`` (outermost): ``ApiError`` and aiohttp's HTTP exceptions become
+  ``{"error", "detail", "field"}`` JSON; anything unexpected is logged and
+  answered 500 without details.
+* ``auth``: a bearer token from ``[admin] tokens`` is required except on
+  public routes (health, console files); ``read`` tokens may only read.
+
+``AdminService`` is what the ``fedgate.services`` entry point returns: its
+``start`` runs the app on ``[admin] listen`` in the node's own event loop
+(an ``AppRunner`` + ``TCPSite``), ``stop`` cleans it up.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiohttp import web
+
+from . import console, health, inspect_api, openapi, rules_api
+from .auth import Tokens, allowed, bearer_token
+from .cluster import CLUSTER, ClusterSync, get_cluster, push_rules
+from .errors import ApiError, from_http_exception, json_response
+from .inspect_api import ADMIN_URL, NODE, STARTED
+from .rules_api import MANAGER
+from .rules_manager import RulesManager
+
+log = logging.getLogger("fedgate.admin")
+
+TOKENS = web.AppKey("tokens", Tokens)
+MAX_BODY = 1024 * 1024
+
+
+async def get_openapi(request: web.Request) -> web.Response:
+    return json_response(openapi.spec())
+
+
+# (method, path, handler, public)
+ROUTES = [
+    ("GET", "/", console.index, True),
+    ("GET", "/ui/{file}", console.asset, True),
+    ("GET", "/healthz", health.healthz, True),
+    ("GET", "/readyz", health.readyz, True),
+    ("GET", "/metrics", health.metrics, False),
+    ("GET", "/api/v1/openapi.json", get_openapi, False),
+    ("GET", "/api/v1/node", inspect_api.get_node, False),
+    ("GET", "/api/v1/connections", inspect_api.get_connections, False),
+    ("DELETE", "/api/v1/connections/{id}", inspect_api.delete_connection, False),
+    ("GET", "/api/v1/links", inspect_api.get_links, False),
+    ("GET", "/api/v1/queues", inspect_api.get_queues, False),
+    ("GET", "/api/v1/fragments", inspect_api.get_fragments, False),
+    ("GET", "/api/v1/upstreams", inspect_api.get_upstreams, False),
+    ("GET", "/api/v1/rules", rules_api.get_rules, False),
+    ("PUT", "/api/v1/rules", rules_api.put_rules, False),
+    ("POST", "/api/v1/rules", rules_api.post_rule, False),
+    ("GET", "/api/v1/rules/{name}", rules_api.get_rule, False),
+    ("PUT", "/api/v1/rules/{name}", rules_api.put_rule, False),
+    ("DELETE", "/api/v1/rules/{name}", rules_api.delete_rule, False),
+    ("GET", "/api/v1/resolve", rules_api.resolve, False),
+    ("GET", "/api/v1/cluster", get_cluster, False),
+    ("POST", "/api/v1/cluster/rules", push_rules, False),
+]
+PUBLIC = {(method, path) for method, path, _, public in ROUTES if public}
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return from_http_exception(exc)
+    except Exception:
+        log.exception("admin API: %s %s failed", request.method, request.path)
+        return json_response({"error": "internal", "detail": "internal error (see the node's log)"},
+                             status=500)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler):
+    route = request.match_info.route
+    resource = route.resource
+    path = resource.canonical if resource is not None else None
+    method = "GET" if request.method == "HEAD" else request.method
+    if (method, path) in PUBLIC:
+        return await handler(request)
+    token = bearer_token(request.headers.get("Authorization"))
+    role = request.app[TOKENS].role_of(token) if token else None
+    if role is None:
+        raise ApiError(401, "unauthorized", "a bearer token is required"
+                       if token is None else "unknown token",
+                       headers={"WWW-Authenticate": 'Bearer realm="fedgate"'})
+    if not allowed(role, request.method):
+        raise ApiError(403, "forbidden", f"a {role!r} token may not {request.method}")
+    return await handler(request)
+
+
+def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.Application:
+    settings = node.config.admin
+    app = web.Application(middlewares=[errors_middleware, auth_middleware], client_max_size=MAX_BODY)
+    manager = RulesManager(node)
+    app[NODE] = node
+    app[STARTED] = time.monotonic()
+    app[ADMIN_URL] = {"url": admin_url}
+    app[TOKENS] = Tokens.from_config(settings.tokens)
+    app[MANAGER] = manager
+    sync = ClusterSync(manager, dict(settings.cluster), settings.node_token(), interval=sync_interval)
+    app[CLUSTER] = sync
+    app.cleanup_ctx.append(sync.context)
+    for method, path, handler, _ in ROUTES:
+        app.router.add_route(method, path, handler)
+    return app
+
+
+class AdminService:
+    """Runs the admin app on ``[admin] listen`` inside the node's event loop."""
+
+    def __init__(self, node) -> None:
+        self.node = node
+        self.runner: web.AppRunner | None = None
+        self.url: str | None = None
+
+    async def start(self) -> None:
+        host, port = self.node.config.admin_listen
+        shown = f"[{host}]" if ":" in host else host
+        app = build_app(self.node, admin_url=f"http://{shown}:{port}")
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host, port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.runner.cleanup()
+            self.runner = None
+            raise OSError(exc.errno, f"admin API cannot listen on {host}:{port}: {exc.strerror}") from exc
+        bound_port = self.runner.addresses[0][1] if self.runner.addresses else port
+        self.url = f"http://{shown}:{bound_port}"
+        app[ADMIN_URL]["url"] = self.url
+        if not self.node.config.admin.tokens:
+            log.warning("admin API on %s has no tokens configured: every API call will get 401",
+                        self.url)
+        log.info("admin API listening on %s", self.url)
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+class DisabledService:
+    """``[admin] enabled = false``: nothing listens."""
+
+    async def start(self) -> None:
+        log.info("admin API disabled")
+
+    async def stop(self) -> None:
+        pass

@@ -1,0 +1,69 @@
+"""Bearer tokens and roles for the admin API.
+
+How this works
+--------------
+``[admin] tokens`` lists tokens as plain text (``token``) or as the hex
+sha256 of the token (``token_sha256``), each with a role: ``read`` may use
+GET/HEAD, ``admin`` may use everything. Only digests are kept in memory.
+A presented token is hashed once and compared with *every* configured
+digest with ``hmac.compare_digest`` (no early exit), so the time taken does
+not tell how much of a token was right nor which entry matched.
+
+``/healthz``, ``/readyz`` and the web console's static files (no data in
+them: the console calls the API with a token the user types in) need no
+token; everything else does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+READ = "read"
+ADMIN = "admin"
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@dataclass(frozen=True)
+class TokenEntry:
+    digest: bytes
+    role: str
+
+
+class Tokens:
+    def __init__(self, entries: list[TokenEntry]) -> None:
+        self.entries = tuple(entries)
+
+    @classmethod
+    def from_config(cls, raw: tuple[dict, ...]) -> "Tokens":
+        """Entries already checked by ``proxy.config.AdminSection.check``."""
+        entries = []
+        for entry in raw:
+            if "token" in entry:
+                digest = hashlib.sha256(entry["token"].encode()).digest()
+            else:
+                digest = bytes.fromhex(entry["token_sha256"])
+            entries.append(TokenEntry(digest, entry["role"]))
+        return cls(entries)
+
+    def role_of(self, token: str) -> str | None:
+        presented = hashlib.sha256(token.encode()).digest()
+        role = None
+        for entry in self.entries:
+            if hmac.compare_digest(presented, entry.digest) and role != ADMIN:
+                role = entry.role
+        return role
+
+
+def bearer_token(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()
+
+
+def allowed(role: str, method: str) -> bool:
+    return role == ADMIN or (role == READ and method in READ_METHODS)

@@ -1,0 +1,154 @@
+"""``fedgate rules get | apply FILE | resolve ADDRESS`` and ``fedgate status``.
+
+They talk to a node's admin API (``--admin URL``, default ``$FEDGATE_ADMIN``
+or ``http://127.0.0.1:8080``) with the bearer token in ``$FEDGATE_TOKEN``.
+Registered through the ``fedgate.commands`` entry point. Plain ``urllib``:
+a command makes one or two requests and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tomllib
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+DEFAULT_ADMIN = "http://127.0.0.1:8080"
+TIMEOUT = 10.0
+
+
+class ApiFailure(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body
+        if isinstance(body, dict) and "error" in body:
+            where = f" (field {body['field']})" if body.get("field") else ""
+            text = f"{status} {body['error']}{where}: {body.get('detail', '')}"
+        else:
+            text = f"HTTP {status}: {body}"
+        super().__init__(text)
+
+
+def call(args: argparse.Namespace, method: str, path: str, body: Any = None,
+         headers: dict[str, str] | None = None) -> Any:
+    url = args.admin.rstrip("/") + path
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    token = os.environ.get("FEDGATE_TOKEN")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = raw.decode(errors="replace")
+        raise ApiFailure(exc.code, parsed) from None
+
+
+def load_rules_file(path: str) -> list:
+    """JSON (a list, or {"rules": [...]}) or TOML ([[rules]] tables)."""
+    text = Path(path).read_text()
+    if path.endswith(".toml"):
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: invalid TOML: {exc}") from None
+    else:
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{path}: invalid JSON: {exc}") from None
+    rules = raw.get("rules") if isinstance(raw, dict) else raw
+    if not isinstance(rules, list):
+        raise ValueError(f"{path}: expected a list of rules or a 'rules' key holding one")
+    return rules
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    if args.action == "get":
+        print(json.dumps(call(args, "GET", "/api/v1/rules"), indent=2))
+    elif args.action == "apply":
+        rules = load_rules_file(args.file)
+        headers = {"If-Match": str(args.if_version)} if args.if_version is not None else {}
+        result = call(args, "PUT", "/api/v1/rules", {"rules": rules}, headers)
+        print(f"rules version {result['version']} applied ({len(result['rules'])} rules)")
+    else:
+        query = urllib.parse.urlencode({"address": args.address})
+        result = call(args, "GET", f"/api/v1/resolve?{query}")
+        rule = result["rule"]["name"] if result.get("rule") else "-"
+        print(f"{result['address']}: {result['decision']} (rule {rule}) {result['reason']}")
+        if result.get("remote_address"):
+            print(f"  remote address {result['remote_address']} at {result.get('primary_url')}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    node = call(args, "GET", "/api/v1/node")
+    counters = node["counters"]
+    print(f"node {node['id']} amqp {node['url']} admin {node['admin_url']} "
+          f"up {node['uptime_s']:.0f}s rules v{node['rules_version']}")
+    print("  " + " ".join(f"{k}={v}" for k, v in counters.items()))
+    cluster = call(args, "GET", "/api/v1/cluster")
+    for item in cluster["nodes"]:
+        state = (f"rules v{item['version']} {item['digest'][:12]}" if item["reachable"]
+                 else f"unreachable ({item['error']})")
+        print(f"  {item['id']:<12} {state}")
+    if cluster["divergent"]:
+        print(f"  divergent: {', '.join(cluster['divergent'])}")
+    if cluster.get("rejected"):
+        rejected = cluster["rejected"]
+        print(f"  rejected v{rejected['version']} from {rejected['from']}: {rejected['detail']}")
+    return 0
+
+
+def _run(func):
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except ApiFailure as exc:
+            print(f"fedgate: {exc}", file=sys.stderr)
+            return 1
+        except ValueError as exc:
+            print(f"fedgate: {exc}", file=sys.stderr)
+            return 2
+        except urllib.error.URLError as exc:
+            print(f"fedgate: cannot reach the admin API at {args.admin}: {exc.reason}", file=sys.stderr)
+            return 1
+    return run
+
+
+def _admin_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--admin", default=os.environ.get("FEDGATE_ADMIN", DEFAULT_ADMIN),
+                        help="admin API URL (default $FEDGATE_ADMIN or %(default)s); "
+                             "token from $FEDGATE_TOKEN")
+
+
+def register(subparsers) -> None:
+    rules = subparsers.add_parser("rules", help="routing rules of a running node (admin API)")
+    actions = rules.add_subparsers(dest="action", required=True)
+    get = actions.add_parser("get", help="print the rules and their version")
+    _admin_option(get)
+    apply = actions.add_parser("apply", help="replace the rules with those in FILE (JSON or TOML)")
+    apply.add_argument("file")
+    apply.add_argument("--if-version", type=int, help="only if the node is at this rules version")
+    _admin_option(apply)
+    resolve = actions.add_parser("resolve", help="which rule ADDRESS matches, and why")
+    resolve.add_argument("address")
+    _admin_option(resolve)
+    rules.set_defaults(func=_run(cmd_rules))
+
+    status = subparsers.add_parser("status", help="a running node and its cluster (admin API)")
+    _admin_option(status)
+    status.set_defaults(func=_run(cmd_status))

@@ -1,0 +1,208 @@
+"""Read-only views of a running node: node, connections, links, queues,
+fragments, upstreams; and closing one client connection.
+
+Everything is read straight from the node's objects in the node's own event
+loop (no copies kept, no locks needed): ``node.connections`` (the asyncio
+protocols), their ``ClientHandler`` (peer, identity, link endpoints) and
+``node.queues``. Fragments and upstreams come from ``node.describe_fragments()``
+and ``node.describe_upstreams()`` when the node has them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from proxy.broker import QueueConsumer, QueueProducer
+
+from .errors import ApiError, json_response
+from .inputs import path_int
+
+NODE = web.AppKey("node", object)
+STARTED = web.AppKey("started_at", float)
+ADMIN_URL = web.AppKey("admin_url", dict)  # {"url": ...}, filled in once bound
+
+FORCED = "amqp:connection:forced"
+
+
+def describe_fragments(node) -> list[dict]:
+    return list(getattr(node, "describe_fragments", lambda: [])())
+
+
+UP_STATES = ("up", "open", "connected")
+
+
+def upstream_summary(item: dict) -> dict[str, Any]:
+    """One upstream (a pool to one primary) with ``name``, ``state``, ``reconnects``.
+
+    Takes the node's own description as it is and adds those three keys when
+    missing: name from ``primary``/``url``, state ``up`` when connected (else
+    the best state of its members), reconnects summed over members.
+    """
+    members = item.get("members") or []
+    out = dict(item)
+    out.setdefault("name", item.get("primary") or item.get("url") or "?")
+    if "state" not in item:
+        states = [m.get("state") for m in members]
+        if item.get("connected") or any(s in UP_STATES for s in states):
+            out["state"] = "up"
+        else:
+            out["state"] = next((s for s in ("connecting", "backoff", "down") if s in states), "down")
+    if "reconnects" not in item:
+        out["reconnects"] = sum(int(m.get("reconnects", 0) or 0) for m in members)
+    return out
+
+
+def describe_upstreams(node) -> list[dict]:
+    return [upstream_summary(u) for u in getattr(node, "describe_upstreams", lambda: [])()]
+
+
+def _handlers(node):
+    """(protocol, handler) for every open client connection."""
+    for protocol in list(node.connections):
+        handler = getattr(protocol, "handler", None)
+        if handler is not None:
+            yield protocol, handler
+
+
+def _link(handler, endpoint) -> dict[str, Any]:
+    link = getattr(endpoint, "link", None)
+    item: dict[str, Any] = {
+        "connection": handler.connection_id,
+        "name": link.name if link is not None else None,
+        "address": getattr(endpoint, "address", None),
+    }
+    if isinstance(endpoint, QueueConsumer):
+        item.update(role="consumer", sent=endpoint.sent, unsettled=len(endpoint.unsettled),
+                    credit=endpoint.credit, presettled=endpoint.presettled)
+    elif isinstance(endpoint, QueueProducer):
+        item.update(role="producer", received=endpoint.received,
+                    credit=endpoint.outstanding_credit)
+    else:  # e.g. proxied links: their own type, counters when they have them
+        item.update(role=type(endpoint).__name__,
+                    sent=getattr(endpoint, "sent", 0), received=getattr(endpoint, "received", 0))
+        remote = getattr(endpoint, "remote_address", None)
+        if remote is not None:
+            item["remote_address"] = remote
+    return item
+
+
+def _connection(protocol, handler) -> dict[str, Any]:
+    identity = handler.identity
+    links = list(handler.links.values())
+    return {
+        "id": handler.connection_id,
+        "peer": handler.peer,
+        "user": getattr(identity, "user", None),
+        "mechanism": getattr(identity, "mechanism", None),
+        "amqp_open": handler.server_connection is not None,
+        "links": len(links),
+        "sent": sum(getattr(e, "sent", 0) for e in links),
+        "received": sum(getattr(e, "received", 0) for e in links),
+    }
+
+
+def queue_info(queue) -> dict[str, Any]:
+    return {
+        "name": queue.name,
+        "depth": queue.depth,
+        "consumers": len(queue.consumers),
+        "producers": len(queue.producers),
+        "unacked": queue.unacked,
+        "max_depth": queue.max_depth,
+        "temporary": queue.temporary,
+        "dead_letter": queue.dead_letter,
+        "stats": dict(vars(queue.stats)),
+    }
+
+
+def node_info(request: web.Request) -> dict[str, Any]:
+    node = request.app[NODE]
+    totals = node.queues.totals()
+    links = sum(len(h.links) for _, h in _handlers(node))
+    version = node.rules_store.current.version
+    return {
+        "id": node.node_id,
+        "url": node.url if node.address else None,
+        "admin_url": request.app[ADMIN_URL]["url"],
+        "uptime_s": round(time.monotonic() - request.app[STARTED], 3),
+        "rules_version": version,
+        "routing_table_version": node.routing.version,
+        "peers": dict(node.config.peers),
+        "counters": {
+            "connections": len(node.connections),
+            "links": links,
+            "queues": len(node.queues.queues),
+            "messages_in": totals.enqueued,
+            "messages_out": totals.delivered,
+            "messages_settled": totals.acknowledged + totals.released + totals.modified + totals.rejected,
+            "fragments": len(describe_fragments(node)),
+            "upstreams": len(describe_upstreams(node)),
+        },
+    }
+
+
+async def get_node(request: web.Request) -> web.Response:
+    return json_response(node_info(request))
+
+
+async def get_connections(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    items = sorted((_connection(p, h) for p, h in _handlers(node)), key=lambda c: c["id"])
+    return json_response({"count": len(items), "connections": items})
+
+
+async def delete_connection(request: web.Request) -> web.Response:
+    wanted = path_int(request, "id")
+    node = request.app[NODE]
+    for protocol, handler in _handlers(node):
+        if handler.connection_id == wanted:
+            protocol.close(FORCED, "closed by an administrator")
+            return json_response({"closed": wanted, "condition": FORCED})
+    raise ApiError(404, "connection_not_found", f"no open connection {wanted}", field="id")
+
+
+async def get_links(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    items = [_link(h, e) for _, h in _handlers(node) for e in list(h.links.values())]
+    items.sort(key=lambda i: (i["connection"], i["name"] or ""))
+    return json_response({
+        "count": len(items),
+        "consumers": sum(1 for i in items if i["role"] == "consumer"),
+        "producers": sum(1 for i in items if i["role"] == "producer"),
+        "links": items,
+    })
+
+
+async def get_queues(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    items = [queue_info(q) for _, q in sorted(node.queues.queues.items())]
+    totals = node.queues.totals()
+    return json_response({
+        "count": len(items),
+        "depth": sum(i["depth"] for i in items),
+        "totals": dict(vars(totals)),
+        "queues": items,
+    })
+
+
+async def get_fragments(request: web.Request) -> web.Response:
+    items = describe_fragments(request.app[NODE])
+    return json_response({
+        "count": len(items),
+        "depth": sum(int(i.get("depth", 0) or 0) for i in items),
+        "steals": sum(int(i.get("steals", 0) or 0) for i in items),
+        "fragments": items,
+    })
+
+
+async def get_upstreams(request: web.Request) -> web.Response:
+    items = describe_upstreams(request.app[NODE])
+    return json_response({
+        "count": len(items),
+        "up": sum(1 for i in items if i["state"] in UP_STATES),
+        "reconnects": sum(int(i.get("reconnects", 0) or 0) for i in items),
+        "upstreams": items,
+    })

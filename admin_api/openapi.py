@@ -1,0 +1,223 @@
+"""The OpenAPI 3.1 description of every admin endpoint (served at /api/v1/openapi.json).
+
+Kept next to the route table by a test: every route the app has appears here
+and every path here is a route (``tests/test_admin_api.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.rules_store import MAX_TIMESTAMP, MAX_VERSION
+from routing import KINDS, ON_CHANGE
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict, description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+ERROR = _ref("Error")
+ERRORS = {
+    "400": _json(ERROR, "Bad input (not JSON, wrong shape, bad parameter)"),
+    "401": _json(ERROR, "No or unknown bearer token"),
+    "403": _json(ERROR, "The token's role may not do this"),
+    "404": _json(ERROR, "Not found"),
+    "405": _json(ERROR, "Method not allowed"),
+    "409": _json(ERROR, "Conflict"),
+    "412": _json(ERROR, "If-Match does not match the current rules version"),
+    "413": _json(ERROR, "Request body too large"),
+    "422": _json(ERROR, "The rules do not validate; `field` names the first problem"),
+}
+AUTH_ERRORS = ("401", "403", "405")
+
+
+def _errors(*codes: str) -> dict:
+    return {code: ERRORS[code] for code in (*codes, *AUTH_ERRORS)}
+
+
+def _op(summary: str, ok: dict, *, errors: tuple[str, ...] = (), params: list | None = None,
+        body: dict | None = None, public: bool = False, ok_code: str = "200",
+        extra: dict | None = None, tag: str = "api") -> dict:
+    op: dict[str, Any] = {"summary": summary, "tags": [tag],
+                          "responses": {ok_code: ok, **(extra or {}), **_errors(*errors)}}
+    if public:
+        op["security"] = []
+        for code in ("401", "403"):
+            op["responses"].pop(code)
+    if params:
+        op["parameters"] = params
+    if body:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    return op
+
+
+IF_MATCH = {"name": "If-Match", "in": "header", "required": False,
+            "description": "ETag from a GET of the rules, or a bare version number",
+            "schema": {"type": "string"}}
+RULE_NAME = {"name": "name", "in": "path", "required": True,
+             "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"}}
+ETAG_HEADER = {"ETag": {"description": "Rules version and digest", "schema": {"type": "string"}}}
+
+UPSTREAM = {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "credentials": {"type": "string", "minLength": 1},
+        "idle_timeout": {"type": "number", "exclusiveMinimum": 0},
+        "pool_size": {"type": "integer", "minimum": 1, "maximum": 16},
+        "heartbeat": {"type": "number", "exclusiveMinimum": 0},
+        "tls_ca": {"type": "string"}, "tls_cert": {"type": "string"}, "tls_key": {"type": "string"},
+    },
+}
+RULE = {
+    "type": "object",
+    "required": ["name", "match", "kind"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
+        "match": {"type": "string", "minLength": 1,
+                  "description": "address pattern; words separated by '.', '*' one word, '#' any"},
+        "kind": {"type": "string", "enum": list(KINDS)},
+        "primary": {"type": "string", "description": "amqp(s):// URL or peer id (proxy/fragmented)"},
+        "remote": {"type": "string", "description": "remote address template, default {address}"},
+        "upstream": UPSTREAM,
+        "fragments": {"type": "array", "items": {"oneOf": [
+            {"type": "string"},
+            {"type": "object", "additionalProperties": False, "properties": {
+                "peer": {"type": "string"}, "url": {"type": "string"}, "address": {"type": "string"}}},
+        ]}},
+        "prefer": {"type": "array", "items": {"type": "string"}},
+        "on_change": {"type": "string", "enum": list(ON_CHANGE)},
+        "mirror_auto_delete": {"type": "boolean"},
+        "dead_letter": {"type": "string"},
+        "max_depth": {"type": "integer", "minimum": 1},
+        "durable": {"type": "boolean"},
+    },
+}
+RECORD = {
+    "type": "object",
+    "required": ["version", "updated_at", "origin", "rules"],
+    "properties": {
+        "version": {"type": "integer", "minimum": 0, "maximum": MAX_VERSION},
+        "updated_at": {"type": "number", "minimum": 0, "maximum": MAX_TIMESTAMP},
+        "origin": {"type": "string", "minLength": 1},
+        "rules": {"type": "array", "items": _ref("Rule")},
+    },
+}
+RULES_DOC = {
+    "type": "object",
+    "required": ["version", "rules"],
+    "properties": {
+        "version": {"type": "integer"}, "updated_at": {"type": "number"},
+        "origin": {"type": "string"}, "source": {"type": "string", "enum": ["config", "api"]},
+        "digest": {"type": "string"}, "rules": {"type": "array", "items": _ref("Rule")},
+    },
+}
+ONE_RULE = {"type": "object", "properties": {
+    "version": {"type": "integer"}, "position": {"type": "integer"}, "rule": _ref("Rule")}}
+LISTING = {"type": "object", "properties": {"count": {"type": "integer"}}}
+
+
+def spec() -> dict[str, Any]:
+    rules_put_body = {"oneOf": [
+        {"type": "array", "items": _ref("Rule")},
+        {"type": "object", "required": ["rules"],
+         "properties": {"rules": {"type": "array", "items": _ref("Rule")}}},
+    ]}
+    text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+    html = {"content": {"text/html": {"schema": {"type": "string"}}}}
+    paths: dict[str, dict] = {
+        "/": {"get": _op("Web console (HTML)", {"description": "the console page", **html},
+                         public=True, tag="console")},
+        "/ui/{file}": {"get": _op(
+            "Web console assets (JavaScript, CSS)",
+            {"description": "the file", "content": {"text/javascript": {"schema": {"type": "string"}},
+                                                    "text/css": {"schema": {"type": "string"}}}},
+            errors=("404",), public=True, tag="console",
+            params=[{"name": "file", "in": "path", "required": True, "schema": {"type": "string"}}])},
+        "/healthz": {"get": _op("Liveness: the node's loop answers", _json(
+            {"type": "object", "properties": {"status": {"type": "string"}}}, "alive"),
+            public=True, tag="health")},
+        "/readyz": {"get": _op("Readiness: listening, configured upstreams reachable", _json(
+            {"type": "object", "properties": {"status": {"type": "string"}}}, "ready"),
+            public=True, tag="health", extra={"503": _json(ERROR, "not ready")})},
+        "/metrics": {"get": _op("Prometheus metrics (text format 0.0.4)",
+                                {"description": "metrics", **text}, tag="health")},
+        "/api/v1/openapi.json": {"get": _op("This document", _json({"type": "object"}, "OpenAPI 3.1"))},
+        "/api/v1/node": {"get": _op("This node: id, URLs, rules version, counters",
+                                    _json(_ref("Node"), "the node"))},
+        "/api/v1/connections": {"get": _op("Open client connections", _json(LISTING, "connections"))},
+        "/api/v1/connections/{id}": {"delete": _op(
+            "Close a client connection (amqp:connection:forced)", _json({"type": "object"}, "closed"),
+            errors=("400", "404"),
+            params=[{"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}}])},
+        "/api/v1/links": {"get": _op("Attached links", _json(LISTING, "links"))},
+        "/api/v1/queues": {"get": _op("Local queues with depth and counters", _json(LISTING, "queues"))},
+        "/api/v1/fragments": {"get": _op("Fragments of fragmented queues", _json(LISTING, "fragments"))},
+        "/api/v1/upstreams": {"get": _op("Upstream connections and their state",
+                                         _json(LISTING, "upstreams"))},
+        "/api/v1/rules": {
+            "get": _op("The routing rules and their version (ETag)",
+                       {**_json(RULES_DOC, "the rules"), "headers": ETAG_HEADER}),
+            "put": _op("Replace the whole rule list", {**_json(RULES_DOC, "the new rules"),
+                                                       "headers": ETAG_HEADER},
+                       errors=("400", "409", "412", "413", "422"), params=[IF_MATCH], body=rules_put_body),
+            "post": _op("Add one rule (at `position`, default: last)", _json(ONE_RULE, "added"),
+                        ok_code="201", errors=("400", "409", "412", "413", "422"), body=_ref("Rule"),
+                        params=[IF_MATCH, {"name": "position", "in": "query", "required": False,
+                                           "schema": {"type": "integer", "minimum": 0}}]),
+        },
+        "/api/v1/rules/{name}": {
+            "get": _op("One rule", _json(ONE_RULE, "the rule"), errors=("404",), params=[RULE_NAME]),
+            "put": _op("Replace one rule in place (or add it last)", _json(ONE_RULE, "replaced"),
+                       errors=("400", "409", "412", "413", "422"), params=[RULE_NAME, IF_MATCH],
+                       body=_ref("Rule"), extra={"201": _json(ONE_RULE, "added")}),
+            "delete": _op("Delete one rule", _json({"type": "object"}, "deleted"),
+                          errors=("404", "409", "412", "422"), params=[RULE_NAME, IF_MATCH]),
+        },
+        "/api/v1/resolve": {"get": _op(
+            "Which rule an address matches, the decision and why", _json({"type": "object", "properties": {
+                "address": {"type": "string"}, "decision": {"type": "string", "enum": list(KINDS)},
+                "reason": {"type": "string"}, "rule": {"oneOf": [_ref("Rule"), {"type": "null"}]}}},
+                "the decision"),
+            errors=("400",),
+            params=[{"name": "address", "in": "query", "required": True,
+                     "schema": {"type": "string", "minLength": 1}}])},
+        "/api/v1/cluster": {"get": _op("Every node's rules version and any divergence",
+                                       _json({"type": "object"}, "cluster view"))},
+        "/api/v1/cluster/rules": {"post": _op(
+            "Node to node: offer a rules record (adopted if it wins and validates)",
+            _json({"type": "object", "properties": {"accepted": {"type": "boolean"}}}, "result"),
+            errors=("400", "413", "422"), body=_ref("RulesRecord"), tag="cluster")},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "fedgate admin API", "version": "1",
+                 "description": "Inspect a fedgate node and change its routing rules. "
+                                "Errors are {\"error\", \"detail\", \"field\"}."},
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "a token from [admin] tokens"}},
+            "schemas": {
+                "Error": {"type": "object", "required": ["error", "detail"], "properties": {
+                    "error": {"type": "string"}, "detail": {"type": "string"},
+                    "field": {"type": "string"}}},
+                "Rule": RULE,
+                "RulesRecord": RECORD,
+                "Node": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "rules_version": {"type": "integer"},
+                    "counters": {"type": "object"}}},
+            },
+        },
+    }
+
+
+def operations(document: dict) -> set[tuple[str, str]]:
+    """(METHOD, path) of every operation in ``document``."""
+    return {(method.upper(), path) for path, item in document["paths"].items() for method in item}

@@ -1,0 +1,117 @@
+"""The node's numbers in the Prometheus text exposition format (version 0.0.4).
+
+Everything is read at scrape time from the node's live objects; the only
+state kept for metrics is the delivery-latency histogram that the broker
+fills (``proxy.metrics.Histogram``). Names start with ``fedgate_``;
+``_total`` are counters, the rest gauges, plus one histogram.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from proxy.broker import QueueConsumer, QueueProducer
+
+from .inspect_api import UP_STATES, describe_fragments, describe_upstreams
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _escape(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: dict[str, object]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+
+
+def _number(value: float) -> str:
+    if value == float("inf"):
+        return "+Inf"
+    if isinstance(value, float) and not value.is_integer():
+        return repr(value)
+    return str(int(value))
+
+
+class Exposition:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str,
+               samples: Iterable[tuple[dict, float]]) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            self.lines.append(f"{name}{_labels(labels)} {_number(value)}")
+
+    def histogram(self, name: str, help_text: str, snapshot) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} histogram")
+        for bound, count in zip(snapshot.bounds, snapshot.cumulative):
+            self.lines.append(f'{name}_bucket{{le="{bound:g}"}} {count}')
+        self.lines.append(f'{name}_bucket{{le="+Inf"}} {snapshot.count}')
+        self.lines.append(f"{name}_sum {snapshot.total!r}")
+        self.lines.append(f"{name}_count {snapshot.count}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def render(node) -> str:
+    out = Exposition()
+    handlers = [p.handler for p in list(node.connections) if getattr(p, "handler", None)]
+    endpoints = [e for h in handlers for e in h.links.values()]
+    totals = node.queues.totals()
+    local = {"kind": "local"}
+
+    out.family("fedgate_connections", "gauge", "Open client connections.",
+               [({}, len(node.connections))])
+    out.family("fedgate_links", "gauge", "Attached client links by role.", [
+        ({"role": "consumer"}, sum(1 for e in endpoints if isinstance(e, QueueConsumer))),
+        ({"role": "producer"}, sum(1 for e in endpoints if isinstance(e, QueueProducer))),
+    ])
+    out.family("fedgate_messages_in_total", "counter",
+               "Messages received from clients, by address kind.", [(local, totals.enqueued)])
+    out.family("fedgate_messages_out_total", "counter",
+               "Messages sent to clients, by address kind.", [(local, totals.delivered)])
+    out.family("fedgate_messages_settled_total", "counter",
+               "Deliveries to clients settled, by address kind and outcome.", [
+                   ({**local, "outcome": "accepted"}, totals.acknowledged),
+                   ({**local, "outcome": "released"}, totals.released),
+                   ({**local, "outcome": "modified"}, totals.modified),
+                   ({**local, "outcome": "rejected"}, totals.rejected),
+               ])
+    out.family("fedgate_messages_dead_lettered_total", "counter",
+               "Rejected messages moved to a dead-letter queue.", [({}, totals.dead_lettered)])
+    queues = sorted(node.queues.queues.items())
+    out.family("fedgate_queues", "gauge", "Local queues.", [({}, len(queues))])
+    out.family("fedgate_queue_depth", "gauge", "Messages stored in a local queue.",
+               [({"queue": name}, q.depth) for name, q in queues])
+    out.family("fedgate_queue_unacked", "gauge", "Messages delivered and not yet settled.",
+               [({"queue": name}, q.unacked) for name, q in queues])
+    out.family("fedgate_queue_consumers", "gauge", "Consumers attached to a local queue.",
+               [({"queue": name}, len(q.consumers)) for name, q in queues])
+
+    fragments = describe_fragments(node)
+    out.family("fedgate_steals_total", "counter",
+               "Messages stolen between fragments of fragmented queues.",
+               [({}, sum(int(f.get("steals", 0) or 0) for f in fragments))])
+    out.family("fedgate_fragment_depth", "gauge", "Messages in a fragment.", [
+        ({"queue": f.get("queue", f.get("name", "?")), "fragment": f.get("fragment", f.get("node", "?"))},
+         int(f.get("depth", 0) or 0)) for f in fragments
+    ])
+    upstreams = describe_upstreams(node)
+    out.family("fedgate_upstream_up", "gauge", "1 when the upstream connection is up.", [
+        ({"upstream": u["name"]}, 1 if u["state"] in UP_STATES else 0) for u in upstreams
+    ])
+    out.family("fedgate_upstream_reconnects_total", "counter", "Reconnects to an upstream.", [
+        ({"upstream": u["name"]}, int(u["reconnects"] or 0)) for u in upstreams
+    ])
+    out.family("fedgate_rules_version", "gauge", "Version of the routing rules this node serves.",
+               [({}, node.rules_store.current.version)])
+    out.histogram("fedgate_delivery_latency_seconds",
+                  "Seconds from enqueue to accepted settlement (local queues).",
+                  node.broker.delivery_latency.snapshot())
+    return out.text()

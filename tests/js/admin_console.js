@@ -1,0 +1,90 @@
+#!/usr/bin/env node
+// Drives fedgate's admin web console in Debian's headless Chromium with
+// playwright-core (no browser download): log in with a token, add a rule
+// through the form, try an invalid one, take a screenshot.
+//
+//   node admin_console.js --url http://127.0.0.1:8080/ --token T --screenshot out.png
+//        [--chromium /usr/bin/chromium] [--rule-name N --rule-match M]
+//
+// Prints one JSON line: {"rules": [names shown], "added": text, "invalid_error": text,
+// "queues": [names shown], "console_errors": [...], "error": null | "..."}.
+'use strict';
+
+const { chromium } = require('playwright-core');
+
+const LAUNCH_ARGS = [
+  '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+  '--disable-background-networking', '--disable-component-update', '--disable-sync',
+];
+
+function options(argv) {
+  const out = { chromium: '/usr/bin/chromium', ruleName: 'ui-deny', ruleMatch: 'ui.secret.#' };
+  for (let i = 2; i < argv.length; i += 2) {
+    const key = argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
+    out[key] = argv[i + 1];
+  }
+  for (const required of ['url', 'token', 'screenshot']) {
+    if (!out[required]) {
+      process.stderr.write(`missing --${required}\n`);
+      process.exit(64);
+    }
+  }
+  return out;
+}
+
+async function texts(page, selector) {
+  return page.$$eval(selector, (cells) => cells.map((c) => c.textContent.trim()));
+}
+
+async function main() {
+  const opts = options(process.argv);
+  const result = { rules: [], added: null, invalid_error: null, queues: [], console_errors: [], error: null };
+  const browser = await chromium.launch({ executablePath: opts.chromium, args: LAUNCH_ARGS, timeout: 30000 });
+  try {
+    const page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
+    page.setDefaultTimeout(10000);
+    page.on('console', (msg) => { if (msg.type() === 'error') result.console_errors.push(msg.text()); });
+    page.on('pageerror', (err) => result.console_errors.push(String(err)));
+
+    await page.goto(opts.url);
+    await page.fill('#token', opts.token);
+    await page.click('#login button[type=submit]');
+    await page.waitForSelector('#status.ok');
+    await page.waitForSelector('#nodes tbody td');
+
+    const form = '#add-rule';
+    await page.fill(`${form} input[name=name]`, opts.ruleName);
+    await page.fill(`${form} input[name=match]`, opts.ruleMatch);
+    await page.selectOption(`${form} select[name=kind]`, 'deny');
+    await page.click(`${form} button[type=submit]`);
+    await page.waitForSelector('#rule-ok:not([hidden])');
+    result.added = (await page.textContent('#rule-ok')).trim();
+    await page.waitForFunction(
+      (name) => [...document.querySelectorAll('#rules tbody td')].some((td) => td.textContent === name),
+      opts.ruleName);
+
+    // The server validates: a local rule may not have a primary.
+    await page.fill(`${form} input[name=name]`, 'ui-invalid');
+    await page.fill(`${form} input[name=match]`, 'ui.invalid');
+    await page.selectOption(`${form} select[name=kind]`, 'local');
+    await page.fill(`${form} input[name=primary]`, 'n2');
+    await page.click(`${form} button[type=submit]`);
+    await page.waitForSelector('#rule-error:not([hidden])');
+    result.invalid_error = (await page.textContent('#rule-error')).trim();
+
+    result.rules = await texts(page, '#rules tbody td:nth-child(2)');
+    result.queues = await texts(page, '#queues tbody td:nth-child(1)');
+    await page.screenshot({ path: opts.screenshot, fullPage: true });
+  } catch (err) {
+    result.error = String(err && err.stack ? err.stack : err);
+  } finally {
+    await browser.close();
+  }
+  process.stdout.write(JSON.stringify(result) + '\n');
+  process.exit(result.error ? 2 : 0);
+}
+
+main().catch((err) => {
+  process.stdout.write(JSON.stringify({ error: String(err) }) + '\n');
+  process.exit(2);
+});
