@@ -311,20 +311,26 @@ def _rule_problems(r: Any, p: str) -> list[RuleError]:
                 else:
                     seen[m] = i
 
-    if r.prefer is not _BAD:
-        if not isinstance(r.prefer, tuple) or not all(isinstance(x, str) and x for x in r.prefer):
-            bad("prefer", f"expected a list of member ids, got {r.prefer!r}")
-        else:
-            if known and kind != "fragmented" and r.prefer:
-                bad("prefer", f"not allowed for kind {kind!r}")
-            keys = {m.key for m in members}
-            seen_p: set[str] = set()
-            for i, x in enumerate(r.prefer):
-                if members and x not in keys:
-                    bad(f"prefer[{i}]", f"{x!r} is not a fragment member (peer id or url)")
-                if x in seen_p:
-                    bad(f"prefer[{i}]", f"{x!r} listed twice")
-                seen_p.add(x)
+    for key in ("prefer", "draining"):
+        listed = getattr(r, key)
+        if listed is _BAD:
+            continue
+        if not isinstance(listed, tuple) or not all(isinstance(x, str) and x for x in listed):
+            bad(key, f"expected a list of member ids, got {listed!r}")
+            continue
+        if known and kind != "fragmented" and listed:
+            bad(key, f"not allowed for kind {kind!r}")
+        keys = {m.key for m in members}
+        seen_p: set[str] = set()
+        for i, x in enumerate(listed):
+            if members and x not in keys:
+                bad(f"{key}[{i}]", f"{x!r} is not a fragment member (peer id or url)")
+            if x in seen_p:
+                bad(f"{key}[{i}]", f"{x!r} listed twice")
+            seen_p.add(x)
+    if r.draining is not _BAD and isinstance(r.draining, tuple) and members \
+            and len(set(r.draining)) >= len(members):
+        bad("draining", "at least one member must stay (not draining)")
 
     if r.on_change not in ON_CHANGE:
         bad("on_change", f"must be one of {', '.join(ON_CHANGE)}; got {r.on_change!r}")
@@ -363,6 +369,8 @@ class Rule:
     upstream: UpstreamOptions = field(default_factory=UpstreamOptions)
     fragments: tuple[FragmentMember, ...] = ()
     prefer: tuple[str, ...] = ()
+    # members being removed: no new enqueues, their backlog is stolen, then gone
+    draining: tuple[str, ...] = ()
     on_change: str = "keep"
     mirror_auto_delete: bool = False
     dead_letter: str | None = None
@@ -373,7 +381,7 @@ class Rule:
     template: Template = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("fragments", "prefer"):  # accept lists for convenience
+        for name in ("fragments", "prefer", "draining"):  # accept lists for convenience
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = _rule_problems(self, rule_prefix({"name": self.name}, None))
@@ -410,7 +418,7 @@ class Rule:
                 value = value.to_dict()
             elif f.name == "fragments":
                 value = [m.to_obj() for m in value]
-            elif f.name == "prefer":
+            elif f.name in ("prefer", "draining"):
                 value = list(value)
             out[f.name] = value
         return out
@@ -464,13 +472,14 @@ def parse_rule(d: object, *, index: int | None = None) -> tuple[Rule | None, lis
             )
             values["fragments"] = _BAD
 
-    if "prefer" in values:
-        raw = values["prefer"]
-        if isinstance(raw, (list, tuple)):
-            values["prefer"] = tuple(raw)
-        else:
-            problems.append(RuleError(f"{p}.prefer", f"expected an array, got {_type_name(raw)}"))
-            values["prefer"] = _BAD
+    for key in ("prefer", "draining"):
+        if key in values:
+            raw = values[key]
+            if isinstance(raw, (list, tuple)):
+                values[key] = tuple(raw)
+            else:
+                problems.append(RuleError(f"{p}.{key}", f"expected an array, got {_type_name(raw)}"))
+                values[key] = _BAD
 
     problems += _rule_problems(SimpleNamespace(**{**_RULE_DEFAULTS, **values}), p)
     if problems:
