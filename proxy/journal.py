@@ -22,14 +22,17 @@ durable and only then settles (``journal_progress``). Dequeues need no wait:
 losing one in a crash means a redelivery, never a loss.
 
 Cleaning. Per segment the loop counts the live messages whose record is in it
-and remembers which older segments its DEQUEUE records point into (a dequeue
-must outlive the enqueue it cancels, or a restart would bring the message
-back). A segment that is not the current one, has no live message and points
-into no remaining segment is deleted (after the writer's next fsync). When a
-new segment starts, older segments that are still mostly dead (live bytes
-under ``sparse_ratio`` of the segment) get their few live records copied
-verbatim into the current segment; the old copy is then dead and the segment
-can go. One long-lived message therefore never pins the whole journal.
+and remembers, per older segment, which ids its DEQUEUE records remove from
+there (a dequeue must outlive the enqueue it cancels, or a restart would bring
+the message back). A segment that is not the current one and has no live
+message is deleted (after the writer's next fsync) once the segments it
+points into are gone, or at once if the few ids still needed are carried
+forward into a DEQUEUE record in the current segment. When a new segment
+starts, older segments that are mostly dead (live bytes under
+``sparse_ratio`` of the segment) get their live records copied verbatim into
+the current segment; the old copy is then dead and the segment can go. So
+neither a long-lived message nor a long-lived backlog segment pins the
+segments written after it.
 
 Recovery (``open``) reads segments in order. The first record that is cut
 short or fails its checksum ends recovery: nothing after it is applied, even
@@ -47,9 +50,11 @@ go to a fresh segment after recovery.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import time
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -61,6 +66,7 @@ from .journal_format import (
     FILE_HEADER,
     ScanStop,
     decode_dequeue,
+    MAX_QUEUE_NAME,
     decode_file_header,
     encode_dequeue,
     encode_enqueue,
@@ -93,7 +99,14 @@ class Segment:
     size: int  # bytes, file header included
     live: int = 0  # live messages whose current record is in this segment
     live_bytes: int = 0
-    refs: set[int] = field(default_factory=set)  # older segments its DEQUEUEs point into
+    # older segment -> ids this segment's DEQUEUE records remove from it
+    refs: dict[int, array] = field(default_factory=dict)
+
+    def add_ref(self, source: int, message_id: int) -> None:
+        ids = self.refs.get(source)
+        if ids is None:
+            ids = self.refs[source] = array("Q")
+        ids.append(message_id)
 
 
 @dataclass
@@ -117,7 +130,8 @@ class JournalStats:
     batches: int = 0
     segments_created: int = 0
     segments_deleted: int = 0
-    relocated: int = 0
+    relocated: int = 0  # live ENQUEUE records copied out of sparse segments
+    carried: int = 0  # DEQUEUE entries carried forward out of dead segments
 
 
 def _loc(number: int, offset: int, length: int) -> int:
@@ -146,8 +160,8 @@ class Journal:
         self._next_id = 1
         self._names: dict[str, bytes] = {}
         self._staged: list = []
-        self._dequeued: list[int] = []
-        self._dequeue_refs: set[int] = set()
+        self._dequeued: list[int] = []  # ids waiting for the next DEQUEUE record
+        self._dequeued_from: list[tuple[int, int]] = []  # (segment, id) of their ENQUEUEs
         self._submitted = 0  # batches handed to the writer
         self._durable = 0  # batches known durable
         self._handoff_scheduled = False
@@ -156,6 +170,7 @@ class Journal:
         self._waiters: dict[Waiter, None] = {}
         self._writer: SegmentWriter | None = None
         self._closed = False
+        self._lock_fd: int | None = None
 
     # -- public API (loop thread) -------------------------------------------------
     @property
@@ -176,7 +191,10 @@ class Journal:
             raise JournalError(f"journal unavailable: {self.error or 'closed'}")
         name = self._names.get(queue)
         if name is None:
-            name = self._names[queue] = queue.encode()
+            name = queue.encode()
+            if len(name) > MAX_QUEUE_NAME:
+                raise JournalError(f"queue name longer than {MAX_QUEUE_NAME} bytes")
+            self._names[queue] = name
         message_id = self._next_id
         self._next_id = message_id + 1
         record = encode_enqueue(message_id, name, payload)
@@ -190,8 +208,9 @@ class Journal:
         segment.live_bytes += length
         self._staged.append(record)
         self.stats.enqueued += 1
+        batch = self._submitted + 1  # the next hand-off carries it
         self._schedule_handoff()
-        return message_id, self._submitted + 1
+        return message_id, batch
 
     def dequeue(self, message_id: int) -> None:
         """The message left its queue for good; unknown ids are ignored."""
@@ -205,10 +224,10 @@ class Journal:
         if not segment.live:
             self._maybe_dead = True
         self._dequeued.append(message_id)
-        self._dequeue_refs.add(number)
+        self._dequeued_from.append((number, message_id))
         older = self._old_copies.pop(message_id, None)
         if older:
-            self._dequeue_refs.update(older)
+            self._dequeued_from.extend((n, message_id) for n in older)
         self.stats.dequeued += 1
         self._schedule_handoff()
 
@@ -238,6 +257,9 @@ class Journal:
             self._closed = True
             if self._writer is not None:
                 self._writer.close(timeout)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the lock
+                self._lock_fd = None
 
     # -- staging and the hand-off to the writer -------------------------------
     def _schedule_handoff(self) -> None:
@@ -290,27 +312,49 @@ class Journal:
 
     def _stage_dequeues(self) -> None:
         ids, self._dequeued = self._dequeued, []
-        refs, self._dequeue_refs = self._dequeue_refs, set()
+        sources, self._dequeued_from = self._dequeued_from, []
+        self._stage_dequeue_records(ids, sources)
+
+    def _stage_dequeue_records(self, ids, sources: list[tuple[int, int]]) -> None:
+        """DEQUEUE records for ``ids``; each segment they land in remembers ``sources``."""
+        landed = set()
         for start in range(0, len(ids), MAX_IDS_PER_DEQUEUE):
             record = encode_dequeue(ids[start:start + MAX_IDS_PER_DEQUEUE])
-            number = self._place(len(record)) >> 64
-            self._segments[number].refs.update(r for r in refs if r != number)
+            landed.add(self._place(len(record)) >> 64)
             self._staged.append(record)
+        for number in landed:  # (a hand-off rarely spans two segments)
+            add_ref = self._segments[number].add_ref
+            for source, message_id in sources:
+                if source != number:
+                    add_ref(source, message_id)
 
     # -- cleaning ---------------------------------------------------------------
     def _clean(self) -> None:
-        """Delete segments with no live message that no remaining DEQUEUE depends on."""
+        """Delete segments with no live message.
+
+        Such a segment's DEQUEUE records still matter for ids whose ENQUEUE is
+        in a segment that is still there. When those are few (a long-lived
+        backlog segment, say), they are carried forward into one new DEQUEUE
+        record in the current segment and the old segment goes anyway;
+        otherwise it waits for the segments it points into to go first.
+        """
         segments = self._segments
-        active = self._active.number
         progress = True
         while progress:
             progress = False
             for number in sorted(segments):
-                segment = segments[number]
-                if number == active or segment.live:
+                segment = segments.get(number)
+                if segment is None or segment is self._active or segment.live:
                     continue
-                if any(ref in segments for ref in segment.refs):
-                    continue
+                needed = [(source, ids) for source, ids in segment.refs.items()
+                          if source in segments]
+                if needed:
+                    count = sum(len(ids) for _, ids in needed)
+                    if count * 8 > segment.size * self.sparse_ratio:
+                        continue
+                    pairs = [(source, message_id) for source, ids in needed for message_id in ids]
+                    self._stage_dequeue_records([message_id for _, message_id in pairs], pairs)
+                    self.stats.carried += count
                 del segments[number]
                 self._staged.append(Delete(number))
                 self.stats.segments_deleted += 1
@@ -344,7 +388,8 @@ class Journal:
             self._old_copies.setdefault(message_id, []).append(number)
         self.stats.relocated += len(moves)
         self._maybe_dead = True
-        log.debug("journal: relocated %d live records out of segments %s", len(moves), sorted(sparse))
+        log.debug("journal: relocated %d live records out of segments %s",
+                  len(moves), sorted(sparse))
 
     # -- progress from the writer -------------------------------------------------
     def _writer_progress(self, batch: int, error: OSError | None) -> None:
@@ -376,6 +421,7 @@ class Journal:
         started = time.monotonic()
         directory = self.directory
         directory.mkdir(parents=True, exist_ok=True)
+        self._lock(directory)
         numbers = sorted(
             n for n in (segment_number(p.name) for p in directory.iterdir() if p.is_file())
             if n is not None
@@ -422,6 +468,16 @@ class Journal:
                  result.segments, result.seconds)
         return result
 
+    def _lock(self, directory: Path) -> None:
+        """One process per journal: an advisory lock, released when the process dies."""
+        fd = os.open(directory / "lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise JournalError(f"journal {directory} is in use by another process") from None
+        self._lock_fd = fd
+
     def _replay(self, number: int, data: bytes, live: dict, stops: list) -> int:
         """Apply one segment's records to ``live`` and the bookkeeping; returns the count."""
         segments = self._segments
@@ -433,6 +489,7 @@ class Journal:
         head_size = ENQUEUE_HEAD.size
         max_id = 0
         count = 0
+        base = number << 64  # packed locations, as _loc
         for offset, rtype, body_start, body_end in scan(data, FILE_HEADER.size, stops):
             count += 1
             length = body_end - offset
@@ -441,7 +498,7 @@ class Journal:
                 if message_id > max_id:
                     max_id = message_id
                 previous = where.get(message_id)
-                where[message_id] = _loc(number, offset, length)
+                where[message_id] = base | (offset << 32) | length
                 segment.live += 1
                 segment.live_bytes += length
                 if previous is not None:  # a relocated copy: the older one is dead now
@@ -458,7 +515,7 @@ class Journal:
                     name = names[raw_name] = raw_name.decode("utf-8", "replace")
                 live[message_id] = (name, data[name_end:body_end])
             elif rtype == DEQUEUE:
-                refs = segment.refs
+                add_ref = segment.add_ref
                 for message_id in decode_dequeue(data, body_start, body_end):
                     if message_id > max_id:
                         max_id = message_id
@@ -471,10 +528,10 @@ class Journal:
                     owner.live -= 1
                     owner.live_bytes -= loc & _LOW32
                     if source != number:
-                        refs.add(source)
+                        add_ref(source, message_id)
                     for older in old_copies.pop(message_id, ()):
                         if older != number:
-                            refs.add(older)
+                            add_ref(older, message_id)
         self._next_id = max(self._next_id, max_id + 1)
         return count
 
@@ -509,7 +566,8 @@ class Journal:
                 for n in later:
                     (self.directory / segment_name(n)).unlink()
             else:
-                quarantine = self.directory / f"quarantine-{time.strftime('%Y%m%dT%H%M%S')}-{number}"
+                stamp = time.strftime("%Y%m%dT%H%M%S")
+                quarantine = self.directory / f"quarantine-{stamp}-{number}"
                 quarantine.mkdir(exist_ok=True)
                 for n in later:
                     os.replace(self.directory / segment_name(n), quarantine / segment_name(n))

@@ -34,13 +34,12 @@ RECORD_HEADER = struct.Struct("<BBII")  # magic, type, body length, crc32
 RECORD_PREFIX = struct.Struct("<BBI")  # the part of the header the CRC covers
 ENQUEUE_HEAD = struct.Struct("<QH")  # message id, queue name length
 ID = struct.Struct("<Q")
+_NAME_LENGTH = struct.Struct("<H")  # at offset 8 of an ENQUEUE body
 
 ENQUEUE = 1
 DEQUEUE = 2
-TYPES = (ENQUEUE, DEQUEUE)
 
 MAX_QUEUE_NAME = 0xFFFF
-MAX_BODY = 0xFFFFFFFF
 SEGMENT_SUFFIX = ".seg"
 
 _crc32 = zlib.crc32
@@ -110,6 +109,8 @@ def scan(data: bytes, start: int = FILE_HEADER.size,
     """
     header_size = RECORD_HEADER.size
     unpack = RECORD_HEADER.unpack_from
+    enqueue_head_size = ENQUEUE_HEAD.size
+    unpack_name_length = _NAME_LENGTH.unpack_from
     end = len(data)
     view = memoryview(data)
     pos = start
@@ -131,22 +132,19 @@ def scan(data: bytes, start: int = FILE_HEADER.size,
         if _crc32(view[body_start:body_end], _crc32(view[pos:pos + 6])) != crc:
             problem = ScanStop(pos, "checksum mismatch", False, body_end)
             break
-        if rtype not in TYPES or not _well_formed(data, rtype, body_start, length):
+        if rtype == ENQUEUE:
+            well_formed = (length >= enqueue_head_size
+                           and enqueue_head_size + unpack_name_length(data, body_start + 8)[0]
+                           <= length)
+        else:
+            well_formed = rtype == DEQUEUE and length % 8 == 0
+        if not well_formed:
             problem = ScanStop(pos, f"malformed record of type {rtype}", False, body_end)
             break
         yield pos, rtype, body_start, body_end
         pos = body_end
     if problem is not None and stop is not None:
         stop.append(problem)
-
-
-def _well_formed(data: bytes, rtype: int, body_start: int, length: int) -> bool:
-    if rtype == DEQUEUE:
-        return length % ID.size == 0
-    if length < ENQUEUE_HEAD.size:
-        return False
-    _, name_length = ENQUEUE_HEAD.unpack_from(data, body_start)
-    return ENQUEUE_HEAD.size + name_length <= length
 
 
 def decode_enqueue(data: bytes, body_start: int, body_end: int) -> tuple[int, bytes, bytes]:

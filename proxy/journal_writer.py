@@ -58,7 +58,8 @@ class Delete(NamedTuple):
 class SegmentWriter:
     def __init__(self, directory: Path, *, fsync: bool = True, batch_delay: float = 0.0,
                  on_progress: Callable[[int, OSError | None], None] | None = None) -> None:
-        self._thread = threading.Thread(target=self._run, name="fedgate-journal-writer", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="fedgate-journal-writer",
+                                        daemon=True)
         self.directory = directory
         self.fsync = fsync
         self.batch_delay = batch_delay
@@ -119,7 +120,10 @@ class SegmentWriter:
                     batch = self._pending_batch
                 try:
                     self._write(items)
-                except OSError as exc:
+                except Exception as exc:  # noqa: BLE001 - any failure stops durability
+                    if not isinstance(exc, OSError):
+                        log.exception("journal writer crashed")
+                        exc = OSError(f"journal writer crashed: {exc!r}")
                     log.critical("journal write failed in %s: %s", self.directory, exc)
                     with self._cond:
                         self.error = exc
