@@ -1,1 +1,13 @@
-"""Placeholder package; filled in by its own issue."""
+"""Fragmented shared queues: one logical queue split across nodes, with stealing.
+
+Modules: ``capability`` (marking node-to-node fragment links), ``steal`` (one
+peer fragment to steal from), ``group`` (one logical queue on this node),
+``service`` (the plug-in that serves the ``fragmented`` kind).
+"""
+
+from .service import FragmentService
+
+
+def service(node) -> FragmentService:
+    """``fedgate.services`` entry point."""
+    return FragmentService(node)

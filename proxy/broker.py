@@ -11,6 +11,9 @@ receives proton events (``on_event``) and keeps, per link, an endpoint object:
   decoded; unsettled ones are accepted and settled at once (§3.4.2). Credit is
   topped up to the credit window as it is used, and never beyond what the
   queue's depth limit leaves room for (§2.6.7: credit withheld, nothing lost).
+  Durable messages to a durable queue are journaled first and wait, unsettled
+  and counted against the window, until the journal reports them on disk
+  (``journal_progress``); later messages of the link wait behind them.
 * ``QueueConsumer`` — the client receives from a queue (our proton Sender).
   ``LocalQueue.dispatch`` calls ``deliver`` only when the link has credit.
   Outcomes (§3.4) come back as disposition updates and go to the queue.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import deque
 from time import monotonic
 from typing import Callable
 
@@ -58,6 +62,8 @@ from cproton import (
 from proton import Condition, Delivery, Link, Session, Terminus
 
 from . import engine
+from . import journal_queues
+from .journal import JournalError
 from .local_queues import LocalQueue, QueueRegistry, StoredMessage
 from .proxy_links import ProxyConsumer, ProxyProducer
 from .metrics import Histogram
@@ -70,6 +76,7 @@ NOT_IMPLEMENTED = "amqp:not-implemented"
 INVALID_FIELD = "amqp:invalid-field"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
+INTERNAL_ERROR = "amqp:internal-error"
 
 
 class Broker:
@@ -84,8 +91,10 @@ class Broker:
         credit_window: int = 1000,
         max_message_size: int = 0,
         authorize: Callable | None = None,
+        journal=None,
     ) -> None:
         self.node_id = node_id
+        self.journal = journal  # proxy.journal.Journal for durable queues, or None
         self.queues = queues
         self.resolve = resolve
         self.credit_window = credit_window
@@ -98,6 +107,9 @@ class Broker:
         self.connection_ids = itertools.count(1)
         self.temp_prefix = f"tmp.{node_id}."
         self.upstreams = None  # UpstreamRegistry, set by the node
+        # address kinds served by packages above the node (fragments):
+        # kind -> object with attach(client_handler, link, decision)
+        self.kind_handlers: dict[str, object] = {}
         # seconds from enqueue to accepted settlement (read by the admin API)
         self.delivery_latency = Histogram()
 
@@ -111,6 +123,8 @@ class Broker:
             for queue in queues:
                 queue.dispatch()
                 _finish_drains(queue)
+                if queue.after_dispatch is not None:
+                    queue.after_dispatch(queue)
                 if queue.producers_blocked:
                     _replenish_producers(queue)
         while self.dirty_handlers:
@@ -129,7 +143,9 @@ class Broker:
             log.warning("queue %s: dead-letter queue %s unavailable; message dropped",
                         queue.name, queue.dead_letter)
             return
-        self.enqueue(target, StoredMessage(message.payload))
+        copy = StoredMessage(message.payload)
+        journal_queues.dead_lettered(self.journal, target, copy)
+        self.enqueue(target, copy)
 
     def delete_temporary(self, queue: LocalQueue) -> None:
         if queue.consumers or queue.producers:
@@ -144,7 +160,7 @@ def _finish_drains(queue: LocalQueue) -> None:
     """Consumers in drain mode that still have credit after dispatch: drained (§2.6.7)."""
     if queue.messages:
         return
-    for consumer in queue.consumers:
+    for consumer in itertools.chain(queue.consumers, queue.peer_consumers):
         ptr = consumer.link_ptr
         if pn_link_get_drain(ptr) and pn_link_credit(ptr) > 0:
             pn_link_drained(ptr)
@@ -157,10 +173,20 @@ def _replenish_producers(queue: LocalQueue) -> None:
         producer.top_up()
 
 
+def _settle_at_home(message: StoredMessage, state, client_delivery) -> None:
+    """A stolen message's outcome goes to the fragment it came from (fragments.steal).
+
+    ``state`` None means the consumer is gone: the home fragment gets it back.
+    """
+    stealer, home_delivery = message.origin
+    stealer.settle_at_home(home_delivery, state, client_delivery)
+
+
 class QueueProducer:
     """Client -> local queue. Our side is a proton Receiver."""
 
-    __slots__ = ("handler", "link", "link_ptr", "queue", "window", "address", "received")
+    __slots__ = ("handler", "link", "link_ptr", "queue", "window", "address", "received",
+                 "awaiting", "attached")
 
     def __init__(self, handler: "ClientHandler", link: Link, queue: LocalQueue, window: int) -> None:
         self.handler = handler
@@ -170,6 +196,10 @@ class QueueProducer:
         self.window = window
         self.address = queue.name
         self.received = 0
+        # (journal batch, delivery or None, message): held until the journal says
+        # durable; settled and enqueued in arrival order (proxy.journal)
+        self.awaiting: deque = deque()
+        self.attached = True
 
     @property
     def outstanding_credit(self) -> int:
@@ -179,7 +209,7 @@ class QueueProducer:
         """Grant credit up to the window, within the queue's room (§2.6.7)."""
         ptr = self.link_ptr
         credit = pn_link_credit(ptr)
-        want = self.window - credit
+        want = self.window - credit - len(self.awaiting)  # unsettled until durable count too
         if want <= 0:
             return
         room = self.queue.room()
@@ -212,13 +242,70 @@ class QueueProducer:
             return
         _, payload = pn_link_recv(ptr, size)
         pn_link_advance(ptr)
-        if not pn_delivery_settled(delivery):
-            pn_delivery_update(delivery, PN_ACCEPTED)
-        pn_delivery_settle(delivery)
         self.received += 1
-        self.handler.broker.enqueue(self.queue, StoredMessage(bytes(payload)))
+        message = StoredMessage(bytes(payload))
+        journal = self.handler.broker.journal
+        if journal is None or not (self.awaiting or self.queue.durable) \
+                or not self._hold(journal, delivery, message):
+            if not pn_delivery_settled(delivery):
+                pn_delivery_update(delivery, PN_ACCEPTED)
+            pn_delivery_settle(delivery)
+            self.handler.broker.enqueue(self.queue, message)
         if pn_link_credit(ptr) <= self.window // 2:
             self.top_up()
+
+    def _hold(self, journal, delivery, message: StoredMessage) -> bool:
+        """Journal a durable message; it (and later ones, to keep order) waits for the disk."""
+        queue = self.queue
+        if journal_queues.wants_journal(queue, message.payload):
+            try:  # the journal failed earlier, or cannot take this queue name
+                message.journal_id, batch = journal.enqueue(queue.name, message.payload)
+            except JournalError as exc:
+                self._reject(delivery, str(exc))
+                return True
+            if not self.awaiting:
+                journal.wait(self)
+        elif self.awaiting:
+            batch = self.awaiting[-1][0]
+        else:
+            return False
+        if pn_delivery_settled(delivery):  # pre-settled: nothing to answer
+            pn_delivery_settle(delivery)
+            delivery = None
+        self.awaiting.append((batch, delivery, message))
+        queue.incoming += 1
+        return True
+
+    def journal_progress(self, durable_batch: int, error) -> bool:
+        """The journal made batches durable: accept + enqueue what waited (§3.4.2)."""
+        awaiting = self.awaiting
+        queue = self.queue
+        broker = self.handler.broker
+        while awaiting and (awaiting[0][0] <= durable_batch or error is not None):
+            batch, delivery, message = awaiting.popleft()
+            queue.incoming -= 1
+            if batch > durable_batch and message.journal_id:
+                if delivery is not None:  # the journal failed before this one was on disk
+                    self._reject(delivery, f"journal write failed: {error}")
+                continue
+            if delivery is not None:
+                pn_delivery_update(delivery, PN_ACCEPTED)
+                pn_delivery_settle(delivery)
+            broker.enqueue(queue, message)
+        if self.attached:
+            self.handler.mark_dirty()
+            self.top_up()
+        return bool(awaiting)
+
+    def _reject(self, delivery, description: str) -> None:
+        if pn_delivery_settled(delivery):
+            pn_delivery_settle(delivery)
+            return
+        wrapped = Delivery.wrap(delivery)
+        wrapped.local.condition = Condition(INTERNAL_ERROR, description)
+        wrapped.update(Delivery.REJECTED)
+        wrapped.settle()
+        self.handler.mark_dirty()
 
     def on_flow(self) -> None:
         pass  # the client's flow frames change nothing for a sender into a queue
@@ -231,6 +318,9 @@ class QueueProducer:
 
     def detached(self) -> None:
         queue = self.queue
+        self.attached = False
+        if self.awaiting:  # still enqueued once durable; the deliveries are gone with the link
+            self.awaiting = deque((batch, None, message) for batch, _, message in self.awaiting)
         if self in queue.producers:
             queue.producers.remove(self)
         if queue.temporary:
@@ -271,9 +361,16 @@ class QueueConsumer:
         pn_link_send(ptr, message.payload)
         pn_link_advance(ptr)
         self.sent += 1
-        if self.presettled:
+        if message.origin is not None:  # stolen: its home fragment settles it
+            if self.presettled:
+                pn_delivery_settle(delivery)
+                _settle_at_home(message, PN_ACCEPTED, None)
+            else:
+                self.unsettled[delivery] = message
+        elif self.presettled:
             pn_delivery_settle(delivery)
             self.queue.settled_accepted()
+            journal_queues.dequeued(self.handler.broker.journal, message)
             self.handler.broker.delivery_latency.observe(monotonic() - message.enqueued_at)
         else:
             self.unsettled[delivery] = message
@@ -284,6 +381,10 @@ class QueueConsumer:
         if state == PN_RECEIVED or (not state and not pn_delivery_settled(delivery)):
             return  # not an outcome yet (§3.4.1 received is non-terminal)
         message = self.unsettled.pop(delivery, None)
+        if message is not None and message.origin is not None:
+            _settle_at_home(message, state, delivery)
+            pn_delivery_settle(delivery)
+            return
         pn_delivery_settle(delivery)
         if message is None:
             return
@@ -292,6 +393,7 @@ class QueueConsumer:
         if state == PN_ACCEPTED or not state:
             # settled without an outcome: the source's default, accepted here
             queue.settled_accepted()
+            journal_queues.dequeued(broker.journal, message)
             broker.delivery_latency.observe(monotonic() - message.enqueued_at)
             if queue.producers_blocked:
                 broker.dirty_queues.add(queue)
@@ -311,6 +413,7 @@ class QueueConsumer:
             dead = queue.settled_rejected(message)
             if dead is not None:
                 broker.dead_letter(queue, dead)
+            journal_queues.dequeued(broker.journal, message)  # after the dead-letter copy
         else:
             queue.settled_released(message)
         broker.dirty_queues.add(queue)
@@ -322,8 +425,15 @@ class QueueConsumer:
         queue = self.queue
         queue.remove_consumer(self)
         if self.unsettled:
-            # §3.4: unsettled deliveries of a departed receiver go back to the queue
-            queue.orphaned(self.unsettled.values())
+            # §3.4: unsettled deliveries of a departed receiver go back to the
+            # queue; stolen ones go back to their home fragment
+            local = []
+            for message in self.unsettled.values():
+                if message.origin is not None:
+                    _settle_at_home(message, None, None)
+                else:
+                    local.append(message)
+            queue.orphaned(local)
             self.unsettled.clear()
             self.handler.broker.dirty_queues.add(queue)
         if queue.temporary and self.owns_queue:
@@ -424,6 +534,8 @@ class ClientHandler:
                 self._attach_producer(link)
         except LinkRefused as refused:
             self.refuse_link(link, refused.condition, refused.description)
+        except UnicodeDecodeError:  # proton's string getters decode what the peer sent
+            self.refuse_link(link, INVALID_FIELD, "link address is not valid UTF-8")
 
     def check_access(self, address: str | None, direction: str) -> None:
         """The authorize hook ([[acl]]); address None is a dynamic node. Denials are logged."""
@@ -443,7 +555,7 @@ class ClientHandler:
         decision = self.broker.resolve(address)
         if decision.kind == "deny":
             raise LinkRefused(UNAUTHORIZED, f"address {address!r} denied: {decision.reason}")
-        if decision.kind not in ("local", "proxy"):
+        if decision.kind not in ("local", "proxy") and decision.kind not in self.broker.kind_handlers:
             raise LinkRefused(NOT_IMPLEMENTED, f"{decision.kind} addresses are not served yet: {decision.reason}")
         return decision
 
@@ -455,47 +567,72 @@ class ClientHandler:
 
     def _attach_consumer(self, link: Link) -> None:
         remote = link.remote_source
-        owns = False
-        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         if remote.dynamic:
             self.check_access(None, "receive")
             queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
-            owns = True
+            self.attach_queue_consumer(link, queue, owns_queue=True)
+            return
+        decision = self._resolve(remote.address, "receive")
+        extension = self.broker.kind_handlers.get(decision.kind)
+        if extension is not None:
+            extension.attach(self, link, decision)
+        elif decision.kind == "proxy":
+            upstream = self.broker.upstreams.for_decision(decision)
+            self.attach_proxy_consumer(link, upstream, decision.remote_address)
         else:
-            decision = self._resolve(remote.address, "receive")
-            if decision.kind == "proxy":
-                self._open_client_link(link, presettled)
-                upstream = self.broker.upstreams.for_decision(decision)
-                endpoint = ProxyConsumer(self, link, upstream, decision.remote_address,
-                                         presettled=presettled)
-                self.links[endpoint.link_ptr] = endpoint
-                return
-            queue = self._local_queue(remote.address)
-        self._open_client_link(link, presettled, address=queue.name)
-        consumer = QueueConsumer(self, link, queue, presettled=presettled, owns_queue=owns)
-        self.links[consumer.link_ptr] = consumer
-        queue.add_consumer(consumer)
-        self.broker.dirty_queues.add(queue)
+            self.attach_queue_consumer(link, self._local_queue(remote.address))
 
     def _attach_producer(self, link: Link) -> None:
         remote = link.remote_target
         if remote.dynamic:
             self.check_access(None, "send")
             queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
+            self.attach_queue_producer(link, queue)
+            return
+        decision = self._resolve(remote.address, "send")
+        extension = self.broker.kind_handlers.get(decision.kind)
+        if extension is not None:
+            extension.attach(self, link, decision)
+        elif decision.kind == "proxy":
+            upstream = self.broker.upstreams.for_decision(decision)
+            self.attach_proxy_producer(link, upstream, decision.remote_address)
         else:
-            decision = self._resolve(remote.address, "send")
-            if decision.kind == "proxy":
-                self._open_client_link(link, False)
-                upstream = self.broker.upstreams.for_decision(decision)
-                endpoint = ProxyProducer(self, link, upstream, decision.remote_address)
-                self.links[endpoint.link_ptr] = endpoint
-                return
-            queue = self._local_queue(remote.address)
+            self.attach_queue_producer(link, self._local_queue(remote.address))
+
+    # -- endpoint builders (also used by packages serving other kinds) -----------
+    def attach_queue_consumer(self, link: Link, queue: LocalQueue, *, owns_queue: bool = False,
+                              peer: bool = False) -> "QueueConsumer":
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        self._open_client_link(link, presettled, address=queue.name)
+        consumer = QueueConsumer(self, link, queue, presettled=presettled, owns_queue=owns_queue)
+        self.links[consumer.link_ptr] = consumer
+        queue.add_consumer(consumer, peer=peer)
+        self.broker.dirty_queues.add(queue)
+        return consumer
+
+    def attach_queue_producer(self, link: Link, queue: LocalQueue) -> "QueueProducer":
         self._open_client_link(link, False, address=queue.name)
         producer = QueueProducer(self, link, queue, self.broker.credit_window)
         self.links[producer.link_ptr] = producer
         queue.producers.append(producer)
         producer.top_up()
+        return producer
+
+    def attach_proxy_consumer(self, link: Link, upstream, remote_address: str,
+                              capabilities: tuple[str, ...] = ()) -> ProxyConsumer:
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        self._open_client_link(link, presettled)
+        endpoint = ProxyConsumer(self, link, upstream, remote_address, presettled=presettled,
+                                 capabilities=capabilities)
+        self.links[endpoint.link_ptr] = endpoint
+        return endpoint
+
+    def attach_proxy_producer(self, link: Link, upstream, remote_address: str,
+                              capabilities: tuple[str, ...] = ()) -> ProxyProducer:
+        self._open_client_link(link, False)
+        endpoint = ProxyProducer(self, link, upstream, remote_address, capabilities=capabilities)
+        self.links[endpoint.link_ptr] = endpoint
+        return endpoint
 
     def _open_client_link(self, link: Link, presettled: bool, address: str | None = None) -> None:
         """Answer the client's attach with matching termini (§2.6.3)."""
@@ -513,8 +650,12 @@ class ClientHandler:
 
     def refuse_link(self, link: Link, condition: str, description: str) -> None:
         """Refuse an attach: answer with a null terminus, then detach with the error (§2.6.3)."""
+        try:
+            name = link.name
+        except UnicodeDecodeError:
+            name = "<not UTF-8>"
         log.info("connection %s (%s, user %s): link %r refused: %s %s", self.connection_id,
-                 self.peer, getattr(self.identity, "user", "?"), link.name, condition, description)
+                 self.peer, getattr(self.identity, "user", "?"), name, condition, description)
         if link.is_sender:
             link.source.type = Terminus.UNSPECIFIED
             link.target.copy(link.remote_target)

@@ -25,8 +25,9 @@ async def _serve(config: config_mod.Config) -> int:
     from .node import Node
 
     node = Node(config)
-    await node.start()
+    # plug-ins register what they serve before the listener accepts anyone
     services = [factory(node) for factory in plugins.load("fedgate.services")]
+    await node.start()
     try:
         for service in services:
             await service.start()
@@ -65,6 +66,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if not args.no_files:  # files the config names must exist and load
         from .node import build_tls_context
 
+        named = [("sasl.users_file", config.sasl.users_file)]
+        if config.tls is not None:
+            named += [("tls.cert", config.tls.cert), ("tls.key", config.tls.key), ("tls.ca", config.tls.ca)]
+        for key, path in named:
+            if path and not config.resolve_path(path).is_file():
+                raise ConfigError(key, f"file {config.resolve_path(path)} not found "
+                                       "(--no-files checks the config alone)")
         build_tls_context(config)
         if config.sasl.users_file:
             UsersFile.load(config.resolve_path(config.sasl.users_file))

@@ -204,6 +204,7 @@ class QueuesSection:
     max_depth: int = 0  # 0 = unlimited
     credit_window: int = 1000
     dead_letter: str | None = None
+    durable: bool = False  # journal messages sent with header durable=true (proxy.journal)
 
     def check(self, key: str) -> None:
         if self.max_depth < 0:
@@ -217,12 +218,28 @@ class QueueDecl:
     name: str = ""
     max_depth: int = 0
     dead_letter: str | None = None
+    durable: bool | None = None  # None: [queues] durable
 
     def check(self, key: str) -> None:
         if not self.name:
             raise ConfigError(f"{key}.name", "required")
         if self.max_depth < 0:
             raise ConfigError(f"{key}.max_depth", "must not be negative")
+
+
+@dataclass(frozen=True)
+class JournalSection:
+    """The append-only journal of durable queues, under ``<data_dir>/journal``."""
+
+    fsync: bool = True  # false: survives a process crash, not an OS crash
+    segment_size: int = 64 * 1024 * 1024
+    batch_delay: float = 0.0  # seconds the writer waits to gather more records per fsync
+
+    def check(self, key: str) -> None:
+        if not 4096 <= self.segment_size <= 1024 * 1024 * 1024:
+            raise ConfigError(f"{key}.segment_size", "between 4096 and 1073741824")
+        if not 0.0 <= self.batch_delay <= 1.0:
+            raise ConfigError(f"{key}.batch_delay", "between 0 and 1 (seconds)")
 
 
 @dataclass(frozen=True)
@@ -234,6 +251,7 @@ class Config:
     tls: TlsSection | None = None
     limits: LimitsSection = field(default_factory=LimitsSection)
     queues: QueuesSection = field(default_factory=QueuesSection)
+    journal: JournalSection = field(default_factory=JournalSection)
     queue: tuple[QueueDecl, ...] = ()
     rules: tuple[dict, ...] = ()
     acl: tuple[AclEntry, ...] = ()  # [[acl]]: when any is given, what none allows is denied
@@ -265,6 +283,7 @@ _SECTIONS = {
     "tls": TlsSection,
     "limits": LimitsSection,
     "queues": QueuesSection,
+    "journal": JournalSection,
 }
 
 

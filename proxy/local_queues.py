@@ -40,8 +40,13 @@ class StoredMessage:
     # Consumers (by id) this message must not be offered to again
     # (modified with undeliverable-here, §3.4.5).
     excluded: frozenset[int] = frozenset()
+    # Id of its ENQUEUE record in the journal (proxy.journal); 0 = not journaled.
+    journal_id: int = 0
     # time.monotonic() when first stored: delivery latency is measured from here
     enqueued_at: float = field(default_factory=monotonic)
+    # A message stolen from a peer fragment: (stealer, its upstream delivery).
+    # Its outcome is settled at its home fragment, not in a local queue.
+    origin: tuple | None = None
 
 
 class Consumer(Protocol):
@@ -72,6 +77,7 @@ class LocalQueue:
     max_depth: int = 0  # 0 = unlimited
     dead_letter: str | None = None
     temporary: bool = False
+    durable: bool = False  # durable messages are journaled (proxy.journal_queues)
     messages: deque[StoredMessage] = field(default_factory=deque)
     consumers: list[Consumer] = field(default_factory=list)
     producers: list = field(default_factory=list)  # links sending into this queue
@@ -79,7 +85,15 @@ class LocalQueue:
     stats: QueueStats = field(default_factory=QueueStats)
     # messages handed to consumers and not yet settled by them
     unacked: int = 0
+    # messages received but waiting for the journal before they are enqueued
+    incoming: int = 0
     _next: int = 0  # round-robin position in consumers
+    # Fragment peers stealing from this queue: served only when no local
+    # consumer can take the message (local consumers first, seed design).
+    peer_consumers: list = field(default_factory=list)
+    delivered_to_peers: int = 0  # messages stolen from this queue by peers
+    # Called by the broker after each dispatch (fragments: decide to steal).
+    after_dispatch: object = None
 
     # -- producer side -----------------------------------------------------
     def enqueue(self, message: StoredMessage) -> None:
@@ -90,17 +104,20 @@ class LocalQueue:
         """How many more messages may arrive before the depth limit; None = no limit."""
         if not self.max_depth:
             return None
-        return max(0, self.max_depth - len(self.messages) - self.unacked)
+        return max(0, self.max_depth - len(self.messages) - self.unacked - self.incoming)
 
     @property
     def depth(self) -> int:
         return len(self.messages)
 
     # -- consumer side -----------------------------------------------------
-    def add_consumer(self, consumer: Consumer) -> None:
-        self.consumers.append(consumer)
+    def add_consumer(self, consumer: Consumer, *, peer: bool = False) -> None:
+        (self.peer_consumers if peer else self.consumers).append(consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.peer_consumers:
+            self.peer_consumers.remove(consumer)
+            return
         try:
             index = self.consumers.index(consumer)
         except ValueError:
@@ -115,12 +132,16 @@ class LocalQueue:
         """Give head messages to consumers with credit, round-robin. Returns how many."""
         messages = self.messages
         consumers = self.consumers
+        peers = self.peer_consumers
         sent = 0
-        while messages and consumers:
+        while messages and (consumers or peers):
             message = messages[0]
             consumer = self._pick(message)
             if consumer is None:
-                break
+                consumer = self._pick_peer(message) if peers else None
+                if consumer is None:
+                    break
+                self.delivered_to_peers += 1
             messages.popleft()
             self.unacked += 1
             sent += 1
@@ -140,6 +161,16 @@ class LocalQueue:
                 self._next = (index + 1) % count
                 return consumer
         return None
+
+    def _pick_peer(self, message: StoredMessage) -> Consumer | None:
+        for consumer in self.peer_consumers:
+            if consumer.credit > 0 and consumer.consumer_id not in message.excluded:
+                return consumer
+        return None
+
+    def local_credit(self) -> int:
+        """Credit held by local (non-peer) consumers."""
+        return sum(c.credit for c in self.consumers)
 
     # -- outcomes (§3.4) ---------------------------------------------------
     def settled_accepted(self) -> None:

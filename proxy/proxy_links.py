@@ -56,7 +56,7 @@ from cproton import (
     pn_link_send,
     pn_link_set_drain,
 )
-from proton import Delivery, Link
+from proton import Data, Delivery, Link, symbol
 
 log = logging.getLogger("fedgate.proxy")
 
@@ -82,6 +82,17 @@ def copy_outcome(source, target) -> int:
     return state
 
 
+def set_capabilities(terminus, names: tuple[str, ...]) -> None:
+    """Replace a terminus's capabilities with ``names`` (§3.5.3, an array of symbols)."""
+    data = terminus.capabilities
+    data.clear()
+    data.put_array(False, Data.SYMBOL)
+    data.enter()
+    for name in names:
+        data.put_symbol(symbol(name))
+    data.exit()
+
+
 def _read_transfer(link_ptr, delivery, max_size: int):
     """Return the delivery's bytes once complete, or None (partial, aborted, too big)."""
     if pn_delivery_partial(delivery):
@@ -105,8 +116,10 @@ class _ProxyEndpoint:
 
     sender_upstream = False  # role of our upstream link
 
-    def __init__(self, handler, client_link: Link, upstream, remote_address: str) -> None:
+    def __init__(self, handler, client_link: Link, upstream, remote_address: str,
+                 capabilities: tuple[str, ...] = ()) -> None:
         self.handler = handler
+        self.capabilities = capabilities  # added to the upstream terminus (e.g. fragment links)
         self.link = client_link
         self.link_ptr = client_link._impl
         self.upstream = upstream
@@ -127,6 +140,8 @@ class _ProxyEndpoint:
         name = f"fedgate-{next(_link_names)}-{self.link.name}"
         link = member.new_link(name, sender=self.sender_upstream)
         self.configure_upstream(link)
+        if self.capabilities:
+            set_capabilities(link.target if self.sender_upstream else link.source, self.capabilities)
         link.open()
         self.up_link, self.up_ptr, self.up_attached = link, link._impl, False
         member.register(link, self)
@@ -169,13 +184,14 @@ class ProxyConsumer(_ProxyEndpoint):
 
     sender_upstream = False
 
-    def __init__(self, handler, client_link, upstream, remote_address, *, presettled: bool) -> None:
+    def __init__(self, handler, client_link, upstream, remote_address, *, presettled: bool,
+                 capabilities: tuple[str, ...] = ()) -> None:
         self.presettled = presettled
         self.unsettled: dict = {}  # client delivery -> upstream delivery (None once upstream is gone)
         self.held: deque = deque()  # (payload, upstream delivery) waiting for client credit
         self.draining = False
         self.sent = 0
-        super().__init__(handler, client_link, upstream, remote_address)
+        super().__init__(handler, client_link, upstream, remote_address, capabilities)
 
     def configure_upstream(self, link: Link) -> None:
         # transparent: the client's termini (durability, expiry, filters,
@@ -300,11 +316,12 @@ class ProxyProducer(_ProxyEndpoint):
 
     sender_upstream = True
 
-    def __init__(self, handler, client_link, upstream, remote_address) -> None:
+    def __init__(self, handler, client_link, upstream, remote_address,
+                 capabilities: tuple[str, ...] = ()) -> None:
         self.pending: deque = deque()  # (payload, client delivery | None) not yet sent upstream
         self.inflight: dict = {}  # upstream delivery -> (payload, client delivery | None)
         self.received = 0
-        super().__init__(handler, client_link, upstream, remote_address)
+        super().__init__(handler, client_link, upstream, remote_address, capabilities)
 
     def configure_upstream(self, link: Link) -> None:
         link.target.copy(self.link.remote_target)  # durability etc. as the client asked

@@ -468,6 +468,21 @@ class UpstreamRegistry:
             pool_size=options.pool_size, tls_ca=options.tls_ca, tls_cert=options.tls_cert,
             tls_key=options.tls_key, **extra,
         )
+        return self._pool(target)
+
+    def for_url(self, url: str, options=None) -> Upstream:
+        """The pool for a primary named by URL (fragment members, bindings)."""
+        from routing import UpstreamOptions
+
+        options = options or UpstreamOptions()
+        target = UpstreamTarget.from_url(
+            url, heartbeat=options.heartbeat, idle_timeout=options.idle_timeout,
+            pool_size=options.pool_size, tls_ca=options.tls_ca, tls_cert=options.tls_cert,
+            tls_key=options.tls_key,
+        )
+        return self._pool(target)
+
+    def _pool(self, target: UpstreamTarget) -> Upstream:
         pool = self.pools.get(target.key)
         if pool is None:
             pool = Upstream(target, node_id=self.node_id, dirty=self.dirty, run_pending=self.run_pending)

@@ -77,6 +77,7 @@ class NodeProcess:
         node = config.setdefault("node", {})
         node.setdefault("id", name)
         node.setdefault("listen", f"127.0.0.1:{self.port}")
+        self.port = int(node["listen"].rsplit(":", 1)[1])  # a test may choose the port
         node.setdefault("data_dir", str(workdir / f"data-{name}"))
         # the admin API (a fedgate.services plugin) gets its own free port too
         admin = config.setdefault("admin", {})
