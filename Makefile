@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= deploy/examples/standalone.toml
 PYTEST_ARGS ?=
 
-.PHONY: run test venv system npm brokers bench bench-deps bench-durable clean
+.PHONY: run test venv system npm brokers bench bench-deps bench-durable fuzz clean
 
 $(STAMP): pyproject.toml
 	bash .ci/install/system.sh
@@ -32,7 +32,13 @@ brokers:
 
 test: venv npm brokers
 	bash .ci/install/chromium.sh
+	bash .ci/install/dmz.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# long fuzzing run (>= 100,000 malformed frames against a live node);
+# FUZZ_SEED=N and FUZZ_CASES=N override the seed and the size
+fuzz: venv
+	$(PY) -m pytest -m fuzz_long -s tests/test_fuzz.py
 
 bench-deps: venv
 	bash .ci/install/rabbitmq.sh

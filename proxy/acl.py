@@ -95,7 +95,7 @@ class Acl:
         applicable = [c for c in self._compiled if c[0].applies_to(identity)]
         if address is None:
             return self._allows_dynamic(identity, [c[0] for c in applicable])
-        for entry, send, receive in applicable:
+        for _entry, send, receive in applicable:
             patterns = send if direction == "send" else receive
             if any(p.match(address) is not None for p in patterns):
                 return True

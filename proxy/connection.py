@@ -239,6 +239,10 @@ class ServerConnection:
         """The peer closed its side or the socket failed."""
         if self.phase is Phase.AMQP:
             self.pipe.close_input()
+            if self.transport.pending() == 0:
+                # proton holds a partial frame and writes nothing once the input is
+                # shut: close with framing-error so the socket is released now
+                self.close("amqp:connection:framing-error", "input ended inside a frame")
         elif self.phase is not Phase.CLOSED:
             self._fail(self.failure or "peer closed during handshake")
 

@@ -256,11 +256,17 @@ def encode_frame(code: int, fields: Sequence[tuple[str, object]]) -> bytes:
 
 def decode_body(body: bytes) -> tuple[int, list]:
     """Decode a SASL frame body into (descriptor code, [field values])."""
-    data = Data()
     try:
-        consumed = data.decode(body)
-    except DataException as exc:
-        raise SaslProtocolError(f"undecodable SASL frame: {exc}") from exc
+        return _decode_body(body)
+    except (DataException, ValueError, TypeError, KeyError, OverflowError) as exc:
+        # proton's decoder accepts what its value getters then reject (e.g. a
+        # string that is not UTF-8): a protocol error, not a node error
+        raise SaslProtocolError(f"undecodable SASL frame: {exc!r}") from exc
+
+
+def _decode_body(body: bytes) -> tuple[int, list]:
+    data = Data()
+    consumed = data.decode(body)
     if consumed != len(body):
         raise SaslProtocolError("trailing bytes in SASL frame")
     data.rewind()

@@ -188,7 +188,7 @@ class ScramSha256Mechanism:
         client_signature = _hmac(record.stored_key, auth_message)
         if len(proof) != len(client_signature):
             return SaslFailure(AUTH, f"wrong password for user {self._user!r}")
-        client_key = bytes(a ^ b for a, b in zip(proof, client_signature))
+        client_key = bytes(a ^ b for a, b in zip(proof, client_signature, strict=True))
         if not hmac.compare_digest(hashlib.sha256(client_key).digest(), record.stored_key):
             return SaslFailure(AUTH, f"wrong password for user {self._user!r}")
         server_signature = _hmac(record.server_key, auth_message)
