@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= deploy/examples/standalone.toml
 PYTEST_ARGS ?=
 
-.PHONY: run test venv system npm brokers bench bench-deps bench-durable fuzz clean
+.PHONY: run test venv system npm brokers bench bench-deps bench-durable bench-fragments fuzz clean
 
 $(STAMP): pyproject.toml
 	bash .ci/install/system.sh
@@ -46,6 +46,9 @@ bench-deps: venv
 
 bench: bench-deps
 	$(PY) bench/local_queue.py
+
+bench-fragments: bench-deps
+	$(PY) bench/fragments.py
 
 bench-durable: venv
 	bash .ci/install/c-clients-durable.sh

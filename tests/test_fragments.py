@@ -138,3 +138,29 @@ def test_group_with_a_remote_fragment_on_rabbitmq(start_node, clients):
                                   f"left in rabbit {brokers.rabbitmq_queue_count(queue)}")
     assert len(got) == len(expected), collections.Counter(got).most_common(3)
     assert brokers.rabbitmq_queue_count(queue) == 0
+
+
+def test_fragment_less_node_forwards_producers_and_consumes_from_the_nearest(start_node, clients):
+    nodes = start_cluster(start_node, names=("n1", "n2", "n3"), members=["n1", "n2"],
+                          rule={"prefer": ["n2"]})
+    (sent,) = clients("proton", "send", nodes["n3"].url, address="work.edge", count=300,
+                      prefix="e").finish()
+    assert sent["accepted"] == 300
+    lines = clients("rhea", "receive", nodes["n3"].url, address="work.edge", count=300,
+                    timeout_ms=30000).finish()
+    assert sorted(ids_of(lines)) == sorted(f"e-{i}" for i in range(300))
+    assert_producer_order(lines)
+    (edge,) = fragments(nodes["n3"])
+    assert edge["local"] is None and edge["forwarded_producers"] == 1
+
+
+def test_adding_a_member_moves_only_some_producers():
+    """Ketama ring: a new fragment takes new producers without reshuffling the rest."""
+    from uhashring import HashRing
+
+    producers = [f"container-{i}/link" for i in range(2000)]
+    before = HashRing(nodes=["n1", "n2", "n3"])
+    after = HashRing(nodes=["n1", "n2", "n3", "n4"])
+    moved = [p for p in producers if before.get_node(p) != after.get_node(p)]
+    assert all(after.get_node(p) == "n4" for p in moved)  # only to the new member
+    assert 0.1 < len(moved) / len(producers) < 0.45  # about a quarter, not a reshuffle
