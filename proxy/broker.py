@@ -66,6 +66,7 @@ from . import journal_queues
 from .journal import JournalError
 from .local_queues import LocalQueue, QueueRegistry, StoredMessage
 from .proxy_links import ProxyConsumer, ProxyProducer
+from .shared_consumers import attach_shared_consumer
 from .metrics import Histogram
 
 log = logging.getLogger("fedgate.broker")
@@ -107,6 +108,7 @@ class Broker:
         self.connection_ids = itertools.count(1)
         self.temp_prefix = f"tmp.{node_id}."
         self.upstreams = None  # UpstreamRegistry, set by the node
+        self.exchanges = None  # proxy.exchanges.Exchanges, set by the node
         # address kinds served by packages above the node (fragments):
         # kind -> object with attach(client_handler, link, decision)
         self.kind_handlers: dict[str, object] = {}
@@ -572,13 +574,17 @@ class ClientHandler:
             queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
             self.attach_queue_consumer(link, queue, owns_queue=True)
             return
+        exchanges = self.broker.exchanges
+        if exchanges is not None and exchanges.get(remote.address) is not None:
+            raise LinkRefused("amqp:not-allowed", f"{remote.address!r} is an exchange: "
+                                                  "receive from a queue bound to it")
         decision = self._resolve(remote.address, "receive")
         extension = self.broker.kind_handlers.get(decision.kind)
         if extension is not None:
             extension.attach(self, link, decision)
         elif decision.kind == "proxy":
             upstream = self.broker.upstreams.for_decision(decision)
-            self.attach_proxy_consumer(link, upstream, decision.remote_address)
+            self.attach_proxy_consumer(link, upstream, decision.remote_address, rule=decision.rule)
         else:
             self.attach_queue_consumer(link, self._local_queue(remote.address))
 
@@ -588,6 +594,13 @@ class ClientHandler:
             self.check_access(None, "send")
             queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
             self.attach_queue_producer(link, queue)
+            return
+        exchanges = self.broker.exchanges
+        exchange = exchanges.get(remote.address) if exchanges is not None else None
+        if exchange is not None:  # an exchange's name wins over [[rules]] (proxy.exchanges)
+            self.check_access(remote.address, "send")
+            self._open_client_link(link, False)
+            exchanges.attach_producer(self, link, exchange)
             return
         decision = self._resolve(remote.address, "send")
         extension = self.broker.kind_handlers.get(decision.kind)
@@ -619,11 +632,16 @@ class ClientHandler:
         return producer
 
     def attach_proxy_consumer(self, link: Link, upstream, remote_address: str,
-                              capabilities: tuple[str, ...] = ()) -> ProxyConsumer:
+                              capabilities: tuple[str, ...] = (), rule=None) -> ProxyConsumer:
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         self._open_client_link(link, presettled)
-        endpoint = ProxyConsumer(self, link, upstream, remote_address, presettled=presettled,
-                                 capabilities=capabilities)
+        recheck = rule.upstream.recheck_interval if rule is not None else 0.0
+        if rule is not None and rule.mirror_auto_delete:  # one upstream consumer, shared
+            endpoint = attach_shared_consumer(self, link, upstream, remote_address,
+                                              presettled=presettled, recheck_interval=recheck)
+        else:
+            endpoint = ProxyConsumer(self, link, upstream, remote_address, presettled=presettled,
+                                     capabilities=capabilities, recheck_interval=recheck)
         self.links[endpoint.link_ptr] = endpoint
         return endpoint
 
@@ -667,11 +685,12 @@ class ClientHandler:
         link.close()
         self.mark_dirty()
 
-    def close_link(self, link: Link, condition: str, description: str) -> None:
+    def close_link(self, link: Link, condition: str, description: str,
+                   info: dict | None = None) -> None:
         endpoint = self.links.pop(link._impl, None)
         if endpoint is not None:
             endpoint.detached()
-        link.condition = Condition(condition, description)
+        link.condition = Condition(condition, description, info)
         link.close()
         self.mark_dirty()
 

@@ -25,12 +25,14 @@ from .acl import Acl
 from .broker import Broker
 from .config import Config
 from .connection import ConnectionSettings
+from .exchanges import Exchanges
 from .journal import JournalError
 from .journal_queues import open_journal, restore
 from .local_queues import QueueRegistry
 from .rules_store import RulesStore
 from .sasl import Authenticator
 from .server import AmqpProtocol
+from .redirects import apply_rules_change
 from .upstream import UpstreamRegistry
 from .users import UsersFile
 
@@ -124,6 +126,10 @@ class Node:
             run_pending=self.broker.run_pending,
         )
         self.broker.upstreams = self.upstreams
+        self.routing.subscribe(
+            lambda old, new, version: apply_rules_change(self.broker, old, new))
+        self.exchanges = Exchanges(config, self.broker, self.upstreams, self.queue_options)
+        self.broker.exchanges = self.exchanges
         users = None
         if config.sasl.users_file:
             users = UsersFile.load(config.resolve_path(config.sasl.users_file), missing_ok=True)
@@ -198,6 +204,9 @@ class Node:
     def describe_upstreams(self) -> list[dict]:
         return self.upstreams.describe()
 
+    def describe_exchanges(self) -> dict:
+        return self.exchanges.describe()
+
     def upstreams_ready(self) -> bool:
         return all(pool.connected or not any(m.endpoints for m in pool.members)
                    for pool in self.upstreams.pools.values())
@@ -214,6 +223,7 @@ class Node:
         host, port = self.config.listen
         loop = asyncio.get_running_loop()
         self._recover_durable_queues(loop)
+        self.exchanges.start()
         self.server = await loop.create_server(
             lambda: AmqpProtocol(self), host, port, ssl=self.tls_context,
             reuse_address=True, backlog=4096,
@@ -236,6 +246,7 @@ class Node:
             await asyncio.sleep(0.02)
         for protocol in list(self.connections):
             protocol.abort()
+        self.exchanges.close()
         self.upstreams.close()
         if self.broker.journal is not None:
             try:
