@@ -1,0 +1,5 @@
+import sys
+
+from spark_load.cli import main
+
+sys.exit(main())
