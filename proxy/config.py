@@ -255,6 +255,8 @@ class Config:
     queue: tuple[QueueDecl, ...] = ()
     rules: tuple[dict, ...] = ()
     acl: tuple[AclEntry, ...] = ()  # [[acl]]: when any is given, what none allows is denied
+    exchanges: tuple = ()  # [[exchanges]] (proxy.exchange_config.ExchangeDecl)
+    bindings: tuple = ()  # [[bindings]] (proxy.exchange_config.BindingDecl)
     source: str | None = None  # the file it came from
 
     @property
@@ -338,7 +340,7 @@ def _section(raw: Any, cls: type, key: str):
 
 
 def from_dict(raw: dict, *, source: str | None = None) -> Config:
-    known = set(_SECTIONS) | {"peers", "queue", "rules", "acl"}
+    known = set(_SECTIONS) | {"peers", "queue", "rules", "acl", "exchanges", "bindings"}
     for name in raw:
         if name not in known:
             raise ConfigError(name, f"unknown section (known: {', '.join(sorted(known))})")
@@ -365,6 +367,10 @@ def from_dict(raw: dict, *, source: str | None = None) -> Config:
     if not isinstance(acl_list, list):
         raise ConfigError("acl", "expected [[acl]] entries")
     values["acl"] = tuple(_section(a, AclEntry, f"acl[{i}]") for i, a in enumerate(acl_list))
+    from .exchange_config import check_against_rules, parse_bindings, parse_exchanges
+
+    values["exchanges"] = parse_exchanges(raw.get("exchanges", []), values["peers"])
+    values["bindings"] = parse_bindings(raw.get("bindings", []), values["exchanges"], values["peers"])
     config = Config(**values)
     _check_across_sections(config)
     try:
@@ -372,6 +378,7 @@ def from_dict(raw: dict, *, source: str | None = None) -> Config:
     except RuleValidationError as exc:
         first = exc.problems[0]
         raise ConfigError(first.field, "; ".join(f"{p.field}: {p.detail}" for p in exc.problems)) from exc
+    check_against_rules(config)
     return config
 
 

@@ -9,10 +9,11 @@ for primaries): ``receive(bytes)``, ``process()``, ``take_output() -> bytes``,
 
 After each read the protocol calls ``run_pending`` (the broker's cycle: queue
 dispatch and output of every connection touched), then writes its own output.
-Timers: the connection reports its next deadline (handshake deadline, proton's
-idle-timeout ticks, AMQP 1.0 §2.4.5) and the protocol keeps one ``call_at``
-handle for it. When the socket's write buffer passes the high-water mark
-asyncio calls ``pause_writing``: subclasses stop feeding that connection.
+Timers: the connection is ticked after every read and write and at the next
+deadline it reports (handshake deadline, proton's idle timeout and heartbeats,
+AMQP 1.0 §2.4.5); the protocol keeps one ``call_at`` handle for it. When the
+socket's write buffer passes the high-water mark asyncio calls
+``pause_writing``: subclasses stop feeding that connection.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class EngineProtocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
+        self._input = False  # bytes arrived since proton's last tick
 
     # -- asyncio callbacks -------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -39,6 +41,7 @@ class EngineProtocol(asyncio.Protocol):
         transport.set_write_buffer_limits(high=self.write_high_water)
 
     def data_received(self, data: bytes) -> None:
+        self._input = True
         self.conn.receive(data)
         self.run_pending()
         self.flush()
@@ -62,15 +65,20 @@ class EngineProtocol(asyncio.Protocol):
         conn = self.conn
         conn.process()
         out = conn.take_output()
+        if conn.transport is not None and (out or self._input or self._timer is None):
+            # proton's idle clocks (the peer's silence, our heartbeats: §2.4.5) start at
+            # the tick that sees the bytes move, so tick after every read and write, as
+            # proton's own drivers do: ticking only at its deadlines sent no heartbeat
+            # before the first deadline and detected a silent peer up to 2x late
+            self._input = False
+            self._schedule(conn.tick(self.loop.time()))
+            out += conn.take_output()  # a heartbeat or close frame the tick wrote
         if out:
             self.transport.write(out)
         if conn.finished:
             self._closed = True
             self.transport.close()  # flushes what is buffered, then closes
             return
-        if self._timer is None and conn.transport is not None:
-            # first output of the AMQP phase, or the last timer was consumed
-            self._schedule(conn.tick(self.loop.time()))
 
     def _schedule(self, deadline: float | None) -> None:
         if not deadline:

@@ -61,6 +61,7 @@ from proton import Data, Delivery, Link, symbol
 log = logging.getLogger("fedgate.proxy")
 
 TERMINAL = (PN_ACCEPTED, PN_REJECTED, PN_RELEASED, PN_MODIFIED)
+_NONE_HELD = ()  # ProxyConsumer.held while nothing is held
 _link_names = itertools.count(1)
 
 
@@ -69,7 +70,8 @@ def copy_outcome(source, target) -> int:
     state = pn_delivery_remote_state(source)
     if state in (PN_MODIFIED, PN_REJECTED):
         remote = Delivery.wrap(source).remote
-        local = Delivery.wrap(target).local
+        wrapped = Delivery.wrap(target)
+        local = wrapped.local
         if state == PN_MODIFIED:
             local.failed = remote.failed
             local.undeliverable = remote.undeliverable
@@ -77,7 +79,10 @@ def copy_outcome(source, target) -> int:
                 local.annotations = remote.annotations
         elif remote.condition is not None:
             local.condition = remote.condition
-    if state:
+        # Delivery.update writes the condition and annotations into the disposition;
+        # a bare pn_delivery_update would send the outcome without them
+        wrapped.update(state)
+    elif state:
         pn_delivery_update(target, state)
     return state
 
@@ -184,14 +189,37 @@ class ProxyConsumer(_ProxyEndpoint):
 
     sender_upstream = False
 
+    recheck_interval = 0.0  # seconds idle before the remote source is re-checked; 0: never
+
     def __init__(self, handler, client_link, upstream, remote_address, *, presettled: bool,
-                 capabilities: tuple[str, ...] = ()) -> None:
+                 capabilities: tuple[str, ...] = (), recheck_interval: float = 0.0) -> None:
         self.presettled = presettled
         self.unsettled: dict = {}  # client delivery -> upstream delivery (None once upstream is gone)
-        self.held: deque = deque()  # (payload, upstream delivery) waiting for client credit
+        # (payload, upstream delivery) waiting for client credit; a deque only once needed
+        # (an empty deque is ~600 bytes, and most proxy consumers are idle)
+        self.held = _NONE_HELD
         self.draining = False
         self.sent = 0
         super().__init__(handler, client_link, upstream, remote_address, capabilities)
+        if recheck_interval > 0 and not self.closed:
+            self.recheck_interval = recheck_interval
+            upstream.watch(self)
+
+    # -- idle re-check (proxy.upstream.Upstream.watch) ------------------------------
+    @property
+    def activity(self) -> int:
+        return self.sent
+
+    def recheck_ready(self) -> bool:
+        return self.up_attached and not self.unsettled and not self.held
+
+    def probe_source(self):
+        return self.link.remote_source
+
+    def remote_gone(self, condition) -> None:
+        """A re-check found the remote source gone: the client learns the primary's condition."""
+        if not self.closed:
+            self.handler.close_link(self.link, condition.name, condition.description or "")
 
     def configure_upstream(self, link: Link) -> None:
         # transparent: the client's termini (durability, expiry, filters,
@@ -207,7 +235,7 @@ class ProxyConsumer(_ProxyEndpoint):
         super().upstream_down()
         self.draining = False
         # upstream deliveries died with the connection: the primary redelivers them
-        self.held.clear()
+        self.held = _NONE_HELD
         for delivery in self.unsettled:
             self.unsettled[delivery] = None
 
@@ -221,9 +249,14 @@ class ProxyConsumer(_ProxyEndpoint):
         if up is None or not self.up_attached:
             return
         client_credit = pn_link_credit(self.link_ptr) if self.handler.writable else 0
-        want = client_credit - pn_link_credit(up) - len(self.held)
+        up_credit = pn_link_credit(up)
+        want = client_credit - up_credit - len(self.held)
         changed = False
-        if want > 0:
+        # Top up in batches: once the upstream credit fell to half of what the client
+        # has (or ran out), not on every client flow. It never exceeds the client's
+        # credit, and the primary gets one flow frame per half window instead of one
+        # per message (clients that refill credit per message).
+        if want > 0 and (want >= up_credit or want * 2 >= client_credit):
             pn_link_flow(up, want)
             changed = True
         if pn_link_get_drain(self.link_ptr) and not self.draining:
@@ -255,9 +288,12 @@ class ProxyConsumer(_ProxyEndpoint):
             pn_delivery_update(delivery, PN_REJECTED)
             pn_delivery_settle(delivery)
             return
+        self.member.received += 1
         if pn_link_credit(self.link_ptr) > 0 and not self.held:
             self._forward(payload, delivery)
         else:
+            if not self.held:
+                self.held = deque()
             self.held.append((payload, delivery))
 
     def _deliver_held(self) -> None:
@@ -307,7 +343,7 @@ class ProxyConsumer(_ProxyEndpoint):
         for _, up in self.held:
             pn_delivery_update(up, PN_RELEASED)
             pn_delivery_settle(up)
-        self.held.clear()
+        self.held = _NONE_HELD
         self._close_upstream()
 
 
@@ -373,7 +409,7 @@ class ProxyProducer(_ProxyEndpoint):
         if up is None or not self.up_attached:
             return
         pending = self.pending
-        sent = False
+        sent = 0
         while pending and pn_link_credit(up) > 0:
             item = pending.popleft()
             payload, client_delivery = item
@@ -384,8 +420,9 @@ class ProxyProducer(_ProxyEndpoint):
                 pn_delivery_settle(up_delivery)
             else:
                 self.inflight[up_delivery] = item
-            sent = True
+            sent += 1
         if sent:
+            self.member.sent += sent
             self.member.mark_dirty()
 
     def on_upstream_delivery(self, delivery) -> None:

@@ -32,8 +32,14 @@ import ssl
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
-from cproton import pn_delivery_link, pn_delivery_settle
-from proton import Connection, Link, Transport
+from cproton import (
+    PN_RELEASED,
+    pn_delivery_link,
+    pn_delivery_settle,
+    pn_delivery_update,
+    pn_link_is_receiver,
+)
+from proton import Connection, Link, Terminus, Transport
 
 from . import engine
 from .io import EngineProtocol
@@ -170,11 +176,14 @@ class PoolMember:
         self.session = None
         self.endpoints: set = set()  # proxy endpoints assigned to this member
         self.links: dict = {}  # upstream link pointer -> endpoint
+        self.side_sessions: dict = {}  # session pointer -> RemoteProbe using it alone
         self.writable = True
         self.attempts = 0
         self.connects = 0
         self.reconnects = 0
         self.last_error: str | None = None
+        self.sent = 0  # messages sent to the primary over this connection
+        self.received = 0  # messages received from the primary
         self._timer: asyncio.TimerHandle | None = None
         self._dispatch = {
             engine.PN_CONNECTION_REMOTE_OPEN: self._on_remote_open,
@@ -240,18 +249,29 @@ class PoolMember:
         session = Session.wrap(engine.pn_event_session(event))
         condition = session.remote_condition
         session.close()
+        probe = self.side_sessions.pop(session._impl, None)
+        if probe is not None:  # a probe's own session: only the probe learns of it
+            probe.on_upstream_detached(condition)
+            self.mark_dirty()
+            return
         if self.session is None or session != self.session:
             return
         log.info("upstream %s member %d: session ended by primary: %s", self.upstream.target.display,
                  self.index, condition)
+        # links still waiting for their attach answer (endpoints and probes) get the condition
+        waiting = {endpoint for endpoint in self.links.values() if not endpoint.up_attached}
         self.links.clear()
         self._new_session()
-        for endpoint in list(self.endpoints):
-            if endpoint.up_ptr is not None and not endpoint.up_attached:
-                endpoint.on_upstream_detached(condition)
+        for endpoint in waiting:
+            if len(waiting) > 1 and isinstance(endpoint, RemoteProbe):
+                endpoint.inconclusive()  # which of the attaches failed is unknown
             else:
-                endpoint.upstream_down()
-                endpoint.upstream_up(self)
+                endpoint.on_upstream_detached(condition)
+        for endpoint in list(self.endpoints):
+            if endpoint in waiting or endpoint.closed:
+                continue
+            endpoint.upstream_down()
+            endpoint.upstream_up(self)
         self.mark_dirty()
 
     def _on_remote_close(self, event) -> None:
@@ -272,6 +292,7 @@ class PoolMember:
         self.conn = None
         self.session = None
         self.links.clear()
+        self.side_sessions.clear()
         for endpoint in list(self.endpoints):
             endpoint.upstream_down()
         reason = self.last_error or reason
@@ -387,8 +408,12 @@ class PoolMember:
         endpoint = self.links.get(pn_delivery_link(delivery))
         if endpoint is not None:
             endpoint.on_upstream_delivery(delivery)
-        else:
-            pn_delivery_settle(delivery)
+            return
+        if pn_link_is_receiver(pn_delivery_link(delivery)):
+            # a message on a link we already let go of: back to the primary, never lost
+            pn_delivery_update(delivery, PN_RELEASED)
+        pn_delivery_settle(delivery)
+        self.mark_dirty()
 
     def describe(self) -> dict:
         return {
@@ -399,6 +424,10 @@ class PoolMember:
             "connects": self.connects,
             "reconnects": self.reconnects,
             "last_error": self.last_error,
+            "sent": self.sent,
+            "received": self.received,
+            # internal senders of exchanges (proxy.remote_destinations)
+            "senders": [e.describe() for e in self.endpoints if getattr(e, "internal", False)],
         }
 
 
@@ -414,6 +443,13 @@ class Upstream:
         self.dirty = dirty  # the broker's set of things to flush
         self.run_pending = run_pending
         self.members = [PoolMember(self, i) for i in range(max(1, target.pool_size))]
+        self._recheck: dict = {}  # endpoint -> [activity seen, quiet since]
+        self._recheck_timer: asyncio.TimerHandle | None = None
+        self._probes: dict[tuple, RemoteProbe] = {}  # (member, address) -> probe in flight
+        self.probes = 0  # probes answered
+        # mirror_auto_delete: one upstream receiver per (address, presettled), shared by
+        # every client consumer of it (proxy.shared_consumers)
+        self.shared: dict[tuple, object] = {}
 
     def add(self, endpoint) -> PoolMember:
         """Assign a proxy endpoint to the least-loaded member; connect if needed."""
@@ -430,19 +466,173 @@ class Upstream:
 
     def remove(self, endpoint, member: PoolMember) -> None:
         member.endpoints.discard(endpoint)
+        self._recheck.pop(endpoint, None)
         member.release_if_idle()
+
+    # -- idle consumers re-check their remote source ---------------------------------
+    def watch(self, endpoint) -> None:
+        """Re-check ``endpoint``'s remote source whenever it is idle for its interval.
+
+        The endpoint offers ``recheck_interval``, ``activity`` (a counter that
+        moves with every message), ``recheck_ready()`` (attached, nothing in
+        flight), ``member``, ``remote_address``, ``probe_source()`` and
+        ``remote_gone(condition)``. Bookkeeping stays here: nothing is done per
+        message. One probe per (member, address) serves every idle endpoint of
+        that address.
+        """
+        self._recheck[endpoint] = [endpoint.activity, asyncio.get_running_loop().time()]
+        if self._recheck_timer is None:
+            self._schedule_recheck()
+
+    def _schedule_recheck(self) -> None:
+        if not self._recheck:
+            self._recheck_timer = None
+            return
+        period = max(0.2, min(e.recheck_interval for e in self._recheck) / 2)
+        self._recheck_timer = asyncio.get_running_loop().call_later(period, self._recheck_tick)
+
+    def _recheck_tick(self) -> None:
+        now = asyncio.get_running_loop().time()
+        due: dict[tuple, list] = {}
+        for endpoint, state in list(self._recheck.items()):
+            if endpoint.closed:
+                del self._recheck[endpoint]
+                continue
+            activity = endpoint.activity
+            if activity != state[0] or not endpoint.recheck_ready():
+                state[0], state[1] = activity, now
+            elif now - state[1] >= endpoint.recheck_interval:
+                due.setdefault((endpoint.member, endpoint.remote_address), []).append(endpoint)
+        for key, group in due.items():
+            member, address = key
+            probe = self._probes.get(key)
+            if probe is not None and now - probe.started < PROBE_TIMEOUT:
+                continue
+            if member.state != "up" or member.session is None:
+                continue
+            for endpoint in group:
+                self._recheck[endpoint][1] = now
+            self._probes[key] = RemoteProbe(member, address, group[0].probe_source(), now,
+                                            lambda condition, key=key: self._probed(key, condition))
+        self._schedule_recheck()
+        self.run_pending()
+
+    def _probed(self, key: tuple, condition) -> None:
+        self._probes.pop(key, None)
+        if condition is INCONCLUSIVE:
+            return  # asked again at the next tick
+        self.probes += 1
+        if condition is None:
+            return
+        member, address = key
+        gone = [e for e in member.endpoints
+                if e in self._recheck and e.remote_address == address and not e.closed]
+        log.info("upstream %s: %s no longer exists (%s); detaching %d idle link(s)",
+                 self.target.display, address, condition.name, len(gone))
+        for endpoint in gone:
+            endpoint.remote_gone(condition)
 
     @property
     def connected(self) -> int:
         return sum(1 for m in self.members if m.state == "up")
 
     def close(self) -> None:
+        if self._recheck_timer is not None:
+            self._recheck_timer.cancel()
+            self._recheck_timer = None
         for member in self.members:
             member.close()
 
     def describe(self) -> dict:
         return {"primary": self.target.display, "pool_size": len(self.members),
-                "connected": self.connected, "members": [m.describe() for m in self.members]}
+                "connected": self.connected, "rechecks": self.probes,
+                "members": [m.describe() for m in self.members]}
+
+
+PROBE_TIMEOUT = 30.0  # a probe not answered by then is forgotten (another may start)
+INCONCLUSIVE = object()  # a probe's answer was lost with a session that failed for another link
+_probe_names = itertools.count(1)
+
+
+class RemoteProbe:
+    """Does a remote source still exist? Attach a link without credit, then detach.
+
+    An attach answered with a terminus (§2.6.3) means yes; a refusal (null
+    terminus then detach with an error, or, with RabbitMQ, the session ended
+    with an error) means no, with the primary's condition. No credit is ever
+    granted, so no message moves; an unexpected one is released.
+
+    The probe is a receiver with the consumer's source, except for RabbitMQ's
+    ``/exchange/X/KEY`` sources: a receiver there makes RabbitMQ 3.10 create
+    (and keep) another subscription queue, so a sender to the same address is
+    attached instead; it is refused the same way when the exchange is gone.
+    """
+
+    closed = False
+
+    def __init__(self, member: PoolMember, address: str, source, started: float, done) -> None:
+        self.member = member
+        self.started = started
+        self.done = done
+        self.sender = address.startswith("/exchange/")
+        # its own session: RabbitMQ ends the session of a refused attach, and the
+        # links sharing the member's session must not pay for that
+        self.session = member.conn.connection.session()
+        self.session.open()
+        member.side_sessions[self.session._impl] = self
+        name = f"fedgate-probe-{next(_probe_names)}"
+        link = self.session.sender(name) if self.sender else self.session.receiver(name)
+        if self.sender:
+            link.target.address = address
+        else:
+            if source is not None:
+                link.source.copy(source)
+            link.source.address = address
+        link.rcv_settle_mode = Link.RCV_FIRST
+        link.open()
+        self.up_link, self.up_ptr, self.up_attached = link, link._impl, False
+        member.register(link, self)
+        member.mark_dirty()
+
+    def _finish(self, condition) -> None:
+        if self.done is not None:
+            done, self.done = self.done, None
+            done(condition)
+        # answered: our link and its session go (the session may already be ended)
+        member = self.member
+        member.unregister(self.up_link)
+        if self.up_link.state & Link.LOCAL_ACTIVE:
+            self.up_link.close()
+        if member.side_sessions.get(self.session._impl) is self:
+            del member.side_sessions[self.session._impl]
+            if self.session.state & Link.LOCAL_ACTIVE:
+                self.session.close()
+        member.mark_dirty()
+
+    def on_upstream_attached(self) -> None:
+        self.up_attached = True
+        link = self.up_link
+        terminus = link.remote_target if self.sender else link.remote_source
+        if terminus.type != Terminus.UNSPECIFIED:
+            self._finish(None)  # it exists
+        elif link.state & Link.LOCAL_ACTIVE:
+            link.close()  # refused: the detach with the primary's error follows
+            self.member.mark_dirty()
+
+    def on_upstream_detached(self, condition) -> None:
+        self.up_attached = False
+        self._finish(condition if condition is not None and condition.name else None)
+
+    def inconclusive(self) -> None:
+        self._finish(INCONCLUSIVE)
+
+    def on_upstream_flow(self) -> None:
+        pass
+
+    def on_upstream_delivery(self, delivery) -> None:
+        pn_delivery_update(delivery, PN_RELEASED)
+        pn_delivery_settle(delivery)
+        self.member.mark_dirty()
 
 
 class UpstreamRegistry:

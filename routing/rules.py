@@ -105,6 +105,11 @@ def _upstream_problems(u: Any, p: str) -> list[RuleError]:
             problems.append(RuleError(f"{p}.{name}", f"expected a number of seconds, got {v!r}"))
         elif v <= 0:
             problems.append(RuleError(f"{p}.{name}", f"must be > 0, got {v!r}"))
+    v = u.recheck_interval
+    if not _is_number(v):
+        problems.append(RuleError(f"{p}.recheck_interval", f"expected a number of seconds, got {v!r}"))
+    elif v < 0:
+        problems.append(RuleError(f"{p}.recheck_interval", f"must be >= 0 (0: never), got {v!r}"))
     if not _is_int(u.pool_size):
         problems.append(RuleError(f"{p}.pool_size", f"expected an integer, got {u.pool_size!r}"))
     elif not 1 <= u.pool_size <= MAX_POOL_SIZE:
@@ -130,6 +135,8 @@ class UpstreamOptions:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    # idle proxy consumers re-check that their remote source still exists (0: never)
+    recheck_interval: float = 30.0
 
     def __post_init__(self) -> None:
         problems = _upstream_problems(self, "upstream")
