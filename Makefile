@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= deploy/examples/standalone.toml
 PYTEST_ARGS ?=
 
-.PHONY: run test venv system npm brokers bench bench-deps bench-durable bench-fragments fuzz clean
+.PHONY: run test venv system npm brokers bench bench-deps bench-durable bench-fragments bench-proxy fuzz soak load-demo clean
 
 $(STAMP): pyproject.toml
 	bash .ci/install/system.sh
@@ -33,12 +33,24 @@ brokers:
 test: venv npm brokers
 	bash .ci/install/chromium.sh
 	bash .ci/install/dmz.sh
+	bash .ci/install/toxiproxy.sh
+	bash .ci/install/java.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the Spark load generator against its own two-node demo cluster (see README)
+load-demo: venv
+	bash .ci/install/java.sh
+	$(VENV)/bin/fedgate-load --demo --producers 3 --consumers 2 --messages 2000 --out var/load-demo
 
 # long fuzzing run (>= 100,000 malformed frames against a live node);
 # FUZZ_SEED=N and FUZZ_CASES=N override the seed and the size
 fuzz: venv
 	$(PY) -m pytest -m fuzz_long -s tests/test_fuzz.py
+
+# soak run (opt-in): half the measured max rate through a proxy and a
+# fragmented queue for FEDGATE_SOAK_SECONDS (default 1800); RSS and fd bounds
+soak: venv
+	$(PY) -m pytest -m soak -s tests/test_soak.py
 
 bench-deps: venv
 	bash .ci/install/rabbitmq.sh
@@ -46,6 +58,9 @@ bench-deps: venv
 
 bench: bench-deps
 	$(PY) bench/local_queue.py
+
+bench-proxy: bench-deps
+	$(PY) bench/proxy.py
 
 bench-fragments: bench-deps
 	$(PY) bench/fragments.py
