@@ -445,6 +445,10 @@ class QueueConsumer:
 class ClientHandler:
     """Proton events of one client connection -> broker operations."""
 
+    # one per connection: slots keep an idle connection small (10,000 of them)
+    __slots__ = ("broker", "connection_id", "peer", "max_links", "server_connection",
+                 "links", "writable", "flush")
+
     def __init__(self, broker: Broker, *, peer: str = "", max_links: int = 0) -> None:
         self.broker = broker
         self.connection_id = next(broker.connection_ids)
@@ -453,19 +457,7 @@ class ClientHandler:
         self.server_connection = None  # the ServerConnection, set on_amqp_start
         self.links: dict = {}  # link pointer -> endpoint
         self.writable = True
-        self.flush: Callable[[], None] = lambda: None
-        self._dispatch = {
-            engine.PN_DELIVERY: self._on_delivery,
-            engine.PN_LINK_FLOW: self._on_link_flow,
-            engine.PN_LINK_REMOTE_OPEN: self._on_link_open,
-            engine.PN_LINK_REMOTE_CLOSE: self._on_link_close,
-            engine.PN_LINK_REMOTE_DETACH: self._on_link_close,
-            engine.PN_SESSION_REMOTE_OPEN: self._on_session_open,
-            engine.PN_SESSION_REMOTE_CLOSE: self._on_session_close,
-            engine.PN_CONNECTION_REMOTE_OPEN: self._on_connection_open,
-            engine.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_close,
-            engine.PN_TRANSPORT_CLOSED: self._on_transport_closed,
-        }
+        self.flush: Callable[[], None] = _no_flush
 
     # -- plumbing -------------------------------------------------------------
     def on_amqp_start(self, server_connection) -> None:
@@ -473,9 +465,9 @@ class ClientHandler:
         self.broker.handlers[self.connection_id] = self
 
     def on_event(self, event_type: int, event) -> None:
-        method = self._dispatch.get(event_type)
+        method = _CLIENT_EVENTS.get(event_type)
         if method is not None:
-            method(event)
+            method(self, event)
 
     def mark_dirty(self) -> None:
         self.broker.dirty_handlers.add(self)
@@ -725,6 +717,25 @@ class ClientHandler:
         self.writable = True
         for endpoint in list(self.links.values()):
             endpoint.on_flow()
+
+
+def _no_flush() -> None:
+    pass
+
+
+# proton event type -> ClientHandler method (one table for all connections)
+_CLIENT_EVENTS = {
+    engine.PN_DELIVERY: ClientHandler._on_delivery,
+    engine.PN_LINK_FLOW: ClientHandler._on_link_flow,
+    engine.PN_LINK_REMOTE_OPEN: ClientHandler._on_link_open,
+    engine.PN_LINK_REMOTE_CLOSE: ClientHandler._on_link_close,
+    engine.PN_LINK_REMOTE_DETACH: ClientHandler._on_link_close,
+    engine.PN_SESSION_REMOTE_OPEN: ClientHandler._on_session_open,
+    engine.PN_SESSION_REMOTE_CLOSE: ClientHandler._on_session_close,
+    engine.PN_CONNECTION_REMOTE_OPEN: ClientHandler._on_connection_open,
+    engine.PN_CONNECTION_REMOTE_CLOSE: ClientHandler._on_connection_close,
+    engine.PN_TRANSPORT_CLOSED: ClientHandler._on_transport_closed,
+}
 
 
 class LinkRefused(Exception):

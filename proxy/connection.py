@@ -82,6 +82,11 @@ class Identity:
 class ServerConnection:
     """Protocol state of one client connection. See the module docstring."""
 
+    # one per client connection: slots keep idle connections small
+    __slots__ = ("_first_frame_checked", "_handshake_deadline", "_in", "_out", "_refusal", "_sasl",
+                 "admit", "authenticator", "cert_identity", "connection", "failure", "handler",
+                 "identity", "phase", "pipe", "settings", "transport")
+
     def __init__(self, settings: ConnectionSettings, authenticator, handler, now: float, *,
                  cert_identity: str | None = None, admit=None) -> None:
         self.settings = settings

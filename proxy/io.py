@@ -23,6 +23,9 @@ from typing import Callable
 
 
 class EngineProtocol(asyncio.Protocol):
+    # one per socket: slots keep idle connections small
+    __slots__ = ("_closed", "_input", "_timer", "_timer_at", "conn", "loop", "run_pending",
+                 "transport")
     write_high_water = 256 * 1024
 
     def __init__(self, run_pending: Callable[[], None]) -> None:

@@ -26,6 +26,8 @@ log = logging.getLogger("fedgate.server")
 
 
 class AmqpProtocol(EngineProtocol):
+    __slots__ = ("node", "broker", "handler", "peer", "ip", "_failed")
+
     def __init__(self, node) -> None:
         super().__init__(node.broker.run_pending)
         self.node = node
