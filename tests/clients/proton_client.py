@@ -1,25 +1,34 @@
 """proton-python command-line client with the same contract as tests/js/*.js.
 
     python proton_client.py send --url U --address A --count N [--prefix P] [--presettled]
-                                 [--durable] [--report-accepted]
+                                 [--durable] [--report-accepted] [--rate R]
                                  [--username U --password P] [--timeout-ms T]
     python proton_client.py receive --url U --address A --count N [--credit C]
                                  [--idle-ms I] [--timeout-ms T] [--hold] [--dynamic]
+                                 [--check-body] [--summary]
 
 send prints one JSON line {"sent", "accepted", "released", "rejected", "modified", "error"};
 with --report-accepted it first prints {"accepted_id": id} as each outcome arrives.
+--rate R sends at most R messages per second (on average since the start).
 --durable sets the header's durable field and asks for a durable target terminus.
 receive prints {"id", "producer", "seq", "delivery_count"} per message, then
 {"done": true, "received": n, "error": null}. With --hold it accepts nothing:
-it prints each message and then waits (to be killed by a test).
-Exit codes: 0 ok, 2 AMQP error, 3 timeout.
+it prints each message and then waits (to be killed by a test). --check-body
+checks every message against what send makes of its id (body "message SEQ",
+id "PREFIX-SEQ"): a mismatch prints {"bad_body": ...} and exits 4 at once.
+--summary prints no line per message (long runs): the final line adds "seen",
+{producer: base64(zlib(bytes))} where byte SEQ counts the deliveries of SEQ.
+Exit codes: 0 ok, 2 AMQP error, 3 timeout, 4 corrupt message.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
+import time
+import zlib
 
 from proton import Message, Terminus
 from proton.handlers import MessagingHandler
@@ -113,6 +122,8 @@ class Sender(Base):
         self.sent = 0
         self.outcomes = {"accepted": 0, "released": 0, "rejected": 0, "modified": 0}
         self.ids = {}  # delivery tag -> message id, for --report-accepted
+        self.started = time.monotonic()
+        self.rate_timer = None
 
     def start_link(self, event):
         opts = []
@@ -123,8 +134,19 @@ class Sender(Base):
             opts.append(DurableTarget())
         self.sender = event.container.create_sender(self.conn, self.args.address, options=opts or None)
 
+    def allowed(self) -> int:
+        """How many may have been sent by now (--rate), at most --count."""
+        if not self.args.rate:
+            return self.args.count
+        due = int((time.monotonic() - self.started) * self.args.rate) + 1
+        return min(self.args.count, due)
+
     def on_sendable(self, event):
-        while event.sender.credit and self.sent < self.args.count:
+        self.send_some(event.sender)
+
+    def send_some(self, sender):
+        limit = self.allowed()
+        while sender.credit and self.sent < limit:
             seq = self.sent
             message = Message(
                 id=f"{self.args.prefix}-{seq}",
@@ -132,10 +154,12 @@ class Sender(Base):
                 properties={"producer": self.args.prefix, "seq": seq},
                 durable=self.args.durable,
             )
-            delivery = event.sender.send(message)
+            delivery = sender.send(message)
             if self.args.report_accepted:
                 self.ids[delivery.tag] = message.id
             self.sent += 1
+        if self.sent < self.args.count and sender.credit and self.rate_timer is None:
+            self.rate_timer = self.container.schedule(0.02, RateTimer(self, sender))
         if self.args.presettled and self.sent >= self.args.count:
             self.outcomes["accepted"] = self.sent
             self.conn.close()
@@ -176,6 +200,7 @@ class Receiver(Base):
     def __init__(self, args):
         super().__init__(args, prefetch=0, auto_accept=False)
         self.received = 0
+        self.seen: dict[str, bytearray] = {}  # --summary: producer -> deliveries per seq
         self.idle_timer = None
 
     def start_link(self, event):
@@ -204,8 +229,20 @@ class Receiver(Base):
     def on_message(self, event):
         message = event.message
         props = message.properties or {}
-        emit({"id": message.id, "producer": props.get("producer"), "seq": props.get("seq"),
-              "delivery_count": message.delivery_count})
+        if self.args.check_body:
+            want_body = f"message {props.get('seq')}"
+            want_id = f"{props.get('producer')}-{props.get('seq')}"
+            if message.body != want_body or message.id != want_id:
+                emit({"bad_body": {"id": message.id, "body": repr(message.body)[:200],
+                                   "properties": repr(props)[:200]}})
+                self.fail({"condition": "corrupt-message",
+                           "description": f"{message.id!r}: body {message.body!r:.80}"}, 4)
+                return
+        if self.args.summary:
+            self.count_seen(props.get("producer"), props.get("seq"))
+        else:
+            emit({"id": message.id, "producer": props.get("producer"), "seq": props.get("seq"),
+                  "delivery_count": message.delivery_count})
         self.received += 1
         if self.args.hold:
             return
@@ -220,6 +257,14 @@ class Receiver(Base):
             if missing > 0:
                 self.receiver.flow(missing)
 
+    def count_seen(self, producer, seq) -> None:
+        if not isinstance(seq, int) or seq < 0:
+            return
+        seen = self.seen.setdefault(str(producer), bytearray())
+        if seq >= len(seen):
+            seen.extend(bytes(max(seq + 1 - len(seen), len(seen))))
+        seen[seq] = min(255, seen[seq] + 1)
+
     def finished(self):
         return bool(self.args.count) and self.received >= self.args.count
 
@@ -227,7 +272,24 @@ class Receiver(Base):
         self.stop_container()
 
     def result(self):
-        return {"done": self.error is None, "received": self.received, "error": self.error}
+        result = {"done": self.error is None, "received": self.received, "error": self.error}
+        if self.args.summary:
+            result["seen"] = {name: base64.b64encode(zlib.compress(bytes(seen))).decode()
+                              for name, seen in self.seen.items()}
+        return result
+
+
+class RateTimer:
+    """--rate: send what became due since the last call."""
+
+    def __init__(self, sender: Sender, link):
+        self.sender = sender
+        self.link = link
+
+    def on_timer_task(self, event):
+        self.sender.rate_timer = None
+        if self.link.state & self.link.LOCAL_ACTIVE and self.sender.exit_code == 0:
+            self.sender.send_some(self.link)
 
 
 class IdleTimer:
@@ -249,6 +311,9 @@ def main() -> int:
     parser.add_argument("--presettled", action="store_true")
     parser.add_argument("--durable", action="store_true")
     parser.add_argument("--report-accepted", action="store_true")
+    parser.add_argument("--rate", type=float, default=0)
+    parser.add_argument("--check-body", action="store_true")
+    parser.add_argument("--summary", action="store_true")
     parser.add_argument("--username")
     parser.add_argument("--password")
     parser.add_argument("--timeout-ms", type=int, default=30000)
