@@ -49,13 +49,14 @@ from proxy.local_queues import StoredMessage
 from proxy.proxy_links import _read_transfer, copy_outcome
 
 from .capability import mark
+from proxy.upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.fragments")
 
 _names = itertools.count(1)
 
 
-class Stealer:
+class Stealer(UpstreamLinkOwner):
     def __init__(self, group, member_key: str, upstream, remote_address: str, *,
                  mark: bool = True) -> None:
         self.group = group
@@ -67,9 +68,6 @@ class Stealer:
         self.upstream = upstream
         self.remote_address = remote_address
         self.member = None
-        self.up_link: Link | None = None
-        self.up_ptr = None
-        self.up_attached = False
         self.requested = 0  # credit asked for in the current drain
         self.available: int | None = None  # the peer's last reported backlog
         self.inflight: set = set()  # home deliveries handed to local consumers
@@ -81,17 +79,14 @@ class Stealer:
         if self.closed:
             return
         self.member = member
-        link = member.new_link(f"fedgate-steal-{next(_names)}-{self.group.address}", sender=False)
+        link = self.new_upstream_link(member, f"fedgate-steal-{next(_names)}-{self.group.address}", sender=False)
         link.source.address = self.remote_address
         if self.mark:
             mark(link.source)
         link.target.address = None
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
-        link.open()
-        self.up_link, self.up_ptr, self.up_attached = link, link._impl, False
-        member.register(link, self)
-        member.mark_dirty()
+        self.attach_upstream_link(link)
 
     def on_upstream_attached(self) -> None:
         self.up_attached = True
@@ -99,8 +94,7 @@ class Stealer:
 
     def upstream_down(self) -> None:
         # the home node requeues what we held unsettled: forget it here
-        self.up_link = self.up_ptr = None
-        self.up_attached = False
+        self.forget_upstream_link()
         self.requested = 0
         self.inflight.clear()
 
@@ -194,12 +188,7 @@ class Stealer:
         self.closed = True
         for delivery in list(self.inflight):
             self.settle_at_home(delivery, None, None)
-        if self.up_link is not None:
-            self.member.unregister(self.up_link)
-            self.up_link.close()
-            self.member.mark_dirty()
-        self.up_link = self.up_ptr = None
-        self.upstream.remove(self, self.member)
+        self.release_upstream()
 
     def describe(self) -> dict:
         return {"member": self.member_key, "attached": self.up_attached,

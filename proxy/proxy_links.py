@@ -57,6 +57,7 @@ from cproton import (
     pn_link_set_drain,
 )
 from proton import Data, Delivery, Link, symbol
+from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.proxy")
 
@@ -116,7 +117,7 @@ def _read_transfer(link_ptr, delivery, max_size: int):
     return bytes(payload)
 
 
-class _ProxyEndpoint:
+class _ProxyEndpoint(UpstreamLinkOwner):
     """What both directions share: client link, pool member, upstream link."""
 
     sender_upstream = False  # role of our upstream link
@@ -130,9 +131,6 @@ class _ProxyEndpoint:
         self.upstream = upstream
         self.remote_address = remote_address
         self.address = remote_address
-        self.up_link: Link | None = None
-        self.up_ptr = None
-        self.up_attached = False
         self.tags = itertools.count(1)
         self.closed = False
         self.member = upstream.add(self)
@@ -143,27 +141,22 @@ class _ProxyEndpoint:
             return
         self.member = member
         name = f"fedgate-{next(_link_names)}-{self.link.name}"
-        link = member.new_link(name, sender=self.sender_upstream)
+        link = self.new_upstream_link(member, name, sender=self.sender_upstream)
         self.configure_upstream(link)
         if self.capabilities:
             set_capabilities(link.target if self.sender_upstream else link.source, self.capabilities)
-        link.open()
-        self.up_link, self.up_ptr, self.up_attached = link, link._impl, False
-        member.register(link, self)
-        member.mark_dirty()
+        self.attach_upstream_link(link)
 
     def on_upstream_attached(self) -> None:
         self.up_attached = True
         self.on_upstream_flow()
 
     def upstream_down(self) -> None:
-        self.up_link = self.up_ptr = None
-        self.up_attached = False
+        self.forget_upstream_link()
 
     def on_upstream_detached(self, condition) -> None:
         """The primary detached our link: the client learns the same condition."""
-        self.up_link = self.up_ptr = None
-        self.up_attached = False
+        self.forget_upstream_link()
         if self.closed:
             return
         name = condition.name if condition else "amqp:link:detach-forced"
@@ -171,14 +164,6 @@ class _ProxyEndpoint:
         log.info("proxy link %s -> %s detached by primary: %s %s", self.link.name,
                  self.remote_address, name, description)
         self.handler.close_link(self.link, name, description or "")
-
-    def _close_upstream(self) -> None:
-        if self.up_link is not None:
-            self.member.unregister(self.up_link)
-            self.up_link.close()
-            self.member.mark_dirty()
-        self.up_link = self.up_ptr = None
-        self.upstream.remove(self, self.member)
 
     def on_flow(self) -> None:  # client flow
         pass
@@ -344,7 +329,7 @@ class ProxyConsumer(_ProxyEndpoint):
             pn_delivery_update(up, PN_RELEASED)
             pn_delivery_settle(up)
         self.held = _NONE_HELD
-        self._close_upstream()
+        self.release_upstream()
 
 
 class ProxyProducer(_ProxyEndpoint):
@@ -447,4 +432,4 @@ class ProxyProducer(_ProxyEndpoint):
         """Client link gone: its unsettled sends have no one to report to."""
         self.closed = True
         self.pending.clear()
-        self._close_upstream()
+        self.release_upstream()

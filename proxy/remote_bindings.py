@@ -37,6 +37,7 @@ from cproton import (
 from proton import Condition, Delivery, Link
 
 from .proxy_links import _read_transfer
+from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.exchanges")
 
@@ -45,7 +46,7 @@ RETRY_CAP = 30.0
 _names = itertools.count(1)
 
 
-class RemoteSubscription:
+class RemoteSubscription(UpstreamLinkOwner):
     def __init__(self, broker, queue, source, upstream, hold) -> None:
         self.broker = broker
         self.queue = queue
@@ -55,9 +56,6 @@ class RemoteSubscription:
         self.window = source.window
         self.upstream = upstream
         self.hold = hold  # DurableHold
-        self.up_link: Link | None = None
-        self.up_ptr = None
-        self.up_attached = False
         self.closed = False
         self.generation = 0  # bumped when upstream deliveries die with a connection
         self.waiting = 0  # stored but not yet durable (counts against the window)
@@ -96,14 +94,11 @@ class RemoteSubscription:
         self.member = member
         if self.closed or self.up_link is not None:
             return
-        link = member.new_link(f"fedgate-binding-{next(_names)}-{self.queue.name}", sender=False)
+        link = self.new_upstream_link(member, f"fedgate-binding-{next(_names)}-{self.queue.name}", sender=False)
         link.source.address = self.remote_address
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
-        link.open()
-        self.up_link, self.up_ptr, self.up_attached = link, link._impl, False
-        member.register(link, self)
-        member.mark_dirty()
+        self.attach_upstream_link(link)
 
     def on_upstream_attached(self) -> None:
         self.up_attached = True
@@ -112,8 +107,7 @@ class RemoteSubscription:
         self.top_up()
 
     def upstream_down(self) -> None:
-        self.up_link = self.up_ptr = None
-        self.up_attached = False
+        self.forget_upstream_link()
         self.generation += 1  # unsettled upstream deliveries died: the primary redelivers them
 
     def on_upstream_detached(self, condition) -> None:
@@ -183,12 +177,7 @@ class RemoteSubscription:
         self._cancel_retry()
         if self in self.queue.producers:
             self.queue.producers.remove(self)
-        if self.up_link is not None:
-            self.member.unregister(self.up_link)
-            self.up_link.close()
-            self.member.mark_dirty()
-        self.up_link = self.up_ptr = None
-        self.upstream.remove(self, self.member)
+        self.release_upstream()
 
     def describe(self) -> dict:
         return {"queue": self.queue.name, "source": self.remote_address,

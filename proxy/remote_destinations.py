@@ -46,6 +46,7 @@ from cproton import (
     pn_link_send,
 )
 from proton import Condition, Delivery, Link
+from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.exchanges")
 
@@ -53,7 +54,7 @@ HOLD_OFF = 5.0  # seconds a destination refused by its primary rejects without t
 _names = itertools.count(1)
 
 
-class RemoteDestination:
+class RemoteDestination(UpstreamLinkOwner):
     internal = True  # PoolMember.describe lists it
 
     def __init__(self, registry: "RemoteDestinations", upstream, address: str) -> None:
@@ -69,9 +70,6 @@ class RemoteDestination:
         self.used_at = monotonic()
         self.failure: Condition | None = None
         self.failed_until = 0.0
-        self.up_link: Link | None = None
-        self.up_ptr = None
-        self.up_attached = False
         self.closed = False
         self.tags = itertools.count(1)
         self.member = upstream.add(self)
@@ -100,14 +98,11 @@ class RemoteDestination:
         self.member = member
         if self.closed or self.failure is not None:
             return
-        link = member.new_link(f"fedgate-x-{next(_names)}", sender=True)
+        link = self.new_upstream_link(member, f"fedgate-x-{next(_names)}", sender=True)
         link.target.address = self.address
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
-        link.open()
-        self.up_link, self.up_ptr, self.up_attached = link, link._impl, False
-        member.register(link, self)
-        member.mark_dirty()
+        self.attach_upstream_link(link)
 
     def on_upstream_attached(self) -> None:
         self.up_attached = True
@@ -117,16 +112,14 @@ class RemoteDestination:
         self._send_pending()
 
     def upstream_down(self) -> None:
-        self.up_link = self.up_ptr = None
-        self.up_attached = False
+        self.forget_upstream_link()
         if self.inflight:  # sent again after reconnecting, in the original order
             replay = list(self.inflight.values())
             self.inflight.clear()
             self.pending.extendleft(reversed(replay))
 
     def on_upstream_detached(self, condition) -> None:
-        self.up_link = self.up_ptr = None
-        self.up_attached = False
+        self.forget_upstream_link()
         if self.closed:
             return
         items = list(self.inflight.values()) + list(self.pending)
@@ -190,12 +183,7 @@ class RemoteDestination:
         self.pending.clear()
         for _, done in items:
             done(PN_RELEASED, None)
-        if self.up_link is not None:
-            self.member.unregister(self.up_link)
-            self.up_link.close()
-            self.member.mark_dirty()
-        self.up_link = self.up_ptr = None
-        self.upstream.remove(self, self.member)
+        self.release_upstream()
 
     def describe(self) -> dict:
         return {"address": self.address, "attached": self.up_attached, "sent": self.sent,

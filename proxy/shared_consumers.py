@@ -48,6 +48,7 @@ from cproton import (
 from proton import Link
 
 from .proxy_links import TERMINAL, _read_transfer, copy_outcome
+from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.proxy")
 
@@ -66,7 +67,7 @@ def attach_shared_consumer(handler, link: Link, upstream, remote_address: str, *
     return consumer
 
 
-class SharedSubscription:
+class SharedSubscription(UpstreamLinkOwner):
     """The one upstream receiver of (pool, address): a pool endpoint like a proxy link."""
 
     recheck_interval = 0.0
@@ -83,9 +84,6 @@ class SharedSubscription:
         self.received = 0
         self.credit_total = 0  # sum of the clients' link credit, kept up to date in O(1)
         self._next = 0
-        self.up_link: Link | None = None
-        self.up_ptr = None
-        self.up_attached = False
         self.closed = False
         upstream.shared[key] = self
         self.member = upstream.add(self)
@@ -163,24 +161,20 @@ class SharedSubscription:
         if self.closed:
             return
         self.member = member
-        link = member.new_link(f"fedgate-shared-{next(_names)}", sender=False)
+        link = self.new_upstream_link(member, f"fedgate-shared-{next(_names)}", sender=False)
         link.source.copy(self._source())
         link.source.address = self.remote_address
         if self.presettled:
             link.snd_settle_mode = Link.SND_SETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
-        link.open()
-        self.up_link, self.up_ptr, self.up_attached = link, link._impl, False
-        member.register(link, self)
-        member.mark_dirty()
+        self.attach_upstream_link(link)
 
     def on_upstream_attached(self) -> None:
         self.up_attached = True
         self.sync_credit()
 
     def upstream_down(self) -> None:
-        self.up_link = self.up_ptr = None
-        self.up_attached = False
+        self.forget_upstream_link()
         self.held.clear()  # died with the connection: the primary redelivers them
         for consumer in self.consumers:
             consumer.upstream_gone()
@@ -245,12 +239,7 @@ class SharedSubscription:
             pn_delivery_update(up, PN_RELEASED)
             pn_delivery_settle(up)
         self.held.clear()
-        if self.up_link is not None:
-            self.member.unregister(self.up_link)
-            self.up_link.close()
-            self.member.mark_dirty()
-        self.up_link = self.up_ptr = None
-        self.upstream.remove(self, self.member)
+        self.release_upstream()
 
 
 class SharedConsumer:

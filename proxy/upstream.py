@@ -96,6 +96,44 @@ class UpstreamTarget:
         return context
 
 
+class UpstreamLinkOwner:
+    """Owns one link on a pool member: a proxy link, a stealer, a binding, a destination.
+
+    ``new_upstream_link`` creates the link on a member, the owner sets its
+    termini, ``attach_upstream_link`` opens and registers it (the member then
+    routes the link's events to the owner); ``forget_upstream_link`` drops it
+    when the connection is gone and ``release_upstream`` detaches it and leaves
+    the pool. Owners set ``self.upstream`` (the pool) before using these.
+    """
+
+    member = None
+    up_link: Link | None = None
+    up_ptr = None
+    up_attached = False
+
+    def new_upstream_link(self, member: "PoolMember", name: str, *, sender: bool) -> Link:
+        self.member = member
+        return member.new_link(name, sender=sender)
+
+    def attach_upstream_link(self, link: Link) -> None:
+        link.open()
+        self.up_link, self.up_ptr, self.up_attached = link, link._impl, False
+        self.member.register(link, self)
+        self.member.mark_dirty()
+
+    def forget_upstream_link(self) -> None:
+        self.up_link = self.up_ptr = None
+        self.up_attached = False
+
+    def release_upstream(self) -> None:
+        if self.up_link is not None:
+            self.member.unregister(self.up_link)
+            self.up_link.close()
+            self.member.mark_dirty()
+        self.forget_upstream_link()
+        self.upstream.remove(self, self.member)
+
+
 class UpstreamConnection:
     """Client-mode proton connection to a primary, sans-I/O (same shape as ServerConnection)."""
 
