@@ -292,7 +292,8 @@ def main() -> int:
     parser.add_argument("--skip-idle", action="store_true")
     parser.add_argument("--keep-data", action="store_true")
     parser.add_argument("--enforce-goals", action="store_true")
-    parser.add_argument("--output", default=str(h.REPO_ROOT / "bench" / "results" / "proxy.json"))
+    parser.add_argument("--output", default="bench/results/proxy.json",
+                        help="relative paths are relative to the repository root")
     args = parser.parse_args()
 
     report = {"benchmark": "proxy", "started": _dt.datetime.now(_dt.timezone.utc).isoformat(),
@@ -327,9 +328,11 @@ def main() -> int:
     print(json.dumps({"throughput": summary, "idle": report.get("idle"), "goals_missed": missed},
                      indent=2))
     if args.output != "-":
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text + "\n")
-        log(f"written to {h.rel(args.output)}")
+        output = Path(args.output)
+        output = output if output.is_absolute() else h.REPO_ROOT / output
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text + "\n")
+        log(f"written to {h.rel(output)}")
     if status:
         return status
     return 3 if missed and args.enforce_goals else 0
