@@ -39,7 +39,6 @@ from typing import Callable
 from cproton import (
     PN_ACCEPTED,
     PN_MODIFIED,
-    PN_RECEIVED,
     PN_REJECTED,
     PN_RELEASED,
     pn_delivery,
@@ -47,7 +46,6 @@ from cproton import (
     pn_delivery_link,
     pn_delivery_partial,
     pn_delivery_pending,
-    pn_delivery_remote_state,
     pn_delivery_settle,
     pn_delivery_settled,
     pn_delivery_update,
@@ -65,7 +63,7 @@ from . import engine
 from . import journal_queues
 from .journal import JournalError
 from .local_queues import LocalQueue, QueueRegistry, StoredMessage
-from .proxy_links import ProxyConsumer, ProxyProducer
+from .proxy_links import ProxyConsumer, ProxyProducer, outcome_of
 from .shared_consumers import attach_shared_consumer
 from .metrics import Histogram
 
@@ -379,9 +377,9 @@ class QueueConsumer:
         self.handler.mark_dirty()
 
     def on_delivery(self, delivery) -> None:
-        state = pn_delivery_remote_state(delivery)
-        if state == PN_RECEIVED or (not state and not pn_delivery_settled(delivery)):
-            return  # not an outcome yet (§3.4.1 received is non-terminal)
+        state = outcome_of(delivery)
+        if state is None:
+            return  # no outcome yet (§3.4.1: received is not terminal)
         message = self.unsettled.pop(delivery, None)
         if message is not None and message.origin is not None:
             _settle_at_home(message, state, delivery)

@@ -88,6 +88,17 @@ def copy_outcome(source, target) -> int:
     return state
 
 
+def outcome_of(delivery) -> int | None:
+    """The peer's outcome for a delivery we sent, or None while there is none yet.
+
+    0 means settled without a state (the source's default outcome applies).
+    """
+    state = pn_delivery_remote_state(delivery)
+    if state == PN_RECEIVED or (not state and not pn_delivery_settled(delivery)):
+        return None
+    return state
+
+
 def set_capabilities(terminus, names: tuple[str, ...]) -> None:
     """Replace a terminus's capabilities with ``names`` (§3.5.3, an array of symbols)."""
     data = terminus.capabilities
@@ -304,9 +315,9 @@ class ProxyConsumer(_ProxyEndpoint):
 
     def on_delivery(self, delivery) -> None:
         """The client's disposition: apply it upstream, then settle both (§3.4)."""
-        state = pn_delivery_remote_state(delivery)
-        if state == PN_RECEIVED or (not state and not pn_delivery_settled(delivery)):
-            return
+        state = outcome_of(delivery)
+        if state is None:
+            return  # no outcome yet (§3.4.1: received is not terminal)
         up = self.unsettled.pop(delivery, None)
         if up is not None:
             if state in TERMINAL:
@@ -412,9 +423,9 @@ class ProxyProducer(_ProxyEndpoint):
 
     def on_upstream_delivery(self, delivery) -> None:
         """The primary's outcome: pass it to the client, then settle both."""
-        state = pn_delivery_remote_state(delivery)
-        if state == PN_RECEIVED or (not state and not pn_delivery_settled(delivery)):
-            return
+        state = outcome_of(delivery)
+        if state is None:
+            return  # no outcome yet (§3.4.1: received is not terminal)
         item = self.inflight.pop(delivery, None)
         pn_delivery_settle(delivery)
         if item is None:

@@ -34,18 +34,16 @@ from collections import deque
 from time import monotonic
 
 from cproton import (
-    PN_RECEIVED,
     PN_REJECTED,
     PN_RELEASED,
     pn_delivery,
-    pn_delivery_remote_state,
     pn_delivery_settle,
-    pn_delivery_settled,
     pn_link_advance,
     pn_link_credit,
     pn_link_send,
 )
 from proton import Condition, Delivery, Link
+from .proxy_links import outcome_of
 from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.exchanges")
@@ -159,9 +157,9 @@ class RemoteDestination(UpstreamLinkOwner):
 
     def on_upstream_delivery(self, delivery) -> None:
         """The primary's outcome (§3.4): report it, settle."""
-        state = pn_delivery_remote_state(delivery)
-        if state == PN_RECEIVED or (not state and not pn_delivery_settled(delivery)):
-            return
+        state = outcome_of(delivery)
+        if state is None:
+            return  # no outcome yet (§3.4.1: received is not terminal)
         item = self.inflight.pop(delivery, None)
         condition = Delivery.wrap(delivery).remote.condition if state == PN_REJECTED else None
         pn_delivery_settle(delivery)

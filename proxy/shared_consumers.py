@@ -30,11 +30,9 @@ from collections import deque
 
 from cproton import (
     PN_ACCEPTED,
-    PN_RECEIVED,
     PN_REJECTED,
     PN_RELEASED,
     pn_delivery,
-    pn_delivery_remote_state,
     pn_delivery_settle,
     pn_delivery_settled,
     pn_delivery_update,
@@ -47,7 +45,7 @@ from cproton import (
 )
 from proton import Link
 
-from .proxy_links import TERMINAL, _read_transfer, copy_outcome
+from .proxy_links import TERMINAL, _read_transfer, copy_outcome, outcome_of
 from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.proxy")
@@ -289,9 +287,9 @@ class SharedConsumer:
 
     def on_delivery(self, delivery) -> None:
         """The client's disposition: apply it upstream, then settle both (§3.4)."""
-        state = pn_delivery_remote_state(delivery)
-        if state == PN_RECEIVED or (not state and not pn_delivery_settled(delivery)):
-            return
+        state = outcome_of(delivery)
+        if state is None:
+            return  # no outcome yet (§3.4.1: received is not terminal)
         up = self.unsettled.pop(delivery, None)
         if up is not None:
             if state in TERMINAL:

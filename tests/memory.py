@@ -9,7 +9,7 @@ moves. No sockets, no threads, no sleeps: tests are deterministic.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from proton import (
     Collector,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import time
 
-import pytest
 from proton import Message
 from proton.utils import BlockingConnection
 

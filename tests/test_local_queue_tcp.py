@@ -9,7 +9,6 @@ from proton import Message
 from proton import Timeout
 from proton.utils import BlockingConnection, SendException
 
-from conftest import require
 
 CLIENTS = ["proton", "rhea"]
 SENDERS, PER_SENDER, RECEIVERS = 3, 2000, 3

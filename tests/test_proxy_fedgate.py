@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import json
 import subprocess
 
 import pytest
