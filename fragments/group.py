@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass
 
 from cproton import pn_link_offered
@@ -56,7 +57,8 @@ class FragmentStats:
     steal_attempts: int = 0
     steal_misses: int = 0
     stolen_in: int = 0
-    returned: int = 0  # stolen messages sent back home (no local credit left)
+    returned: int = 0  # stolen messages given back home (consumers gone)
+    held: int = 0  # stolen messages that waited here for local credit
     forwarded: int = 0  # producers sent on to another member
 
 
@@ -69,6 +71,7 @@ class FragmentGroup:
         self.stealers: dict[str, Stealer] = {}
         self.queue = None
         self.tried: set[str] = set()
+        self.held: deque = deque()  # stolen messages waiting for local credit, oldest first
         self._rr = 0
         self._retry: asyncio.TimerHandle | None = None
         self._retry_delay = RETRY_FIRST
@@ -170,9 +173,36 @@ class FragmentGroup:
         queue = self.queue
         return queue._pick(_ANY) if queue is not None and queue.consumers else None
 
+    def deliver_held(self) -> None:
+        held = self.held
+        while held:
+            consumer = self.consumer_with_credit()
+            if consumer is None:
+                return
+            consumer.deliver(held.popleft())
+
+    def drop_held(self, stealer) -> None:
+        """The link to a stealer's home is gone: home takes its messages back itself."""
+        if self.held:
+            self.held = deque(m for m in self.held if m.origin[0] is not stealer)
+
+    def return_held(self) -> None:
+        """No local consumer is left: held stolen messages go back home."""
+        while self.held:
+            message = self.held.popleft()
+            stealer, home_delivery = message.origin
+            stealer.settle_at_home(home_delivery, None, None)
+            self.stats.returned += 1
+
     def evaluate(self) -> None:
         queue = self.queue
-        if queue is None or not queue.consumers:
+        if queue is None:
+            return
+        if not queue.consumers:
+            self.return_held()
+            return
+        self.deliver_held()
+        if self.held:  # still no credit for what we already have: steal nothing more
             return
         if queue.messages:  # local backlog: serve it, no stealing (no flip-flop)
             self.tried.clear()
@@ -233,6 +263,7 @@ class FragmentGroup:
     def close(self) -> None:
         if self._retry is not None:
             self._retry.cancel()
+        self.return_held()
         for stealer in self.stealers.values():
             stealer.close()
         self.stealers.clear()
@@ -255,6 +286,7 @@ class FragmentGroup:
             "stolen_out": stolen_out,
             "stolen_in": self.stats.stolen_in,
             "returned_home": self.stats.returned,
+            "held_for_credit": self.stats.held,
             "steal_attempts": self.stats.steal_attempts,
             "steal_misses": self.stats.steal_misses,
             "forwarded_producers": self.stats.forwarded,

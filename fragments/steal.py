@@ -22,7 +22,9 @@ the local consumers lack; what arrives when nobody local can take it goes
 straight back.
 
 A stolen message that arrives when no local consumer has credit left (local
-messages took it meanwhile) is released straight back home. If the link to
+messages took it meanwhile) is held by the group and delivered first when
+credit comes back: released home, it would land at the head of the home
+queue, behind later messages of its producer that were already delivered. If the link to
 the home node is lost, the home node itself puts the stolen-but-unsettled
 messages back (they were unsettled on its side): we just forget them.
 """
@@ -35,7 +37,6 @@ import logging
 from cproton import (
     PN_ACCEPTED,
     PN_MODIFIED,
-    PN_RELEASED,
     pn_delivery_settle,
     pn_delivery_update,
     pn_link_available,
@@ -97,6 +98,7 @@ class Stealer(UpstreamLinkOwner):
         self.forget_upstream_link()
         self.requested = 0
         self.inflight.clear()
+        self.group.drop_held(self)
 
     def on_upstream_detached(self, condition) -> None:
         self.upstream_down()
@@ -156,15 +158,17 @@ class Stealer(UpstreamLinkOwner):
         group = self.group
         group.stats.stolen_in += 1
         self.received += 1
+        self.inflight.add(delivery)
+        message = StoredMessage(payload, origin=(self, delivery))
         consumer = group.consumer_with_credit()
-        if consumer is None:  # local messages took the credit meanwhile: send it home
-            pn_delivery_update(delivery, PN_RELEASED)
-            pn_delivery_settle(delivery)
-            group.stats.returned += 1
-            self.member.mark_dirty()
+        if consumer is None:
+            # Local messages took the credit meanwhile. Sending it home would put
+            # it back at the head there, behind later messages of the same
+            # producer already delivered: hold it here, first in line instead.
+            group.held.append(message)
+            group.stats.held += 1
         else:
-            self.inflight.add(delivery)
-            consumer.deliver(StoredMessage(payload, origin=(self, delivery)))
+            consumer.deliver(message)
         if self.requested and pn_link_credit(self.up_ptr) == 0:
             self._finished()  # all asked for arrived: no drained answer will come
 

@@ -163,3 +163,21 @@ def test_adding_a_member_moves_only_some_producers():
     moved = [p for p in producers if before.get_node(p) != after.get_node(p)]
     assert all(after.get_node(p) == "n4" for p in moved)  # only to the new member
     assert 0.1 < len(moved) / len(producers) < 0.45  # about a quarter, not a reshuffle
+
+
+def test_producers_and_consumers_on_every_node_keep_producer_order(start_node, clients):
+    """Stealing while local messages also arrive: a stolen message that finds no
+    credit waits locally instead of going back behind its producer's later ones."""
+    nodes = start_cluster(start_node, names=("n1", "n2"))
+    consumers = [clients(kind, "receive", nodes[n].url, address="work.mixed", count=0, credit=2,
+                         idle_ms=3000, timeout_ms=90000)
+                 for n in ("n1", "n2") for kind in ("proton", "rhea")]
+    producers = [clients("proton", "send", nodes[n].url, address="work.mixed", count=1500,
+                         prefix=f"{n}m", timeout_ms=90000) for n in ("n1", "n2")]
+    for producer in producers:
+        assert producer.finish(timeout=120)[-1]["accepted"] == 1500
+    outputs = [c.finish(timeout=120) for c in consumers]
+    got = [i for lines in outputs for i in ids_of(lines)]
+    assert sorted(got) == sorted(f"{n}m-{i}" for n in ("n1", "n2") for i in range(1500))
+    for lines in outputs:
+        assert_producer_order(lines)
