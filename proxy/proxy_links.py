@@ -99,6 +99,15 @@ def outcome_of(delivery) -> int | None:
     return state
 
 
+def relay_outcome(state: int, source, target) -> None:
+    """Give ``target`` the outcome ``state`` that ``source`` got, then settle ``target``."""
+    if state in TERMINAL:
+        copy_outcome(source, target)
+    else:
+        pn_delivery_update(target, PN_ACCEPTED)  # settled with no outcome: accepted
+    pn_delivery_settle(target)
+
+
 def set_capabilities(terminus, names: tuple[str, ...]) -> None:
     """Replace a terminus's capabilities with ``names`` (§3.5.3, an array of symbols)."""
     data = terminus.capabilities
@@ -320,11 +329,7 @@ class ProxyConsumer(_ProxyEndpoint):
             return  # no outcome yet (§3.4.1: received is not terminal)
         up = self.unsettled.pop(delivery, None)
         if up is not None:
-            if state in TERMINAL:
-                copy_outcome(delivery, up)
-            else:
-                pn_delivery_update(up, PN_ACCEPTED)  # settled with no outcome: accepted
-            pn_delivery_settle(up)
+            relay_outcome(state, delivery, up)
             self.member.mark_dirty()
         pn_delivery_settle(delivery)
 

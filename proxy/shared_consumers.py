@@ -45,7 +45,7 @@ from cproton import (
 )
 from proton import Link
 
-from .proxy_links import TERMINAL, _read_transfer, copy_outcome, outcome_of
+from .proxy_links import _read_transfer, outcome_of, relay_outcome
 from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.proxy")
@@ -292,11 +292,7 @@ class SharedConsumer:
             return  # no outcome yet (§3.4.1: received is not terminal)
         up = self.unsettled.pop(delivery, None)
         if up is not None:
-            if state in TERMINAL:
-                copy_outcome(delivery, up)
-            else:
-                pn_delivery_update(up, PN_ACCEPTED)
-            pn_delivery_settle(up)
+            relay_outcome(state, delivery, up)
             self.subscription.member.mark_dirty()
         pn_delivery_settle(delivery)
 
