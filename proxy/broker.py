@@ -212,12 +212,7 @@ class QueueProducer:
         want = self.window - credit - len(self.awaiting)  # unsettled until durable count too
         if want <= 0:
             return
-        room = self.queue.room()
-        if room is not None:
-            room -= sum(p.outstanding_credit for p in self.queue.producers)
-            if room < want:
-                self.queue.producers_blocked = True
-                want = max(0, room)
+        want = self.queue.credit_within_room(want)
         if want:
             pn_link_flow(ptr, want)
             self.handler.mark_dirty()

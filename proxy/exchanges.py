@@ -179,13 +179,7 @@ class ExchangeProducer:
             queue.producers.append(self)
         self.queues = queues
         for queue in queues:
-            room = queue.room()
-            if room is None:
-                continue
-            room -= sum(p.outstanding_credit for p in queue.producers)
-            if room < want:
-                queue.producers_blocked = True
-                want = max(0, room)
+            want = queue.credit_within_room(want)
         if want:
             pn_link_flow(ptr, want)
             self.handler.mark_dirty()

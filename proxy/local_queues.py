@@ -106,6 +106,21 @@ class LocalQueue:
             return None
         return max(0, self.max_depth - len(self.messages) - self.unacked - self.incoming)
 
+    def credit_within_room(self, want: int) -> int:
+        """How much of ``want`` more producer credit the depth limit allows (§2.6.7).
+
+        Credit already granted to any producer counts as used room; a producer
+        granted less than it wanted marks the queue so it is topped up later.
+        """
+        room = self.room()
+        if room is None:
+            return want
+        room -= sum(p.outstanding_credit for p in self.producers)
+        if room < want:
+            self.producers_blocked = True
+            return max(0, room)
+        return want
+
     @property
     def depth(self) -> int:
         return len(self.messages)

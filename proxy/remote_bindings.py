@@ -79,12 +79,7 @@ class RemoteSubscription(UpstreamLinkOwner):
         want = self.window - credit - self.waiting
         if want <= 0:
             return
-        room = self.queue.room()
-        if room is not None:
-            room -= sum(p.outstanding_credit for p in self.queue.producers)
-            if room < want:
-                self.queue.producers_blocked = True
-                want = max(0, room)
+        want = self.queue.credit_within_room(want)
         if want:
             pn_link_flow(up, want)
             self.member.mark_dirty()

@@ -21,7 +21,9 @@ import os
 import subprocess
 import time
 import urllib.request
+import uuid
 
+import pytest
 from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
@@ -221,3 +223,20 @@ class Rabbit:
                 ch.exchange_delete(exchange)
 
         self._do(delete)
+
+
+@pytest.fixture
+def rabbit():
+    """The RabbitMQ test helper; whatever a test declared on the broker is removed after."""
+    import brokers
+
+    url = brokers.ensure_rabbitmq()
+    helper = Rabbit()
+    helper.url = url
+    yield helper
+    helper.cleanup()
+
+
+def tag() -> str:
+    """A short unique suffix for names on a shared broker."""
+    return uuid.uuid4().hex[:8]

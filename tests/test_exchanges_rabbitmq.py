@@ -11,34 +11,20 @@ with per-test names and deleted afterwards.
 from __future__ import annotations
 
 import collections
-import uuid
 
-import pytest
 
-import brokers
 from exchange_support import (
     ADMIN,
-    Rabbit,
+    rabbit,
     admin_get,
     rabbit_bound_queues,
     receive_ids,
     send_subjects,
+    tag,
     upstream_members,
     wait_for,
 )
 
-
-@pytest.fixture
-def rabbit():
-    url = brokers.ensure_rabbitmq()
-    helper = Rabbit()
-    helper.url = url
-    yield helper
-    helper.cleanup()
-
-
-def tag() -> str:
-    return uuid.uuid4().hex[:8]
 
 
 def senders_by_address(node) -> dict[str, int]:

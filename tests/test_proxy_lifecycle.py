@@ -10,34 +10,22 @@
 
 from __future__ import annotations
 
-import uuid
 
 import pytest
 
 import brokers
 from exchange_support import (
     ADMIN,
-    Rabbit,
+    rabbit,
     admin_get,
     rabbit_bound_queues,
     rabbit_queues,
     send_subjects,
+    tag,
     upstream_members,
     wait_for,
 )
 
-
-@pytest.fixture
-def rabbit():
-    url = brokers.ensure_rabbitmq()
-    helper = Rabbit()
-    helper.url = url
-    yield helper
-    helper.cleanup()
-
-
-def tag() -> str:
-    return uuid.uuid4().hex[:8]
 
 
 def test_deleted_exchange_found_by_the_idle_recheck(rabbit, start_node, clients):
