@@ -306,10 +306,7 @@ class QueueProducer:
         pass  # the client's flow frames change nothing for a sender into a queue
 
     def _too_large(self, delivery) -> None:
-        limit = self.handler.broker.max_message_size
-        self.handler.close_link(
-            self.link, MESSAGE_SIZE_EXCEEDED, f"message larger than {limit} bytes"
-        )
+        self.handler.refuse_oversized(self.link)
 
     def detached(self) -> None:
         queue = self.queue
@@ -669,6 +666,11 @@ class ClientHandler:
         link.condition = Condition(condition, description)
         link.close()
         self.mark_dirty()
+
+    def refuse_oversized(self, link: Link) -> None:
+        """A transfer over ``[limits] max_message_size``: detach the sender's link."""
+        limit = self.broker.max_message_size
+        self.close_link(link, MESSAGE_SIZE_EXCEEDED, f"message larger than {limit} bytes")
 
     def close_link(self, link: Link, condition: str, description: str,
                    info: dict | None = None) -> None:

@@ -189,9 +189,7 @@ class ExchangeProducer:
         if payload is None:
             return
         if payload is False:
-            limit = self.handler.broker.max_message_size
-            self.handler.close_link(self.link, "amqp:link:message-size-exceeded",
-                                    f"message larger than {limit} bytes")
+            self.handler.refuse_oversized(self.link)
             return
         self.received += 1
         if pn_delivery_settled(delivery):  # pre-settled: nobody waits for the outcome

@@ -394,9 +394,7 @@ class ProxyProducer(_ProxyEndpoint):
         if payload is None:
             return
         if payload is False:
-            limit = self.handler.broker.max_message_size
-            self.handler.close_link(self.link, "amqp:link:message-size-exceeded",
-                                    f"message larger than {limit} bytes")
+            self.handler.refuse_oversized(self.link)
             return
         self.received += 1
         if pn_delivery_settled(delivery):  # pre-settled by the client: at-most-once
