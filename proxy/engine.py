@@ -34,6 +34,37 @@ from cproton import (  # noqa: F401  (re-exported for handlers)
     pn_event_session,
     pn_event_type,
 )
+from cproton import ffi as _ffi
+from cproton import lib as _lib
+
+# the hot byte paths call proton's C functions directly: cproton's Python
+# wrappers copy every buffer once more and check for errors we test ourselves
+_capacity = _lib.pn_transport_capacity
+_push = _lib.pn_transport_push
+_pending = _lib.pn_transport_pending
+_peek = _lib.pn_transport_peek
+_pop = _lib.pn_transport_pop
+_from_buffer = _ffi.from_buffer
+_new_delivery = _lib.pn_delivery
+_link_send = _lib.pn_link_send
+_link_recv = _lib.pn_link_recv
+_link_advance = _lib.pn_link_advance
+
+
+def send_message(link, tag: bytes, payload) -> object:
+    """A new delivery on sender ``link`` carrying the encoded message ``payload``, complete."""
+    delivery = _new_delivery(link, (len(tag), _from_buffer(tag)))
+    _link_send(link, _from_buffer(payload), len(payload))
+    _link_advance(link)
+    return delivery
+
+
+def receive_message(link, size: int) -> bytes:
+    """The ``size`` bytes of the current (complete) delivery on receiver ``link``; advances."""
+    buffer = bytearray(size)
+    received = _link_recv(link, _from_buffer(buffer), size)
+    _link_advance(link)
+    return bytes(buffer) if received == size else bytes(buffer[:max(received, 0)])
 
 
 class EventHandler(Protocol):
@@ -75,7 +106,7 @@ class ProtonPipe:
     (processing events to make room), ``output`` drains what proton wrote.
     """
 
-    __slots__ = ("transport", "connection", "collector", "pump")
+    __slots__ = ("transport", "connection", "collector", "pump", "_transport")
 
     def __init__(self, transport, connection, handler: EventHandler) -> None:
         from proton import Collector
@@ -86,37 +117,41 @@ class ProtonPipe:
         connection.collect(self.collector)
         transport.bind(connection)
         self.pump = EventPump(self.collector, handler)
+        self._transport = transport._impl
 
     def push(self, data: bytes) -> bool:
         """Feed bytes to proton; False if proton cannot take them (input closed or stuck)."""
-        transport = self.transport
-        while data:
-            capacity = transport.capacity()
+        transport = self._transport
+        view = memoryview(data)
+        while view:
+            capacity = _capacity(transport)
             if capacity < 0:  # tail closed: proton reads no more
                 return False
             if capacity == 0:
                 self.pump.run()  # let proton process, then retry
-                capacity = transport.capacity()
+                capacity = _capacity(transport)
                 if capacity <= 0:
                     return False
-            chunk, data = data[:capacity], data[capacity:]
-            transport.push(chunk)
+            chunk, view = view[:capacity], view[capacity:]
+            if _push(transport, _from_buffer(chunk), len(chunk)) < 0:
+                return False  # proton's transport error: its condition tells the peer
             self.pump.run()
         return True
 
     def output(self) -> bytes:
-        transport = self.transport
-        pending = transport.pending()
+        transport = self._transport
+        pending = _pending(transport)
         if pending <= 0:
             return b""
-        chunk = transport.peek(pending)
-        transport.pop(pending)
-        return bytes(chunk)
+        chunk = bytearray(pending)
+        _peek(transport, _from_buffer(chunk), pending)
+        _pop(transport, pending)
+        return chunk
 
     @property
     def finished(self) -> bool:
         """Proton has written everything it ever will (its head is closed)."""
-        return self.transport.pending() < 0
+        return _pending(self._transport) < 0
 
     def tick(self, now: float) -> float | None:
         deadline = self.transport.tick(now)

@@ -39,7 +39,6 @@ from cproton import (
     PN_RECEIVED,
     PN_REJECTED,
     PN_RELEASED,
-    pn_delivery,
     pn_delivery_aborted,
     pn_delivery_partial,
     pn_delivery_pending,
@@ -52,11 +51,10 @@ from cproton import (
     pn_link_drained,
     pn_link_flow,
     pn_link_get_drain,
-    pn_link_recv,
-    pn_link_send,
     pn_link_set_drain,
 )
 from proton import Data, Delivery, Link, symbol
+from .engine import receive_message, send_message
 from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.proxy")
@@ -132,9 +130,7 @@ def _read_transfer(link_ptr, delivery, max_size: int):
     size = pn_delivery_pending(delivery)
     if max_size and size > max_size:
         return False
-    _, payload = pn_link_recv(link_ptr, size)
-    pn_link_advance(link_ptr)
-    return bytes(payload)
+    return receive_message(link_ptr, size)
 
 
 class _ProxyEndpoint(UpstreamLinkOwner):
@@ -307,10 +303,7 @@ class ProxyConsumer(_ProxyEndpoint):
             self._forward(*held.popleft())
 
     def _forward(self, payload: bytes, up_delivery) -> None:
-        ptr = self.link_ptr
-        delivery = pn_delivery(ptr, str(next(self.tags)).encode())
-        pn_link_send(ptr, payload)
-        pn_link_advance(ptr)
+        delivery = send_message(self.link_ptr, str(next(self.tags)).encode(), payload)
         self.sent += 1
         if self.presettled or pn_delivery_settled(up_delivery):
             pn_delivery_settle(delivery)
@@ -412,9 +405,7 @@ class ProxyProducer(_ProxyEndpoint):
         while pending and pn_link_credit(up) > 0:
             item = pending.popleft()
             payload, client_delivery = item
-            up_delivery = pn_delivery(up, str(next(self.tags)).encode())
-            pn_link_send(up, payload)
-            pn_link_advance(up)
+            up_delivery = send_message(up, str(next(self.tags)).encode(), payload)
             if client_delivery is None:
                 pn_delivery_settle(up_delivery)
             else:
