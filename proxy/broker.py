@@ -38,6 +38,7 @@ from typing import Callable
 
 from cproton import (
     PN_ACCEPTED,
+    PN_LOCAL_ACTIVE,
     PN_MODIFIED,
     PN_REJECTED,
     PN_RELEASED,
@@ -56,6 +57,10 @@ from cproton import (
     pn_link_get_drain,
     pn_link_recv,
     pn_link_send,
+    pn_session_close,
+    pn_session_head,
+    pn_session_next,
+    pn_session_open,
 )
 from proton import Condition, Delivery, Link, Session, Terminus
 
@@ -474,25 +479,24 @@ class ClientHandler:
         self.server_connection.connection.close()
 
     def _on_session_open(self, event) -> None:
-        session = Session.wrap(engine.pn_event_session(event))
+        # raw calls: a wrapped session keeps a Python dict in proton's record for
+        # its whole life, and most connections are one idle session (§2.5.1)
+        session = engine.pn_event_session(event)
         limit = self.server_connection.settings.max_sessions
-        open_sessions = sum(
-            1 for s in self._sessions() if s.state & Session.LOCAL_ACTIVE
-        )
-        session.open()
+        open_sessions = 0
+        if limit:
+            other = pn_session_head(self.server_connection.connection._impl, PN_LOCAL_ACTIVE)
+            while other:
+                open_sessions += 1
+                other = pn_session_next(other, PN_LOCAL_ACTIVE)
+        pn_session_open(session)
         if limit and open_sessions >= limit:
-            session.condition = Condition(RESOURCE_LIMIT, f"at most {limit} sessions per connection")
-            session.close()
-
-    def _sessions(self):
-        connection = self.server_connection.connection
-        session = connection.session_head(0)
-        while session is not None:
-            yield session
-            session = session.next(0)
+            wrapped = Session.wrap(session)
+            wrapped.condition = Condition(RESOURCE_LIMIT, f"at most {limit} sessions per connection")
+            wrapped.close()
 
     def _on_session_close(self, event) -> None:
-        Session.wrap(engine.pn_event_session(event)).close()
+        pn_session_close(engine.pn_event_session(event))
 
     def _on_transport_closed(self, event) -> None:
         self.release_all()

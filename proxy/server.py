@@ -54,7 +54,7 @@ class AmqpProtocol(EngineProtocol):
         self.conn = ServerConnection(
             settings, self.node.authenticator, self.handler, self.loop.time(),
             cert_identity=cert_identity,
-            admit=lambda identity: self.node.admit_user(self, identity),
+            admit=self._admit_user,
         )
         if refusal:
             log.warning("connection from %s refused: %s", self.peer, refusal)
@@ -63,6 +63,9 @@ class AmqpProtocol(EngineProtocol):
             return
         self.node.connections.add(self)
         self._schedule(self.conn.tick(self.loop.time()))
+
+    def _admit_user(self, identity):
+        return self.node.admit_user(self, identity)
 
     def data_received(self, data: bytes) -> None:
         if self._failed:
