@@ -69,6 +69,8 @@ UPSTREAM = {
         "idle_timeout": {"type": "number", "exclusiveMinimum": 0},
         "pool_size": {"type": "integer", "minimum": 1, "maximum": 16},
         "heartbeat": {"type": "number", "exclusiveMinimum": 0},
+        "recheck_interval": {"type": "number", "minimum": 0},
+        "split_directions": {"type": "boolean"},
         "tls_ca": {"type": "string"}, "tls_cert": {"type": "string"}, "tls_key": {"type": "string"},
     },
 }

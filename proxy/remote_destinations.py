@@ -54,6 +54,7 @@ _names = itertools.count(1)
 
 class RemoteDestination(UpstreamLinkOwner):
     internal = True  # PoolMember.describe lists it
+    sender_upstream = True
 
     def __init__(self, registry: "RemoteDestinations", upstream, address: str) -> None:
         self.registry = registry

@@ -3,9 +3,15 @@
 How this works
 --------------
 ``Upstream`` is the pool for one primary (URL + credentials). It has
-``pool_size`` members (default 1); each ``PoolMember`` is one AMQP connection
-with one session carrying many links: client links proxied to that primary
-are multiplexed over it (the connection concentrator). Members are opened on
+``pool_size`` members (default 1) for the links that receive from the primary
+and, with ``split_directions`` (the default), ``pool_size`` others for the
+links that send to it; each ``PoolMember`` is one AMQP connection with one
+session carrying many links: client links proxied to that primary are
+multiplexed over it (the connection concentrator). Publishers and consumers
+get separate connections because a broker's flow control blocks a whole
+connection: RabbitMQ stops reading a publishing connection while its queues
+catch up, and consumers on that connection would stall with it (their
+dispositions and credit unread) while the backlog grows. Members are opened on
 first need and closed after ``idle_timeout`` without links, so clients coming
 and going do not open and close upstream connections.
 
@@ -65,6 +71,7 @@ class UpstreamTarget:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    split_directions: bool = True
 
     @property
     def key(self) -> tuple:
@@ -107,6 +114,7 @@ class UpstreamLinkOwner:
     """
 
     member = None
+    sender_upstream = False  # our upstream link sends to the primary (picks the pool side)
     up_link: Link | None = None
     up_ptr = None
     up_attached = False
@@ -205,9 +213,10 @@ class UpstreamProtocol(EngineProtocol):
 class PoolMember:
     """One upstream AMQP connection of a pool, and the proxy links it carries."""
 
-    def __init__(self, upstream: "Upstream", index: int) -> None:
+    def __init__(self, upstream: "Upstream", index: int, role: str = "both") -> None:
         self.upstream = upstream
         self.index = index
+        self.role = role  # the links it carries: receive | send | both
         self.state = "down"  # down | connecting | up | backoff
         self.conn: UpstreamConnection | None = None
         self.protocol: UpstreamProtocol | None = None
@@ -456,6 +465,7 @@ class PoolMember:
     def describe(self) -> dict:
         return {
             "member": self.index,
+            "role": self.role,
             "state": self.state,
             "links": len(self.links),
             "endpoints": len(self.endpoints),
@@ -480,7 +490,14 @@ class Upstream:
         self.node_id = node_id
         self.dirty = dirty  # the broker's set of things to flush
         self.run_pending = run_pending
-        self.members = [PoolMember(self, i) for i in range(max(1, target.pool_size))]
+        size = max(1, target.pool_size)
+        self.receiving = [PoolMember(self, i, "receive" if target.split_directions else "both")
+                          for i in range(size)]
+        if target.split_directions:
+            self.sending = [PoolMember(self, size + i, "send") for i in range(size)]
+            self.members = self.receiving + self.sending
+        else:
+            self.sending = self.members = self.receiving
         self._recheck: dict = {}  # endpoint -> [activity seen, quiet since]
         self._recheck_timer: asyncio.TimerHandle | None = None
         self._probes: dict[tuple, RemoteProbe] = {}  # (member, address) -> probe in flight
@@ -490,10 +507,11 @@ class Upstream:
         self.shared: dict[tuple, object] = {}
 
     def add(self, endpoint) -> PoolMember:
-        """Assign a proxy endpoint to the least-loaded member; connect if needed."""
-        member = min(self.members, key=lambda m: (m.state != "up", len(m.endpoints)))
-        if member.state != "up" and any(m.state == "up" and not m.endpoints for m in self.members):
-            member = next(m for m in self.members if m.state == "up")
+        """Assign a link owner to the least-loaded member of its side; connect if needed."""
+        side = self.sending if endpoint.sender_upstream else self.receiving
+        member = min(side, key=lambda m: (m.state != "up", len(m.endpoints)))
+        if member.state != "up" and any(m.state == "up" and not m.endpoints for m in side):
+            member = next(m for m in side if m.state == "up")
         member.endpoints.add(endpoint)
         member._cancel_timer() if member.state == "up" else None
         if member.state == "up":
@@ -582,7 +600,8 @@ class Upstream:
             member.close()
 
     def describe(self) -> dict:
-        return {"primary": self.target.display, "pool_size": len(self.members),
+        return {"primary": self.target.display, "pool_size": len(self.receiving),
+                "split_directions": self.sending is not self.receiving,
                 "connected": self.connected, "rechecks": self.probes,
                 "members": [m.describe() for m in self.members]}
 
@@ -693,7 +712,8 @@ class UpstreamRegistry:
         target = UpstreamTarget.from_url(
             decision.primary_url or decision.primary,
             heartbeat=options.heartbeat, idle_timeout=options.idle_timeout,
-            pool_size=options.pool_size, tls_ca=options.tls_ca, tls_cert=options.tls_cert,
+            pool_size=options.pool_size, split_directions=options.split_directions,
+            tls_ca=options.tls_ca, tls_cert=options.tls_cert,
             tls_key=options.tls_key, **extra,
         )
         return self._pool(target)
@@ -705,7 +725,8 @@ class UpstreamRegistry:
         options = options or UpstreamOptions()
         target = UpstreamTarget.from_url(
             url, heartbeat=options.heartbeat, idle_timeout=options.idle_timeout,
-            pool_size=options.pool_size, tls_ca=options.tls_ca, tls_cert=options.tls_cert,
+            pool_size=options.pool_size, split_directions=options.split_directions,
+            tls_ca=options.tls_ca, tls_cert=options.tls_cert,
             tls_key=options.tls_key,
         )
         return self._pool(target)

@@ -116,6 +116,8 @@ def _upstream_problems(u: Any, p: str) -> list[RuleError]:
         problems.append(
             RuleError(f"{p}.pool_size", f"must be between 1 and {MAX_POOL_SIZE}, got {u.pool_size}")
         )
+    if not isinstance(u.split_directions, bool):
+        problems.append(RuleError(f"{p}.split_directions", f"expected true or false, got {u.split_directions!r}"))
     for name in ("tls_ca", "tls_cert", "tls_key"):
         _opt_str(problems, f"{p}.{name}", getattr(u, name))
     if (u.tls_cert is None) != (u.tls_key is None):
@@ -137,6 +139,10 @@ class UpstreamOptions:
     tls_key: str | None = None
     # idle proxy consumers re-check that their remote source still exists (0: never)
     recheck_interval: float = 30.0
+    # links that send to the primary and links that receive from it use separate
+    # connections (pool_size each): a broker that blocks a publishing connection
+    # (RabbitMQ's flow control) must not stall the consumers' acks and credit
+    split_directions: bool = True
 
     def __post_init__(self) -> None:
         problems = _upstream_problems(self, "upstream")

@@ -166,3 +166,36 @@ def test_thousand_clients_share_at_most_two_upstream_connections(pair):
         assert got == {f"c-{i}" for i in range(1000)}
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("split, connections, roles", [
+    (True, 2, {"receive": 1, "send": 1}), (False, 1, {"both": 2}),
+])
+def test_publishers_and_consumers_get_separate_upstream_connections(start_node, split, connections,
+                                                                     roles):
+    """split_directions (default): a blocked publishing connection cannot stall consumers."""
+    from exchange_support import ADMIN, upstream_members, wait_for
+
+    primary = start_node({"queues": {"auto_create": True}}, name="n2")
+    proxy = start_node({"peers": {"n2": primary.url}, "admin": ADMIN, "rules": [
+        {"name": "all", "match": "#", "kind": "proxy", "primary": "n2",
+         "upstream": {"split_directions": split}}]}, name="n1")
+    conn = BlockingConnection(proxy.url, timeout=10)
+    try:
+        receiver = conn.create_receiver("split.q", credit=10)
+        sender = conn.create_sender("split.q")
+        for n in range(20):
+            sender.send(Message(id=n, body=n))
+        got = []
+        for _ in range(20):
+            got.append(receiver.receive(timeout=10).id)
+            receiver.accept()
+        assert sorted(got) == list(range(20))
+        wait_for(lambda: established_to(primary.port) == connections, 10, "upstream connections")
+        members = [m for m in upstream_members(proxy) if m["state"] == "up"]
+        carried = collections.Counter()
+        for m in members:
+            carried[m["role"]] += m["links"]
+        assert dict(carried) == roles
+    finally:
+        conn.close()

@@ -251,6 +251,7 @@ def test_fragment_members_parsed():
         ({"upstream": {"pool_size": "2"}}, "rule.upstream.pool_size"),
         ({"upstream": {"idle_timeout": 0}}, "rule.upstream.idle_timeout"),
         ({"upstream": {"heartbeat": True}}, "rule.upstream.heartbeat"),
+        ({"upstream": {"split_directions": "yes"}}, "rule.upstream.split_directions"),
         ({"upstream": {"tls_cert": "c.pem"}}, "rule.upstream.tls_key"),
         ({"upstream": {"nope": 1}}, "rule.upstream.nope"),
         ({"upstream": "fast"}, "rule.upstream"),
