@@ -42,7 +42,6 @@ from cproton import (
     PN_MODIFIED,
     PN_REJECTED,
     PN_RELEASED,
-    pn_delivery,
     pn_delivery_aborted,
     pn_delivery_link,
     pn_delivery_partial,
@@ -56,7 +55,6 @@ from cproton import (
     pn_link_flow,
     pn_link_get_drain,
     pn_link_recv,
-    pn_link_send,
     pn_session_close,
     pn_session_head,
     pn_session_next,
@@ -354,9 +352,7 @@ class QueueConsumer:
 
     def deliver(self, message: StoredMessage) -> None:
         ptr = self.link_ptr
-        delivery = pn_delivery(ptr, str(next(self.tags)).encode())
-        pn_link_send(ptr, message.payload)
-        pn_link_advance(ptr)
+        delivery = engine.send_message(ptr, str(next(self.tags)).encode(), message.payload)
         self.sent += 1
         if message.origin is not None:  # stolen: its home fragment settles it
             if self.presettled:

@@ -36,13 +36,11 @@ from time import monotonic
 from cproton import (
     PN_REJECTED,
     PN_RELEASED,
-    pn_delivery,
     pn_delivery_settle,
-    pn_link_advance,
     pn_link_credit,
-    pn_link_send,
 )
 from proton import Condition, Delivery, Link
+from .engine import send_message
 from .proxy_links import outcome_of
 from .upstream import UpstreamLinkOwner
 
@@ -146,9 +144,7 @@ class RemoteDestination(UpstreamLinkOwner):
         count = 0
         while pending and pn_link_credit(up) > 0:
             item = pending.popleft()
-            delivery = pn_delivery(up, str(next(self.tags)).encode())
-            pn_link_send(up, item[0])
-            pn_link_advance(up)
+            delivery = send_message(up, str(next(self.tags)).encode(), item[0])
             self.inflight[delivery] = item
             count += 1
         if count:

@@ -32,19 +32,17 @@ from cproton import (
     PN_ACCEPTED,
     PN_REJECTED,
     PN_RELEASED,
-    pn_delivery,
     pn_delivery_settle,
     pn_delivery_settled,
     pn_delivery_update,
-    pn_link_advance,
     pn_link_credit,
     pn_link_drained,
     pn_link_flow,
     pn_link_get_drain,
-    pn_link_send,
 )
 from proton import Link
 
+from .engine import send_message
 from .proxy_links import _read_transfer, outcome_of, relay_outcome
 from .upstream import UpstreamLinkOwner
 
@@ -263,9 +261,7 @@ class SharedConsumer:
 
     def forward(self, payload: bytes, up_delivery) -> None:
         ptr = self.link_ptr
-        delivery = pn_delivery(ptr, str(next(self.tags)).encode())
-        pn_link_send(ptr, payload)
-        pn_link_advance(ptr)
+        delivery = send_message(ptr, str(next(self.tags)).encode(), payload)
         self.sent += 1
         self.subscription.recount(self)
         if self.presettled or pn_delivery_settled(up_delivery):
