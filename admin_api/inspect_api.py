@@ -99,6 +99,9 @@ def _connection(protocol, handler) -> dict[str, Any]:
         "mechanism": getattr(identity, "mechanism", None),
         "amqp_open": handler.server_connection is not None,
         "links": len(links),
+        # links proton still keeps on the connection (open or closing): a count that
+        # only grows would be a leak
+        "proton_links": handler.links_held(),
         "sent": sum(getattr(e, "sent", 0) for e in links),
         "received": sum(getattr(e, "received", 0) for e in links),
     }

@@ -55,7 +55,12 @@ from cproton import (
     pn_link_flow,
     pn_link_get_drain,
     pn_link_recv,
+    pn_link_close,
+    pn_link_free,
+    pn_link_session,
+    pn_link_state,
     pn_session_close,
+    pn_session_free,
     pn_session_head,
     pn_session_next,
     pn_session_open,
@@ -463,6 +468,11 @@ class ClientHandler:
     def mark_dirty(self) -> None:
         self.broker.dirty_handlers.add(self)
 
+    def links_held(self) -> int:
+        """Links proton keeps on this connection (admin API; see engine.links_held)."""
+        server = self.server_connection
+        return engine.links_held(server.connection._impl) if server is not None else 0
+
     @property
     def identity(self):
         return self.server_connection.identity if self.server_connection else None
@@ -487,12 +497,20 @@ class ClientHandler:
                 other = pn_session_next(other, PN_LOCAL_ACTIVE)
         pn_session_open(session)
         if limit and open_sessions >= limit:
-            wrapped = Session.wrap(session)
+            wrapped = engine.transient(Session, session)
             wrapped.condition = Condition(RESOURCE_LIMIT, f"at most {limit} sessions per connection")
             wrapped.close()
 
     def _on_session_close(self, event) -> None:
-        pn_session_close(engine.pn_event_session(event))
+        """The client ended a session: its links end with it (§2.7.8), then it is freed."""
+        session = engine.pn_event_session(event)
+        # a session may end without detaching its links first: their endpoints
+        # are released here, or queues would keep feeding links nobody reads
+        for ptr in [ptr for ptr in self.links if pn_link_session(ptr) == session]:
+            self.links.pop(ptr).detached()
+        pn_session_close(session)
+        pn_session_free(session)  # with its links, once proton has written the end
+        self.mark_dirty()
 
     def _on_transport_closed(self, event) -> None:
         self.release_all()
@@ -507,7 +525,7 @@ class ClientHandler:
 
     # -- links ------------------------------------------------------------------
     def _on_link_open(self, event) -> None:
-        link = Link.wrap(engine.pn_event_link(event))
+        link = engine.transient(Link, engine.pn_event_link(event))
         if self.max_links and len(self.links) >= self.max_links:
             self.refuse_link(link, RESOURCE_LIMIT, f"at most {self.max_links} links per connection")
             return
@@ -686,9 +704,9 @@ class ClientHandler:
         endpoint = self.links.pop(ptr, None)
         if endpoint is not None:
             endpoint.detached()
-        link = Link.wrap(ptr)
-        if link.state & Link.LOCAL_ACTIVE:
-            link.close()
+        if pn_link_state(ptr) & PN_LOCAL_ACTIVE:
+            pn_link_close(ptr)
+        pn_link_free(ptr)  # both ends closed: proton drops it once our detach is written
         self.mark_dirty()
 
     def _on_link_flow(self, event) -> None:

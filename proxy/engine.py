@@ -4,8 +4,22 @@ proton's ``Event`` wrapper builds wrappers for the delivery, link, session,
 connection and transport of every event, which costs more than the work most
 events need. ``EventPump`` reads the collector through ``cproton`` and hands
 the handler the event type (an int, ``PN_*``) and the raw event; handlers wrap
-only what they use (``proton.Link.wrap(pn_event_link(event))``) and key their
+only what they use (``transient(Link, pn_event_link(event))``) and key their
 own tables by the raw pointers (cffi pointers hash and compare by address).
+
+Wrappers: ``proton.Link.wrap`` and friends store the wrapper's Python
+attributes as a dict in proton's record of the C object, kept (with a cffi
+handle in ``cproton.retained_objects``) for the object's whole life: about
+300 bytes per object, for every link and connection of 10,000 idle clients.
+``transient(cls, ptr)`` gives the same wrapper class with its attributes in
+the wrapper only; they go with it. Our code keeps raw pointers and makes a
+transient wrapper for the rare operations that want proton's Python API.
+
+Freeing (a proton rule, not an AMQP one): a link or session stays in its
+connection until ``pn_link_free`` / ``pn_session_free``, even after both ends
+closed it. Handlers free them once both ends have closed, so long-lived
+connections (upstream pools, clients attaching and detaching links) do not
+keep every link they ever had.
 
 A pump never runs re-entrantly: an event handler that causes more events on
 the same connection (closing it, say) leaves them for the running loop.
@@ -36,6 +50,7 @@ from cproton import (  # noqa: F401  (re-exported for handlers)
 )
 from cproton import ffi as _ffi
 from cproton import lib as _lib
+from cproton import pn_incref
 
 # the hot byte paths call proton's C functions directly: cproton's Python
 # wrappers copy every buffer once more and check for errors we test ourselves
@@ -49,6 +64,32 @@ _new_delivery = _lib.pn_delivery
 _link_send = _lib.pn_link_send
 _link_recv = _lib.pn_link_recv
 _link_advance = _lib.pn_link_advance
+
+
+def transient(cls, impl):
+    """A proton wrapper of class ``cls`` for ``impl`` whose Python attributes die with it.
+
+    ``cls.wrap`` would keep them in proton's record of ``impl`` for its whole
+    life (see the module note); this wrapper holds them itself. Attributes that
+    proton copies into the C object on an operation (``condition`` on
+    ``close()``) work as usual within one wrapper.
+    """
+    wrapper = cls.__new__(cls)
+    pn_incref(impl)  # released by Wrapper.__del__, as for cls.wrap
+    wrapper.__dict__["_impl"] = impl
+    wrapper.__dict__["_attrs"] = {}
+    wrapper._init()
+    return wrapper
+
+
+def links_held(connection) -> int:
+    """Links proton still keeps on ``connection`` (a raw pointer): attached, closing or unfreed."""
+    count = 0
+    link = _lib.pn_link_head(connection, 0)
+    while link:
+        count += 1
+        link = _lib.pn_link_next(link, 0)
+    return count
 
 
 def send_message(link, tag: bytes, payload) -> object:

@@ -43,9 +43,11 @@ from cproton import (
     pn_delivery_link,
     pn_delivery_settle,
     pn_delivery_update,
+    pn_link_free,
     pn_link_is_receiver,
+    pn_session_free,
 )
-from proton import Connection, Link, Terminus, Transport
+from proton import Connection, Link, Session, Terminus, Transport
 
 from . import engine
 from .io import EngineProtocol
@@ -291,9 +293,13 @@ class PoolMember:
         Links still waiting for their attach answer caused it: they get the
         primary's condition. The others are re-attached on a fresh session.
         """
-        from proton import Session
+        ptr = engine.pn_event_session(event)
+        try:
+            self._session_ended(engine.transient(Session, ptr))
+        finally:  # ended on both sides: its links go with it (engine: freeing)
+            pn_session_free(ptr)
 
-        session = Session.wrap(engine.pn_event_session(event))
+    def _session_ended(self, session) -> None:
         condition = session.remote_condition
         session.close()
         probe = self.side_sessions.pop(session._impl, None)
@@ -437,12 +443,15 @@ class PoolMember:
     def _on_link_close(self, event) -> None:
         ptr = engine.pn_event_link(event)
         endpoint = self.links.pop(ptr, None)
-        link = Link.wrap(ptr)
+        link = engine.transient(Link, ptr)
         condition = link.remote_condition
         if link.state & Link.LOCAL_ACTIVE:
             link.close()
-        if endpoint is not None:
-            endpoint.on_upstream_detached(condition)
+        try:
+            if endpoint is not None:
+                endpoint.on_upstream_detached(condition)
+        finally:  # closed on both sides: proton drops it once our detach is written
+            pn_link_free(ptr)
         self.mark_dirty()
 
     def _on_link_flow(self, event) -> None:
@@ -468,6 +477,8 @@ class PoolMember:
             "role": self.role,
             "state": self.state,
             "links": len(self.links),
+            # links proton keeps on the connection, ours and those still closing
+            "proton_links": engine.links_held(self.conn.connection._impl) if self.conn else 0,
             "endpoints": len(self.endpoints),
             "connects": self.connects,
             "reconnects": self.reconnects,

@@ -199,3 +199,40 @@ def test_publishers_and_consumers_get_separate_upstream_connections(start_node, 
         assert dict(carried) == roles
     finally:
         conn.close()
+
+
+def test_links_closed_through_the_proxy_are_freed_on_every_connection(start_node):
+    """Short-lived proxied links on long-lived connections leave nothing behind.
+
+    One client connection attaches and detaches 150 proxied receivers and
+    senders; the client's connection on the proxy, the proxy's upstream
+    connections and the primary's side of them end up holding no links.
+    """
+    from exchange_support import ADMIN, admin_get, upstream_members, wait_for
+
+    primary = start_node({"queues": {"auto_create": True}, "admin": ADMIN}, name="n2")
+    proxy = start_node({"peers": {"n2": primary.url}, "admin": ADMIN, "rules": [
+        {"name": "all", "match": "#", "kind": "proxy", "primary": "n2"}]}, name="n1")
+    conn = BlockingConnection(proxy.url, timeout=10)
+    try:
+        got = []
+        for n in range(150):
+            receiver = conn.create_receiver("churn.q", credit=1)
+            sender = conn.create_sender("churn.q")
+            sender.send(Message(id=n, body=n))
+            got.append(receiver.receive(timeout=10).id)
+            receiver.accept()
+            sender.close()
+            receiver.close()
+        assert got == list(range(150))
+
+        def held():
+            client = [c["proton_links"] for c in admin_get(proxy, "/api/v1/connections")["connections"]]
+            upstream = [m["proton_links"] for m in upstream_members(proxy) if m["state"] == "up"]
+            on_primary = [c["proton_links"] for c in admin_get(primary, "/api/v1/connections")["connections"]]
+            return client, upstream, on_primary
+
+        none = ([0], [0, 0], [0, 0])  # client; upstream receive + send; the primary's side of them
+        wait_for(lambda: held() == none, 10, "no links held on any of the connections")
+    finally:
+        conn.close()
