@@ -152,7 +152,7 @@ class FragmentGroup:
 
     @staticmethod
     def _identity(client, link) -> str:
-        container = client.server_connection.connection.remote_container or ""
+        container = client.server_connection.remote_container
         return f"{container}/{link.name}"
 
     def _nearest(self, identity: str) -> str:

@@ -190,16 +190,15 @@ def _settle_at_home(message: StoredMessage, state, client_delivery) -> None:
     stealer.settle_at_home(home_delivery, state, client_delivery)
 
 
-class QueueProducer:
+class QueueProducer(engine.ClientLinkEndpoint):
     """Client -> local queue. Our side is a proton Receiver."""
 
-    __slots__ = ("handler", "link", "link_ptr", "queue", "window", "address", "received",
+    __slots__ = ("handler", "link_ptr", "queue", "window", "address", "received",
                  "awaiting", "attached")
 
     def __init__(self, handler: "ClientHandler", link: Link, queue: LocalQueue, window: int) -> None:
         self.handler = handler
-        self.link = link
-        self.link_ptr = link._impl
+        self.link_ptr = engine.hold(link._impl)
         self.queue = queue
         self.window = window
         self.address = queue.name
@@ -327,19 +326,18 @@ class QueueProducer:
             self.handler.broker.delete_temporary(queue)
 
 
-class QueueConsumer:
+class QueueConsumer(engine.ClientLinkEndpoint):
     """Local queue -> client. Our side is a proton Sender."""
 
     __slots__ = (
-        "handler", "link", "link_ptr", "queue", "consumer_id", "presettled",
+        "handler", "link_ptr", "queue", "consumer_id", "presettled",
         "unsettled", "tags", "owns_queue", "address", "sent",
     )
 
     def __init__(self, handler: "ClientHandler", link: Link, queue: LocalQueue, *,
                  presettled: bool, owns_queue: bool) -> None:
         self.handler = handler
-        self.link = link
-        self.link_ptr = link._impl
+        self.link_ptr = engine.hold(link._impl)
         self.queue = queue
         self.consumer_id = next(handler.broker.consumer_ids)
         self.presettled = presettled
@@ -443,7 +441,7 @@ class ClientHandler:
 
     # one per connection: slots keep an idle connection small (10,000 of them)
     __slots__ = ("broker", "connection_id", "peer", "max_links", "server_connection",
-                 "links", "writable", "flush")
+                 "links", "writable", "output")
 
     def __init__(self, broker: Broker, *, peer: str = "", max_links: int = 0) -> None:
         self.broker = broker
@@ -453,7 +451,7 @@ class ClientHandler:
         self.server_connection = None  # the ServerConnection, set on_amqp_start
         self.links: dict = {}  # link pointer -> endpoint
         self.writable = True
-        self.flush: Callable[[], None] = _no_flush
+        self.output = None  # what writes our bytes: an object with flush() (the socket's protocol)
 
     # -- plumbing -------------------------------------------------------------
     def on_amqp_start(self, server_connection) -> None:
@@ -468,10 +466,14 @@ class ClientHandler:
     def mark_dirty(self) -> None:
         self.broker.dirty_handlers.add(self)
 
+    def flush(self) -> None:
+        if self.output is not None:
+            self.output.flush()
+
     def links_held(self) -> int:
         """Links proton keeps on this connection (admin API; see engine.links_held)."""
         server = self.server_connection
-        return engine.links_held(server.connection._impl) if server is not None else 0
+        return engine.links_held(server.connection_ptr) if server is not None else 0
 
     @property
     def identity(self):
@@ -479,10 +481,10 @@ class ClientHandler:
 
     # -- connection and sessions -------------------------------------------
     def _on_connection_open(self, event) -> None:
-        self.server_connection.connection.open()
+        self.server_connection.answer_open()
 
     def _on_connection_close(self, event) -> None:
-        self.server_connection.connection.close()
+        self.server_connection.close_connection()
 
     def _on_session_open(self, event) -> None:
         # raw calls: a wrapped session keeps a Python dict in proton's record for
@@ -491,7 +493,7 @@ class ClientHandler:
         limit = self.server_connection.settings.max_sessions
         open_sessions = 0
         if limit:
-            other = pn_session_head(self.server_connection.connection._impl, PN_LOCAL_ACTIVE)
+            other = pn_session_head(self.server_connection.connection_ptr, PN_LOCAL_ACTIVE)
             while other:
                 open_sessions += 1
                 other = pn_session_next(other, PN_LOCAL_ACTIVE)
@@ -730,10 +732,6 @@ class ClientHandler:
         self.writable = True
         for endpoint in list(self.links.values()):
             endpoint.on_flow()
-
-
-def _no_flush() -> None:
-    pass
 
 
 # proton event type -> ClientHandler method (one table for all connections)

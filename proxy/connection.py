@@ -30,7 +30,11 @@ frames is acted on. EXTERNAL is offered only when the TLS layer verified a
 client certificate that yields an identity (``cert_identity``).
 
 Events are read from the collector with proton's low-level calls, and handed to
-``handler.on_event(type, event)``; see ``proxy.engine``.
+``handler.on_event(type, event)``; see ``proxy.engine``. The proton transport
+and connection are held as raw pointers (``transport_ptr``, ``connection_ptr``,
+released with the ``ProtonPipe``): ``transport`` and ``connection`` give transient
+wrappers for the rare calls that want proton's Python API (``engine.transient``),
+so an idle connection keeps no Python state in proton's records.
 """
 
 from __future__ import annotations
@@ -40,6 +44,19 @@ import logging
 import struct
 from dataclasses import dataclass
 
+from cproton import (
+    PN_LOCAL_ACTIVE,
+    PN_REMOTE_ACTIVE,
+    pn_connection_close,
+    pn_connection_open,
+    pn_connection_remote_container,
+    pn_connection_set_container,
+    pn_connection_state,
+    pn_transport_set_idle_timeout,
+    pn_transport_set_max_frame,
+    pn_transport_set_server,
+)
+from cproton import lib as _lib
 from proton import Condition, Connection, Transport, symbol
 
 from . import engine
@@ -72,11 +89,14 @@ class ConnectionSettings:
     offered_capabilities: tuple[str, ...] = ()
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Identity:
     user: str = "anonymous"
     mechanism: str | None = None
     groups: tuple[str, ...] = ()
+
+
+ANONYMOUS = Identity()  # every connection's identity until SASL says otherwise
 
 
 class ServerConnection:
@@ -84,8 +104,8 @@ class ServerConnection:
 
     # one per client connection: slots keep idle connections small
     __slots__ = ("_first_frame_checked", "_handshake_deadline", "_in", "_out", "_refusal", "_sasl",
-                 "admit", "authenticator", "cert_identity", "connection", "failure", "handler",
-                 "identity", "phase", "pipe", "settings", "transport")
+                 "admit", "authenticator", "cert_identity", "connection_ptr", "failure", "handler",
+                 "identity", "phase", "pipe", "settings", "transport_ptr")
 
     def __init__(self, settings: ConnectionSettings, authenticator, handler, now: float, *,
                  cert_identity: str | None = None, admit=None) -> None:
@@ -96,16 +116,32 @@ class ServerConnection:
         self.authenticator = authenticator
         self.handler = handler
         self.phase = Phase.HEADER
-        self.identity = Identity()
+        self.identity = ANONYMOUS
         self.failure: str | None = None  # why we closed, for logs and stats
         self._in = b""
-        self._out = bytearray()
+        self._out = b""
         self._sasl: SaslServer | None = None
         self._handshake_deadline = now + settings.handshake_timeout if settings.handshake_timeout else None
         self._first_frame_checked = False
         self.pipe: engine.ProtonPipe | None = None
-        self.transport: Transport | None = None
-        self.connection: Connection | None = None
+        self.transport_ptr = None  # proton's pn_transport_t, released with the pipe
+        self.connection_ptr = None  # proton's pn_connection_t, released with the pipe
+
+    @property
+    def transport(self) -> Transport | None:
+        """A transient wrapper of the proton transport (inspection, rare calls)."""
+        return engine.transient(Transport, self.transport_ptr) if self.transport_ptr is not None else None
+
+    @property
+    def connection(self) -> Connection | None:
+        """A transient wrapper of the proton connection (inspection, rare calls)."""
+        return engine.transient(Connection, self.connection_ptr) if self.connection_ptr is not None else None
+
+    @property
+    def remote_container(self) -> str:
+        if self.connection_ptr is None:
+            return ""
+        return pn_connection_remote_container(self.connection_ptr) or ""
 
     # -- input -------------------------------------------------------------
     def receive(self, data: bytes) -> None:
@@ -162,6 +198,7 @@ class ServerConnection:
         elif isinstance(result, SaslSuccess):
             self.identity = Identity(result.identity, result.mechanism, result.groups)
             refusal = self.admit(self.identity) if self.admit is not None else None
+            self.admit = None  # asked once per connection
             if refusal:
                 self._refusal = ("amqp:resource-limit-exceeded", refusal)
             leftover, self._sasl = self._sasl.leftover, None
@@ -169,18 +206,15 @@ class ServerConnection:
 
     def _start_amqp(self, data: bytes) -> None:
         settings = self.settings
-        transport = Transport(Transport.SERVER)
-        transport.max_frame_size = settings.max_frame_size
+        transport = _lib.pn_transport()
+        pn_transport_set_server(transport)
+        pn_transport_set_max_frame(transport, settings.max_frame_size)
         if settings.idle_timeout:
-            transport.idle_timeout = settings.idle_timeout
-        connection = Connection()
-        connection.container = settings.container_id
-        if settings.properties:
-            connection.properties = settings.properties
-        if settings.offered_capabilities:
-            connection.offered_capabilities = [symbol(c) for c in settings.offered_capabilities]
-        self.pipe = engine.ProtonPipe(transport, connection, self.handler)
-        self.transport, self.connection = transport, connection
+            pn_transport_set_idle_timeout(transport, int(settings.idle_timeout * 1000))
+        connection = _lib.pn_connection()
+        pn_connection_set_container(connection, settings.container_id)
+        self.pipe = engine.ProtonPipe(transport, connection, self.handler, owned=True)
+        self.transport_ptr, self.connection_ptr = transport, connection
         self.phase = Phase.AMQP
         self.handler.on_amqp_start(self)
         if data:
@@ -194,7 +228,7 @@ class ServerConnection:
             data = self._check_first_frame(data)
             if data is None:
                 return
-        if not self.pipe.push(data) and self.transport.capacity() == 0:
+        if not self.pipe.push(data) and _lib.pn_transport_capacity(self.transport_ptr) == 0:
             self._abort_amqp("amqp:connection:framing-error", "input not consumed")
 
     def _check_first_frame(self, data: bytes) -> bytes | None:
@@ -208,7 +242,7 @@ class ServerConnection:
         self._first_frame_checked = True
         self._in = b""
         if size > MIN_MAX_FRAME_SIZE:
-            self.transport.push(buffered[:offset])
+            self.pipe.push(buffered[:offset])
             self._abort_amqp(
                 "amqp:connection:framing-error",
                 f"first frame of {size} bytes exceeds {MIN_MAX_FRAME_SIZE} before open (AMQP 1.0 2.4.1)",
@@ -227,7 +261,7 @@ class ServerConnection:
         self._refusal = None
         self._first_frame_checked = True
         self.failure = f"refused: {description}"
-        self.transport.push(header)
+        self.pipe.push(header)
         self._abort_amqp(condition, description)
 
     def _abort_amqp(self, condition: str, description: str) -> None:
@@ -236,7 +270,7 @@ class ServerConnection:
         The condition goes on the transport, which is what proton's error path
         puts in its close frame once the input side is shut.
         """
-        self.transport.condition = Condition(condition, description)
+        self.transport.condition = Condition(condition, description)  # written into proton
         self.pipe.close_input()
 
     # -- lifecycle ----------------------------------------------------------
@@ -244,7 +278,7 @@ class ServerConnection:
         """The peer closed its side or the socket failed."""
         if self.phase is Phase.AMQP:
             self.pipe.close_input()
-            if self.transport.pending() == 0:
+            if _lib.pn_transport_pending(self.transport_ptr) == 0:
                 # proton holds a partial frame and writes nothing once the input is
                 # shut: close with framing-error so the socket is released now
                 self.close("amqp:connection:framing-error", "input ended inside a frame")
@@ -253,16 +287,33 @@ class ServerConnection:
 
     def close(self, condition: str | None = None, description: str | None = None) -> None:
         """Close the AMQP connection (with an error condition if given)."""
-        if self.phase is Phase.AMQP and self.connection is not None:
+        if self.phase is Phase.AMQP and self.connection_ptr is not None:
+            if not pn_connection_state(self.connection_ptr) & PN_LOCAL_ACTIVE:
+                self.answer_open()
             connection = self.connection
             if condition:
                 connection.condition = Condition(condition, description)
-            if not connection.state & Connection.LOCAL_ACTIVE:
-                connection.open()
-            connection.close()
+            connection.close()  # writes the condition set on this wrapper
             self.pipe.pump.run()
         else:
             self._fail(description or condition or "closed by node")
+
+    def answer_open(self) -> None:
+        """Open our side (§2.4.1): container id, properties and capabilities from the settings."""
+        settings = self.settings
+        if not settings.properties and not settings.offered_capabilities:
+            pn_connection_open(self.connection_ptr)
+            return
+        connection = self.connection  # proton encodes these from the wrapper on open()
+        if settings.properties:
+            connection.properties = settings.properties
+        if settings.offered_capabilities:
+            connection.offered_capabilities = [symbol(c) for c in settings.offered_capabilities]
+        connection.open()
+
+    def close_connection(self) -> None:
+        """The client closed: close our side too (§2.4.3)."""
+        pn_connection_close(self.connection_ptr)
 
     def _fail(self, reason: str) -> None:
         if self.failure is None:
@@ -274,7 +325,7 @@ class ServerConnection:
     def take_output(self) -> bytes:
         out = self._out
         if out:
-            self._out = bytearray()
+            self._out = b""
         if self.pipe is not None:
             chunk = self.pipe.output()
             if not out:
@@ -314,8 +365,8 @@ class ServerConnection:
         return deadline
 
     def _opened(self) -> bool:
-        connection = self.connection
-        return connection is not None and bool(connection.state & Connection.REMOTE_ACTIVE)
+        connection = self.connection_ptr
+        return connection is not None and bool(pn_connection_state(connection) & PN_REMOTE_ACTIVE)
 
     def process(self) -> None:
         if self.pipe is not None:

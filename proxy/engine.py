@@ -51,6 +51,7 @@ from cproton import (  # noqa: F401  (re-exported for handlers)
 from cproton import ffi as _ffi
 from cproton import lib as _lib
 from cproton import pn_incref
+from proton import Link
 
 # the hot byte paths call proton's C functions directly: cproton's Python
 # wrappers copy every buffer once more and check for errors we test ourselves
@@ -80,6 +81,26 @@ def transient(cls, impl):
     wrapper.__dict__["_attrs"] = {}
     wrapper._init()
     return wrapper
+
+
+def hold(ptr):
+    """Our reference to proton object ``ptr``: keeps it allocated while we hold it.
+
+    Same pointer (hashes and compares equal to the raw one, so tables keyed by
+    event pointers find it), no wrapper and no Python state in proton's record.
+    """
+    pn_incref(ptr)
+    return _ffi.gc(ptr, _lib.pn_decref)
+
+
+class ClientLinkEndpoint:
+    """Base of our endpoints for client links: a held ``link_ptr``, a wrapper on demand."""
+
+    __slots__ = ()
+
+    @property
+    def link(self) -> Link:
+        return transient(Link, self.link_ptr)
 
 
 def links_held(connection) -> int:
@@ -116,7 +137,7 @@ class EventPump:
     __slots__ = ("_collector", "_handler", "_running")
 
     def __init__(self, collector, handler: EventHandler) -> None:
-        self._collector = collector._impl
+        self._collector = collector  # raw pn_collector_t
         self._handler = handler
         self._running = False
 
@@ -140,25 +161,33 @@ class EventPump:
 
 
 class ProtonPipe:
-    """A proton Transport + Connection + Collector, fed with bytes (sans-I/O).
+    """A proton transport + connection + collector, fed with bytes (sans-I/O).
 
     Used for both ends: the AMQP phase of a client connection and the node's
     own connections to primaries. ``push`` respects proton's input capacity
     (processing events to make room), ``output`` drains what proton wrote.
+    Takes raw pointers and owns the collector; with ``owned`` it also holds the
+    caller's reference to the transport and connection and releases them with
+    itself (a client connection keeps no wrapper at all), otherwise the caller
+    keeps them alive (the upstream side holds proton wrappers).
     """
 
-    __slots__ = ("transport", "connection", "collector", "pump", "_transport")
+    __slots__ = ("_transport", "_connection", "_collector", "pump")
 
-    def __init__(self, transport, connection, handler: EventHandler) -> None:
-        from proton import Collector
+    def __init__(self, transport, connection, handler: EventHandler, *, owned: bool = False) -> None:
+        collector = _lib.pn_collector()
+        _lib.pn_connection_collect(connection, collector)
+        _lib.pn_transport_bind(transport, connection)
+        self._transport = transport
+        self._connection = connection if owned else None
+        self._collector = collector
+        self.pump = EventPump(collector, handler)
 
-        self.transport = transport
-        self.connection = connection
-        self.collector = Collector()
-        connection.collect(self.collector)
-        transport.bind(connection)
-        self.pump = EventPump(self.collector, handler)
-        self._transport = transport._impl
+    def __del__(self) -> None:
+        _lib.pn_collector_free(self._collector)
+        if self._connection is not None:
+            _lib.pn_decref(self._transport)
+            _lib.pn_decref(self._connection)
 
     def push(self, data: bytes) -> bool:
         """Feed bytes to proton; False if proton cannot take them (input closed or stuck)."""
@@ -195,10 +224,11 @@ class ProtonPipe:
         return _pending(self._transport) < 0
 
     def tick(self, now: float) -> float | None:
-        deadline = self.transport.tick(now)
+        """proton's timers (§2.4.5); the next deadline in the same clock, or None."""
+        deadline = _lib.pn_transport_tick(self._transport, int(now * 1000))
         self.pump.run()
-        return deadline or None
+        return deadline / 1000.0 if deadline else None
 
     def close_input(self) -> None:
-        self.transport.close_tail()
+        _lib.pn_transport_close_tail(self._transport)
         self.pump.run()

@@ -64,6 +64,7 @@ from proton import Condition, Delivery
 
 from routing import compile_pattern
 
+from . import engine
 from .durable_hold import DurableHold
 from .message_subject import read_subject
 from .proxy_links import _read_transfer
@@ -144,13 +145,12 @@ class Fanin:
             self.producer.settle(self)
 
 
-class ExchangeProducer:
+class ExchangeProducer(engine.ClientLinkEndpoint):
     """Client -> exchange. Our side is a proton Receiver."""
 
     def __init__(self, handler, link, exchange: Exchange, exchanges: "Exchanges") -> None:
         self.handler = handler
-        self.link = link
-        self.link_ptr = link._impl
+        self.link_ptr = engine.hold(link._impl)
         self.exchange = exchange
         self.exchanges = exchanges
         self.address = exchange.name

@@ -121,6 +121,7 @@ class Node:
             max_message_size=config.limits.max_message_size,
             authorize=self._authorizer(config),
         )
+        self.run_pending = self.broker.run_pending  # shared by every client connection
         self.upstreams = UpstreamRegistry(
             node_id=self.node_id, dirty=self.broker.dirty_handlers,
             run_pending=self.broker.run_pending,

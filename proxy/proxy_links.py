@@ -54,13 +54,14 @@ from cproton import (
     pn_link_set_drain,
 )
 from proton import Data, Delivery, Link, symbol
-from .engine import receive_message, send_message
+from .engine import ClientLinkEndpoint, hold, receive_message, send_message
 from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.proxy")
 
 TERMINAL = (PN_ACCEPTED, PN_REJECTED, PN_RELEASED, PN_MODIFIED)
 _NONE_HELD = ()  # ProxyConsumer.held while nothing is held
+_NONE_UNSETTLED: dict = {}  # ProxyConsumer.unsettled until its first delivery (never written to)
 _link_names = itertools.count(1)
 
 
@@ -133,7 +134,7 @@ def _read_transfer(link_ptr, delivery, max_size: int):
     return receive_message(link_ptr, size)
 
 
-class _ProxyEndpoint(UpstreamLinkOwner):
+class _ProxyEndpoint(ClientLinkEndpoint, UpstreamLinkOwner):
     """What both directions share: client link, pool member, upstream link."""
 
     sender_upstream = False  # role of our upstream link
@@ -142,8 +143,7 @@ class _ProxyEndpoint(UpstreamLinkOwner):
                  capabilities: tuple[str, ...] = ()) -> None:
         self.handler = handler
         self.capabilities = capabilities  # added to the upstream terminus (e.g. fragment links)
-        self.link = client_link
-        self.link_ptr = client_link._impl
+        self.link_ptr = hold(client_link._impl)
         self.upstream = upstream
         self.remote_address = remote_address
         self.address = remote_address
@@ -195,7 +195,9 @@ class ProxyConsumer(_ProxyEndpoint):
     def __init__(self, handler, client_link, upstream, remote_address, *, presettled: bool,
                  capabilities: tuple[str, ...] = (), recheck_interval: float = 0.0) -> None:
         self.presettled = presettled
-        self.unsettled: dict = {}  # client delivery -> upstream delivery (None once upstream is gone)
+        # client delivery -> upstream delivery (None once upstream is gone); a dict of its
+        # own from the first message on (most proxy consumers of a concentrator are idle)
+        self.unsettled: dict = _NONE_UNSETTLED
         # (payload, upstream delivery) waiting for client credit; a deque only once needed
         # (an empty deque is ~600 bytes, and most proxy consumers are idle)
         self.held = _NONE_HELD
@@ -312,6 +314,8 @@ class ProxyConsumer(_ProxyEndpoint):
             pn_delivery_settle(up_delivery)
             self.member.mark_dirty()
         else:
+            if self.unsettled is _NONE_UNSETTLED:
+                self.unsettled = {}
             self.unsettled[delivery] = up_delivery
         self.handler.mark_dirty()
 

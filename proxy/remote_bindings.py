@@ -87,7 +87,7 @@ class RemoteSubscription(UpstreamLinkOwner):
     # -- pool callbacks ------------------------------------------------------------------
     def upstream_up(self, member) -> None:
         self.member = member
-        if self.closed or self.up_link is not None:
+        if self.closed or self.up_ptr is not None:
             return
         link = self.new_upstream_link(member, f"fedgate-binding-{next(_names)}-{self.queue.name}", sender=False)
         link.source.address = self.remote_address
@@ -120,7 +120,7 @@ class RemoteSubscription(UpstreamLinkOwner):
 
     def _reattach(self) -> None:
         self._retry = None
-        if not self.closed and self.up_link is None and self.member.state == "up":
+        if not self.closed and self.up_ptr is None and self.member.state == "up":
             self.upstream_up(self.member)
             self.upstream.run_pending()
 

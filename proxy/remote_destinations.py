@@ -81,7 +81,7 @@ class RemoteDestination(UpstreamLinkOwner):
                 done(PN_REJECTED, self.failure)
                 return
             self.failure = None  # hold-off over: try the primary again
-            if self.up_link is None and self.member.state == "up":
+            if self.up_ptr is None and self.member.state == "up":
                 self.upstream_up(self.member)
         self.pending.append((payload, done))
         self._send_pending()

@@ -14,6 +14,7 @@ or timers is logged with its traceback and closes only that connection, with
 from __future__ import annotations
 
 import logging
+import sys
 
 from .broker import Broker, ClientHandler
 from .connection import ConnectionSettings, ServerConnection
@@ -29,7 +30,7 @@ class AmqpProtocol(EngineProtocol):
     __slots__ = ("node", "broker", "handler", "peer", "ip", "_failed")
 
     def __init__(self, node) -> None:
-        super().__init__(node.broker.run_pending)
+        super().__init__(node.run_pending)  # one bound method for all connections
         self.node = node
         self.broker: Broker = node.broker
         self.handler: ClientHandler | None = None
@@ -41,12 +42,12 @@ class AmqpProtocol(EngineProtocol):
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.ip = str(peer[0]) if peer else "?"
+        self.ip = sys.intern(str(peer[0])) if peer else "?"  # one string per client address
         refusal = self.node.admit(self)
         settings: ConnectionSettings = self.node.connection_settings
         self.handler = ClientHandler(self.broker, peer=self.peer,
                                      max_links=self.node.config.limits.max_links_per_connection)
-        self.handler.flush = self.flush
+        self.handler.output = self
         cert_identity = None
         if self.node.tls_context is not None:
             cert_identity = certificate_identity(transport.get_extra_info("peercert"),

@@ -42,6 +42,7 @@ from cproton import (
 )
 from proton import Link
 
+from . import engine
 from .engine import send_message
 from .proxy_links import _read_transfer, outcome_of, relay_outcome
 from .upstream import UpstreamLinkOwner
@@ -238,14 +239,13 @@ class SharedSubscription(UpstreamLinkOwner):
         self.release_upstream()
 
 
-class SharedConsumer:
+class SharedConsumer(engine.ClientLinkEndpoint):
     """One client receiver of a shared subscription (our side: a proton Sender)."""
 
     def __init__(self, handler, link: Link, subscription: SharedSubscription, *,
                  presettled: bool) -> None:
         self.handler = handler
-        self.link = link
-        self.link_ptr = link._impl
+        self.link_ptr = engine.hold(link._impl)
         self.subscription = subscription
         self.presettled = presettled
         self.remote_address = subscription.remote_address

@@ -43,8 +43,11 @@ from cproton import (
     pn_delivery_link,
     pn_delivery_settle,
     pn_delivery_update,
+    pn_link_close,
     pn_link_free,
     pn_link_is_receiver,
+    pn_receiver,
+    pn_sender,
     pn_session_free,
 )
 from proton import Connection, Link, Session, Terminus, Transport
@@ -117,9 +120,13 @@ class UpstreamLinkOwner:
 
     member = None
     sender_upstream = False  # our upstream link sends to the primary (picks the pool side)
-    up_link: Link | None = None
-    up_ptr = None
+    up_ptr = None  # our link on the member (held: engine.hold), None while there is none
     up_attached = False
+
+    @property
+    def up_link(self) -> Link | None:
+        """A transient wrapper of the upstream link (rare calls; the hot path uses ``up_ptr``)."""
+        return engine.transient(Link, self.up_ptr) if self.up_ptr is not None else None
 
     def new_upstream_link(self, member: "PoolMember", name: str, *, sender: bool) -> Link:
         self.member = member
@@ -127,18 +134,18 @@ class UpstreamLinkOwner:
 
     def attach_upstream_link(self, link: Link) -> None:
         link.open()
-        self.up_link, self.up_ptr, self.up_attached = link, link._impl, False
+        self.up_ptr, self.up_attached = engine.hold(link._impl), False
         self.member.register(link, self)
         self.member.mark_dirty()
 
     def forget_upstream_link(self) -> None:
-        self.up_link = self.up_ptr = None
+        self.up_ptr = None
         self.up_attached = False
 
     def release_upstream(self) -> None:
-        if self.up_link is not None:
-            self.member.unregister(self.up_link)
-            self.up_link.close()
+        if self.up_ptr is not None:
+            self.member.unregister(self.up_ptr)
+            pn_link_close(self.up_ptr)  # freed when the primary's detach comes (PoolMember)
             self.member.mark_dirty()
         self.forget_upstream_link()
         self.upstream.remove(self, self.member)
@@ -164,8 +171,8 @@ class UpstreamConnection:
         if target.user:
             connection.user = target.user
             connection.password = target.password or ""
-        self.pipe = engine.ProtonPipe(transport, connection, handler)
-        self.transport = transport
+        self.pipe = engine.ProtonPipe(transport._impl, connection._impl, handler)
+        self.transport = transport  # the wrappers keep proton's objects alive
         self.connection = connection
         self.failure: str | None = None
         connection.open()
@@ -426,13 +433,15 @@ class PoolMember:
         self.upstream.run_pending()
 
     def new_link(self, name: str, *, sender: bool) -> Link:
-        return self.session.sender(name) if sender else self.session.receiver(name)
+        """A new link on our session, as a transient wrapper (``engine.transient``)."""
+        ptr = (pn_sender if sender else pn_receiver)(self.session._impl, name)
+        return engine.transient(Link, ptr)
 
     def register(self, link: Link, endpoint) -> None:
         self.links[link._impl] = endpoint
 
-    def unregister(self, link: Link) -> None:
-        self.links.pop(link._impl, None)
+    def unregister(self, link_ptr) -> None:
+        self.links.pop(link_ptr, None)
 
     # -- link events --------------------------------------------------------------
     def _on_link_open(self, event) -> None:
@@ -668,7 +677,7 @@ class RemoteProbe:
             done(condition)
         # answered: our link and its session go (the session may already be ended)
         member = self.member
-        member.unregister(self.up_link)
+        member.unregister(self.up_ptr)
         if self.up_link.state & Link.LOCAL_ACTIVE:
             self.up_link.close()
         if member.side_sessions.get(self.session._impl) is self:

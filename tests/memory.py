@@ -57,7 +57,6 @@ class Client:
         self.transport.bind(self.connection)
         self.handler = ClientHandler(harness.broker, peer="memory")
         self.server = ServerConnection(harness.settings, harness.authenticator, self.handler, harness.now)
-        self.handler.flush = lambda: None
         self.session = None
         self.inbox: dict[object, list[Received]] = {}
         self.events: list[tuple] = []

@@ -15,7 +15,7 @@ from proxy.engine import links_held
 
 
 def held(client) -> int:
-    return links_held(client.server.connection._impl)
+    return links_held(client.server.connection_ptr)
 
 
 def test_links_detached_on_an_open_connection_are_freed():
