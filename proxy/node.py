@@ -31,6 +31,7 @@ from .journal_queues import open_journal, restore
 from .local_queues import QueueRegistry
 from .rules_store import RulesStore
 from .sasl import Authenticator
+from .tcp_server import TcpServer
 from .server import AmqpProtocol
 from .redirects import apply_rules_change
 from .upstream import UpstreamRegistry
@@ -225,13 +226,15 @@ class Node:
         loop = asyncio.get_running_loop()
         self._recover_durable_queues(loop)
         self.exchanges.start()
-        self.server = await loop.create_server(
-            lambda: AmqpProtocol(self), host, port, ssl=self.tls_context,
-            reuse_address=True, backlog=4096,
-            # a TLS handshake is part of the handshake deadline (slow-loris)
-            ssl_handshake_timeout=(self.config.limits.handshake_timeout or None)
-            if self.tls_context else None,
-        )
+        if self.tls_context is None:  # lean transports: most of a concentrator's memory is per client
+            self.server = await TcpServer.start(lambda: AmqpProtocol(self), host, port, backlog=4096)
+        else:
+            self.server = await loop.create_server(
+                lambda: AmqpProtocol(self), host, port, ssl=self.tls_context,
+                reuse_address=True, backlog=4096,
+                # a TLS handshake is part of the handshake deadline (slow-loris)
+                ssl_handshake_timeout=self.config.limits.handshake_timeout or None,
+            )
         sockname = self.server.sockets[0].getsockname()
         self.address = (sockname[0], sockname[1])
         log.info("fedgate node %s listening on %s", self.node_id, self.url)
