@@ -18,6 +18,9 @@ and going do not open and close upstream connections.
 The client side of the protocol is proton's engine in client mode, including
 proton's client SASL (ANONYMOUS or PLAIN), driven sans-I/O by
 ``UpstreamConnection`` and moved by ``UpstreamProtocol`` (``proxy.io``).
+Attaches are paced: at most ``MAX_ATTACHING`` per member are in flight, the
+others are opened as answers come back, so a burst of clients (or a reconnect
+with thousands of links) reaches the primary as a steady stream.
 Heartbeats: the transport's idle timeout is twice the heartbeat, so proton
 asks the primary for a frame every heartbeat and declares it dead after two
 (§2.4.5). A lost member is reconnected with capped exponential backoff and
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 import logging
 import random
 import ssl
@@ -46,6 +50,7 @@ from cproton import (
     pn_link_close,
     pn_link_free,
     pn_link_is_receiver,
+    pn_link_open,
     pn_receiver,
     pn_sender,
     pn_session_free,
@@ -59,6 +64,11 @@ log = logging.getLogger("fedgate.upstream")
 
 BACKOFF_START = 0.1
 BACKOFF_CAP = 5.0
+# attaches sent to a primary and not answered yet, per pool member; more wait their
+# turn. 10,000 clients arriving (or re-attaching after a reconnect) would otherwise
+# be 10,000 attaches at once: RabbitMQ 3.10 resets the connection when its session
+# process is flow-controlled in the middle of such a burst.
+MAX_ATTACHING = 64
 
 
 @dataclass(frozen=True)
@@ -133,10 +143,10 @@ class UpstreamLinkOwner:
         return member.new_link(name, sender=sender)
 
     def attach_upstream_link(self, link: Link) -> None:
-        link.open()
+        """Register the configured link and attach it (paced by the member)."""
         self.up_ptr, self.up_attached = engine.hold(link._impl), False
         self.member.register(link, self)
-        self.member.mark_dirty()
+        self.member.open_link(self.up_ptr)
 
     def forget_upstream_link(self) -> None:
         self.up_ptr = None
@@ -145,7 +155,8 @@ class UpstreamLinkOwner:
     def release_upstream(self) -> None:
         if self.up_ptr is not None:
             self.member.unregister(self.up_ptr)
-            pn_link_close(self.up_ptr)  # freed when the primary's detach comes (PoolMember)
+            if not self.member.drop_unopened(self.up_ptr):
+                pn_link_close(self.up_ptr)  # freed when the primary's detach comes (PoolMember)
             self.member.mark_dirty()
         self.forget_upstream_link()
         self.upstream.remove(self, self.member)
@@ -232,6 +243,9 @@ class PoolMember:
         self.session = None
         self.endpoints: set = set()  # proxy endpoints assigned to this member
         self.links: dict = {}  # upstream link pointer -> endpoint
+        self.attaching: set = set()  # link pointers whose attach the primary has not answered
+        self.unopened: deque = deque()  # link pointers waiting for their turn (MAX_ATTACHING)
+        self.attaching_peak = 0  # most attaches in flight at once on this connection
         self.side_sessions: dict = {}  # session pointer -> RemoteProbe using it alone
         self.writable = True
         self.attempts = 0
@@ -319,8 +333,11 @@ class PoolMember:
         log.info("upstream %s member %d: session ended by primary: %s", self.upstream.target.display,
                  self.index, condition)
         # links still waiting for their attach answer (endpoints and probes) get the condition
-        waiting = {endpoint for endpoint in self.links.values() if not endpoint.up_attached}
+        waiting = {endpoint for ptr, endpoint in self.links.items()
+                   if ptr in self.attaching or (isinstance(endpoint, RemoteProbe) and not endpoint.up_attached)}
         self.links.clear()
+        self.attaching.clear()
+        self.unopened.clear()  # their endpoints attach again on the new session, below
         self._new_session()
         for endpoint in waiting:
             if len(waiting) > 1 and isinstance(endpoint, RemoteProbe):
@@ -352,6 +369,8 @@ class PoolMember:
         self.conn = None
         self.session = None
         self.links.clear()
+        self.attaching.clear()
+        self.unopened.clear()
         self.side_sessions.clear()
         for endpoint in list(self.endpoints):
             endpoint.upstream_down()
@@ -437,6 +456,34 @@ class PoolMember:
         ptr = (pn_sender if sender else pn_receiver)(self.session._impl, name)
         return engine.transient(Link, ptr)
 
+    def open_link(self, link_ptr) -> None:
+        """Attach now if fewer than MAX_ATTACHING attaches are unanswered, else later."""
+        if len(self.attaching) < MAX_ATTACHING and not self.unopened:
+            self._open(link_ptr)
+        else:
+            self.unopened.append(link_ptr)
+
+    def _open(self, link_ptr) -> None:
+        self.attaching.add(link_ptr)
+        self.attaching_peak = max(self.attaching_peak, len(self.attaching))
+        pn_link_open(link_ptr)
+        self.mark_dirty()
+
+    def _attach_answered(self, link_ptr) -> None:
+        self.attaching.discard(link_ptr)
+        unopened = self.unopened
+        while unopened and len(self.attaching) < MAX_ATTACHING:
+            self._open(unopened.popleft())
+
+    def drop_unopened(self, link_ptr) -> bool:
+        """A link still waiting for its turn: forget it (never attached, so nothing to say)."""
+        try:
+            self.unopened.remove(link_ptr)
+        except ValueError:
+            return False
+        pn_link_free(link_ptr)
+        return True
+
     def register(self, link: Link, endpoint) -> None:
         self.links[link._impl] = endpoint
 
@@ -445,12 +492,15 @@ class PoolMember:
 
     # -- link events --------------------------------------------------------------
     def _on_link_open(self, event) -> None:
-        endpoint = self.links.get(engine.pn_event_link(event))
+        ptr = engine.pn_event_link(event)
+        self._attach_answered(ptr)
+        endpoint = self.links.get(ptr)
         if endpoint is not None:
             endpoint.on_upstream_attached()
 
     def _on_link_close(self, event) -> None:
         ptr = engine.pn_event_link(event)
+        self._attach_answered(ptr)  # a refusal answers the attach too
         endpoint = self.links.pop(ptr, None)
         link = engine.transient(Link, ptr)
         condition = link.remote_condition
@@ -486,6 +536,8 @@ class PoolMember:
             "role": self.role,
             "state": self.state,
             "links": len(self.links),
+            "attaching": len(self.attaching) + len(self.unopened),  # not attached yet
+            "attaching_peak": self.attaching_peak,
             # links proton keeps on the connection, ours and those still closing
             "proton_links": engine.links_held(self.conn.connection._impl) if self.conn else 0,
             "endpoints": len(self.endpoints),

@@ -236,3 +236,38 @@ def test_links_closed_through_the_proxy_are_freed_on_every_connection(start_node
         wait_for(lambda: held() == none, 10, "no links held on any of the connections")
     finally:
         conn.close()
+
+
+def test_a_burst_of_clients_is_attached_upstream_in_paced_steps_and_every_link_arrives(start_node):
+    """500 clients attach at once: the proxy keeps at most MAX_ATTACHING attaches in flight
+    to the primary (proxy.upstream), and every one of the 500 links ends up attached there."""
+    import json
+
+    from conftest import ROOT
+    from exchange_support import ADMIN, admin_get, upstream_members, wait_for
+    from proxy.upstream import MAX_ATTACHING
+
+    primary = start_node({"queues": {"auto_create": True}, "admin": ADMIN}, name="n2")
+    proxy = start_node({"peers": {"n2": primary.url}, "admin": ADMIN, "rules": [
+        {"name": "all", "match": "#", "kind": "proxy", "primary": "n2"}]}, name="n1")
+    clients = subprocess.Popen(
+        [PYTHON, str(ROOT / "bench" / "idle_clients.py"), "--port", str(proxy.port),
+         "--address", "burst.q", "--count", "500", "--batch", "500"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        ready = None
+        while ready is None:
+            line = clients.stdout.readline()
+            assert line, "idle clients exited early"
+            ready = json.loads(line) if '"ready"' in line else None
+        assert (ready["ready"], ready["failed"]) == (500, 0)
+
+        def on_primary():
+            return sum(c["links"] for c in admin_get(primary, "/api/v1/connections")["connections"])
+
+        wait_for(lambda: on_primary() == 500, 30, "500 links attached on the primary")
+        receiving = [m for m in upstream_members(proxy) if m["role"] == "receive"]
+        assert [(m["links"], m["attaching"]) for m in receiving] == [(500, 0)]
+        assert 0 < receiving[0]["attaching_peak"] <= MAX_ATTACHING  # the burst waited its turn
+    finally:
+        clients.communicate("close\n", timeout=60)
