@@ -119,16 +119,24 @@ class ProxyNode:
         self.pid = self.proc.pid
         log(f"fedgate node pid {self.pid} on 127.0.0.1:{self.port} ({name})")
 
-    def upstream_links(self) -> int:
-        """Links the node holds on its upstream connections (admin API)."""
+    def _members(self) -> list[dict]:
         import urllib.request
 
         request = urllib.request.Request(f"http://{self.admin}/api/v1/upstreams",
                                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         with urllib.request.urlopen(request, timeout=10) as response:
             body = json.loads(response.read())
-        return sum(m.get("links", 0) for pool in body.get("upstreams", [])
-                   for m in pool.get("members", []) if m.get("state") == "up")
+        return [m for pool in body.get("upstreams", []) for m in pool.get("members", [])
+                if m.get("state") == "up"]
+
+    def upstream_links(self) -> int:
+        """Links the node holds on its upstream connections (admin API)."""
+        return sum(m.get("links", 0) for m in self._members())
+
+    def upstream_attaching(self) -> int:
+        """Upstream attaches not answered yet, or waiting their turn (admin API)."""
+        members = self._members()
+        return sum(m.get("attaching", 0) for m in members) if members else 1
 
     def stop(self) -> None:
         h.stop_process(self.proc)
@@ -307,6 +315,10 @@ def idle(args) -> dict:
         # every client link also attached upstream (one shared link with --mirror)
         wanted = 1 if args.mirror else ready["ready"]
         while time.monotonic() < deadline and node.upstream_links() < wanted:
+            time.sleep(0.5)
+        # ... and answered by the primary: attaches are paced (proxy.upstream), so the
+        # last ones are answered a while after the clients are ready
+        while time.monotonic() < deadline and node.upstream_attaching() > 0:
             time.sleep(0.5)
         upstream_links = node.upstream_links()
         connect_s = time.monotonic() - t0
