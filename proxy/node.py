@@ -31,9 +31,9 @@ from .journal_queues import open_journal, restore
 from .local_queues import QueueRegistry
 from .rules_store import RulesStore
 from .sasl import Authenticator
-from .tcp_server import TcpServer
 from .server import AmqpProtocol
 from .redirects import apply_rules_change
+from .tcp_server import TcpServer
 from .upstream import UpstreamRegistry
 from .users import UsersFile
 

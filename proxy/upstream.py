@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import deque
 import logging
 import random
 import ssl
+from collections import deque
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
