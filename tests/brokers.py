@@ -16,7 +16,8 @@ How this works
   AMQP management messages (address ``activemq.management``, ~0.1 s each; the
   ``artemis queue ...`` CLI starts a JVM and takes seconds), RabbitMQ by
   ``rabbitmqctl`` (~1 s each). Deleting or purging a missing queue is not an
-  error.
+  error. ``rabbitmq_declare_durable_queue`` declares one and has RabbitMQ
+  write it to disk, so it survives a SIGKILL.
 
 Broker semantics the tests can rely on (as configured by the installers):
 
@@ -46,10 +47,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from proton import Message, ProtonException, Terminus
-from proton.reactor import LinkOption
+from proton import Message, ProtonException
 from proton.utils import BlockingConnection
 
+from clients.proton_client import DurableTarget
 from conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,7 +186,7 @@ def rabbitmq_declare_durable_queue(queue: str) -> None:
     try:
         # attached means declared; closing the connection ends the link (closing
         # the link alone waited out BlockingConnection's 30 s for RabbitMQ's detach)
-        conn.create_sender(f"/queue/{queue}", options=_DurableTarget())
+        conn.create_sender(f"/queue/{queue}", options=DurableTarget())
     finally:
         conn.close()
     proc = _rabbitmqctl("eval", "mnesia:sync_log().")
@@ -193,14 +194,6 @@ def rabbitmq_declare_durable_queue(queue: str) -> None:
         raise BrokerError(f"rabbitmqctl eval mnesia:sync_log() failed: {(proc.stdout + proc.stderr).strip()}")
     if rabbitmq_queue_count(queue) is None:
         raise BrokerError(f"RabbitMQ queue {queue} was not declared")
-
-
-class _DurableTarget(LinkOption):
-    """Ask for a durable node: RabbitMQ then declares a durable queue."""
-
-    def apply(self, link):
-        link.target.durability = Terminus.DELIVERIES
-        link.target.expiry_policy = Terminus.EXPIRE_NEVER
 
 
 def rabbitmq_queue_count(queue: str) -> int | None:
