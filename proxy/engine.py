@@ -209,14 +209,26 @@ class ProtonPipe:
         return True
 
     def output(self) -> bytes:
+        """Everything proton has to write now.
+
+        proton hands out at most its output buffer's size at a time (8 KiB at
+        first): a frame larger than that comes out over several rounds, and
+        stopping after one would leave the rest of a large message in proton
+        until something else happened on the connection.
+        """
         transport = self._transport
         pending = _pending(transport)
         if pending <= 0:
             return b""
-        chunk = bytearray(pending)
-        _peek(transport, _from_buffer(chunk), pending)
+        out = bytearray(pending)
+        _peek(transport, _from_buffer(out), pending)
         _pop(transport, pending)
-        return chunk
+        while (pending := _pending(transport)) > 0:
+            chunk = bytearray(pending)
+            _peek(transport, _from_buffer(chunk), pending)
+            _pop(transport, pending)
+            out += chunk
+        return out
 
     @property
     def finished(self) -> bool:

@@ -102,6 +102,31 @@ def test_release_and_reject_through_the_proxy(pair):
         direct.close()
 
 
+def test_large_messages_cross_the_proxy_whole_on_idle_connections(pair):
+    # larger than proton's output buffer, around 64 KiB, and multi-frame; nothing else
+    # happens on the connections, so every byte must go out with the message
+    proxy, primary = pair
+    sizes = [300, 65_535, 65_536, 65_537, 300_000]  # encoded, as the client sends them
+    overhead = len(Message(id="s0", body=b"x" * 1000).encode()) - 1000
+    bodies = [bytes([i]) * (size - overhead) for i, size in enumerate(sizes)]
+    messages = [Message(id=f"s{i}", body=body) for i, body in enumerate(bodies)]
+    assert [len(m.encode()) for m in messages] == sizes
+    conn = BlockingConnection(proxy.url, timeout=20)
+    try:
+        sender = conn.create_sender("orders.sizes")
+        for message in messages:
+            sender.send(message)  # waits for the primary's outcome
+        receiver = conn.create_receiver("orders.sizes", credit=len(sizes))
+        got = []
+        for _ in sizes:
+            got.append(receiver.receive(timeout=10))
+            receiver.accept()
+    finally:
+        conn.close()
+    assert [m.id for m in got] == [f"s{i}" for i in range(len(sizes))]
+    assert [m.body for m in got] == bodies
+
+
 def test_not_found_from_the_primary_reaches_the_client(start_node, clients):
     primary = start_node({"queues": {"auto_create": False}}, name="n2")
     proxy = start_node({"peers": {"n2": primary.url}, "rules": [
