@@ -47,7 +47,8 @@ from cproton import (
 from proton import Delivery, Link
 
 from proxy.local_queues import StoredMessage
-from proxy.proxy_links import _read_transfer, copy_outcome
+from proxy.engine import read_transfer
+from proxy.proxy_links import copy_outcome
 
 from .capability import mark
 from proxy.upstream import UpstreamLinkOwner
@@ -152,7 +153,7 @@ class Stealer(UpstreamLinkOwner):
         self.group.steal_finished(self, self.received)
 
     def on_upstream_delivery(self, delivery) -> None:
-        payload = _read_transfer(self.up_ptr, delivery, 0)
+        payload = read_transfer(self.up_ptr, delivery, 0)
         if payload is None or payload is False:
             return
         group = self.group

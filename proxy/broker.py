@@ -42,19 +42,14 @@ from cproton import (
     PN_MODIFIED,
     PN_REJECTED,
     PN_RELEASED,
-    pn_delivery_aborted,
     pn_delivery_link,
-    pn_delivery_partial,
-    pn_delivery_pending,
     pn_delivery_settle,
     pn_delivery_settled,
     pn_delivery_update,
-    pn_link_advance,
     pn_link_credit,
     pn_link_drained,
     pn_link_flow,
     pn_link_get_drain,
-    pn_link_recv,
     pn_link_close,
     pn_link_free,
     pn_link_session,
@@ -225,27 +220,15 @@ class QueueProducer(engine.ClientLinkEndpoint):
             self.handler.mark_dirty()
 
     def on_delivery(self, delivery) -> None:
-        if pn_delivery_partial(delivery):
-            limit = self.handler.broker.max_message_size
-            if limit and pn_delivery_pending(delivery) > limit:
-                self._too_large(delivery)
-            return  # wait for the rest of a multi-frame transfer
-        ptr = self.link_ptr
-        # Advance before settling: settling the current delivery also advances
-        # the link, and advancing twice would skip the next transfer.
-        if pn_delivery_aborted(delivery):  # §2.6.14: discard an aborted transfer
-            pn_link_advance(ptr)
-            pn_delivery_settle(delivery)
-            return
-        size = pn_delivery_pending(delivery)
-        limit = self.handler.broker.max_message_size
-        if limit and size > limit:
+        payload = engine.read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
+        if payload is None:
+            return  # the rest of a multi-frame transfer is still to come, or it was aborted
+        if payload is False:
             self._too_large(delivery)
             return
-        _, payload = pn_link_recv(ptr, size)
-        pn_link_advance(ptr)
+        ptr = self.link_ptr
         self.received += 1
-        message = StoredMessage(bytes(payload))
+        message = StoredMessage(payload)
         journal = self.handler.broker.journal
         if journal is None or not (self.awaiting or self.queue.durable) \
                 or not self._hold(journal, delivery, message):

@@ -50,7 +50,7 @@ from cproton import (  # noqa: F401  (re-exported for handlers)
 )
 from cproton import ffi as _ffi
 from cproton import lib as _lib
-from cproton import pn_incref
+from cproton import PN_EOS, pn_incref
 from proton import Link
 
 # the hot byte paths call proton's C functions directly: cproton's Python
@@ -127,6 +127,55 @@ def receive_message(link, size: int) -> bytes:
     received = _link_recv(link, _from_buffer(buffer), size)
     _link_advance(link)
     return bytes(buffer) if received == size else bytes(buffer[:max(received, 0)])
+
+
+# Messages are read through one buffer: a complete delivery that fits is read with a
+# single call, without asking proton first for its size or whether it was aborted
+# (pn_link_recv answers PN_ABORTED itself). One event loop per process, and the
+# bytes are copied out before anything else can use the buffer.
+_READ_SIZE = 64 * 1024
+_read_buffer = bytearray(_READ_SIZE)
+_read_view = memoryview(_read_buffer)
+_read_cbuffer = _from_buffer(_read_buffer)
+_EOS = PN_EOS
+_delivery_partial = _lib.pn_delivery_partial
+_delivery_pending = _lib.pn_delivery_pending
+_delivery_aborted = _lib.pn_delivery_aborted
+_delivery_settle = _lib.pn_delivery_settle
+
+
+def read_transfer(link, delivery, max_size: int = 0):
+    """The bytes of ``delivery``, the current delivery on receiver ``link``, once complete.
+
+    Returns None while it is partial and for an aborted transfer (§2.6.14: it is
+    discarded and settled), False if it is larger than ``max_size`` (0: no limit;
+    the delivery stays current, for the caller to refuse). Advances past a
+    delivery it returns.
+    """
+    if _delivery_partial(delivery):
+        if max_size and _delivery_pending(delivery) > max_size:
+            return False
+        return None
+    received = _link_recv(link, _read_cbuffer, _READ_SIZE)
+    if 0 <= received < _READ_SIZE:
+        if max_size and received > max_size:
+            return False  # read, but not advanced: the caller refuses it
+        _link_advance(link)
+        return bytes(_read_view[:received])
+    if received == _EOS:  # complete and empty
+        _link_advance(link)
+        return b""
+    if received < 0:
+        if _delivery_aborted(delivery):
+            _link_advance(link)  # before settling: settling the current one advances too
+            _delivery_settle(delivery)
+        return None
+    # larger than the buffer: the rest, then the whole
+    size = received + _delivery_pending(delivery)
+    if max_size and size > max_size:
+        return False
+    head = bytes(_read_view[:received])
+    return head + receive_message(link, size - received)
 
 
 class EventHandler(Protocol):

@@ -67,7 +67,7 @@ from routing import compile_pattern
 from . import engine
 from .durable_hold import DurableHold
 from .message_subject import read_subject
-from .proxy_links import _read_transfer
+from .engine import read_transfer
 from .remote_bindings import RemoteSubscription
 from .remote_destinations import RemoteDestinations
 from .upstream import UpstreamTarget
@@ -185,7 +185,7 @@ class ExchangeProducer(engine.ClientLinkEndpoint):
             self.handler.mark_dirty()
 
     def on_delivery(self, delivery) -> None:
-        payload = _read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
+        payload = read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
         if payload is None:
             return
         if payload is False:

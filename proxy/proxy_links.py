@@ -39,14 +39,10 @@ from cproton import (
     PN_RECEIVED,
     PN_REJECTED,
     PN_RELEASED,
-    pn_delivery_aborted,
-    pn_delivery_partial,
-    pn_delivery_pending,
     pn_delivery_remote_state,
     pn_delivery_settle,
     pn_delivery_settled,
     pn_delivery_update,
-    pn_link_advance,
     pn_link_credit,
     pn_link_drained,
     pn_link_flow,
@@ -54,7 +50,7 @@ from cproton import (
     pn_link_set_drain,
 )
 from proton import Data, Delivery, Link, symbol
-from .engine import ClientLinkEndpoint, hold, receive_message, send_message
+from .engine import ClientLinkEndpoint, hold, read_transfer, send_message
 from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.proxy")
@@ -65,9 +61,13 @@ _NONE_UNSETTLED: dict = {}  # ProxyConsumer.unsettled until its first delivery (
 _link_names = itertools.count(1)
 
 
-def copy_outcome(source, target) -> int:
-    """Apply the remote outcome of delivery ``source`` as the local state of ``target``."""
-    state = pn_delivery_remote_state(source)
+def copy_outcome(source, target, state: int | None = None) -> int:
+    """Apply the remote outcome of delivery ``source`` as the local state of ``target``.
+
+    ``state``: ``source``'s remote state if the caller has read it already.
+    """
+    if state is None:
+        state = pn_delivery_remote_state(source)
     if state in (PN_MODIFIED, PN_REJECTED):
         remote = Delivery.wrap(source).remote
         wrapped = Delivery.wrap(target)
@@ -101,7 +101,7 @@ def outcome_of(delivery) -> int | None:
 def relay_outcome(state: int, source, target) -> None:
     """Give ``target`` the outcome ``state`` that ``source`` got, then settle ``target``."""
     if state in TERMINAL:
-        copy_outcome(source, target)
+        copy_outcome(source, target, state)
     else:
         pn_delivery_update(target, PN_ACCEPTED)  # settled with no outcome: accepted
     pn_delivery_settle(target)
@@ -116,22 +116,6 @@ def set_capabilities(terminus, names: tuple[str, ...]) -> None:
     for name in names:
         data.put_symbol(symbol(name))
     data.exit()
-
-
-def _read_transfer(link_ptr, delivery, max_size: int):
-    """Return the delivery's bytes once complete, or None (partial, aborted, too big)."""
-    if pn_delivery_partial(delivery):
-        if max_size and pn_delivery_pending(delivery) > max_size:
-            return False
-        return None
-    if pn_delivery_aborted(delivery):
-        pn_link_advance(link_ptr)
-        pn_delivery_settle(delivery)
-        return None
-    size = pn_delivery_pending(delivery)
-    if max_size and size > max_size:
-        return False
-    return receive_message(link_ptr, size)
 
 
 class _ProxyEndpoint(ClientLinkEndpoint, UpstreamLinkOwner):
@@ -284,7 +268,7 @@ class ProxyConsumer(_ProxyEndpoint):
 
     # -- messages --------------------------------------------------------------------
     def on_upstream_delivery(self, delivery) -> None:
-        payload = _read_transfer(self.up_ptr, delivery, self.handler.broker.max_message_size)
+        payload = read_transfer(self.up_ptr, delivery, self.handler.broker.max_message_size)
         if payload is None:
             return
         if payload is False:
@@ -387,7 +371,7 @@ class ProxyProducer(_ProxyEndpoint):
             self.handler.mark_dirty()
 
     def on_delivery(self, delivery) -> None:
-        payload = _read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
+        payload = read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
         if payload is None:
             return
         if payload is False:
@@ -431,7 +415,7 @@ class ProxyProducer(_ProxyEndpoint):
         client_delivery = item[1]
         if client_delivery is not None and not self.closed:
             if state:
-                copy_outcome(delivery, client_delivery)
+                copy_outcome(delivery, client_delivery, state)
             else:
                 pn_delivery_update(client_delivery, PN_ACCEPTED)
             pn_delivery_settle(client_delivery)

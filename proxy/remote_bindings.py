@@ -36,7 +36,7 @@ from cproton import (
 )
 from proton import Condition, Delivery, Link
 
-from .proxy_links import _read_transfer
+from .engine import read_transfer
 from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.exchanges")
@@ -133,7 +133,7 @@ class RemoteSubscription(UpstreamLinkOwner):
         pass
 
     def on_upstream_delivery(self, delivery) -> None:
-        payload = _read_transfer(self.up_ptr, delivery, self.broker.max_message_size)
+        payload = read_transfer(self.up_ptr, delivery, self.broker.max_message_size)
         if payload is None:
             return
         member = self.member

@@ -44,7 +44,8 @@ from proton import Link
 
 from . import engine
 from .engine import send_message
-from .proxy_links import _read_transfer, outcome_of, relay_outcome
+from .engine import read_transfer
+from .proxy_links import outcome_of, relay_outcome
 from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.proxy")
@@ -191,7 +192,7 @@ class SharedSubscription(UpstreamLinkOwner):
         self.sync_credit()
 
     def on_upstream_delivery(self, delivery) -> None:
-        payload = _read_transfer(self.up_ptr, delivery, 0)
+        payload = read_transfer(self.up_ptr, delivery, 0)
         if payload is None:
             return
         if payload is False:  # pragma: no cover - no size limit here

@@ -59,6 +59,7 @@ class Client:
         self.server = ServerConnection(harness.settings, harness.authenticator, self.handler, harness.now)
         self.session = None
         self.inbox: dict[object, list[Received]] = {}
+        self.backlog = b""  # node output the client transport had no room for yet
         self.events: list[tuple] = []
         self.tags = itertools.count(1)
         self.connection.open()
@@ -193,9 +194,13 @@ class Harness:
     def _move_back(self, client: Client) -> bool:
         server = client.server
         server.process()
-        out = server.take_output()
+        out = client.backlog + server.take_output()
         if not out:
             return False
-        if client.transport.capacity() > 0:
-            client.transport.push(out)
+        room = client.transport.capacity()
+        if room <= 0:
+            client.backlog = out
+            return False
+        client.transport.push(out[:room])
+        client.backlog = out[room:]
         return True

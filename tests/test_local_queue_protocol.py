@@ -258,3 +258,44 @@ def test_message_size_limit():
     h.pump()
     assert snd.remote_condition.name == "amqp:link:message-size-exceeded"
     assert h.queues.get("q").depth == 0
+
+
+def encoded_of_size(size: int) -> bytes:
+    """An encoded message of exactly ``size`` bytes (a binary body of the right length)."""
+    overhead = len(Message(body=b"x" * 1000).encode()) - 1000
+    data = Message(body=b"x" * (size - overhead)).encode()
+    assert len(data) == size
+    return data
+
+
+def test_messages_around_the_read_buffer_size_arrive_whole():
+    # the node reads a complete transfer through a 64 KiB buffer: below, at and above it
+    sizes = [300, 65_535, 65_536, 65_537, 300_000]
+    h = Harness()
+    c = h.client()
+    snd = c.sender("q")
+    sent = [encoded_of_size(size) for size in sizes]
+    deliveries = [c.send(snd, data) for data in sent]
+    h.pump()
+    assert [d.remote_state for d in deliveries] == [Delivery.ACCEPTED] * len(sizes)
+    rcv = c.receiver("q", credit=10)
+    got = c.received(rcv)
+    assert [len(r.raw) for r in got] == sizes
+    assert [r.raw for r in got] == sent
+
+
+def test_aborted_transfer_is_discarded_and_the_next_message_arrives():
+    h = Harness()
+    c = h.client()
+    snd = c.sender("q")
+    aborted = snd.delivery("aborted")
+    snd.send(encoded_of_size(5000)[:2000])  # the first part of a transfer, not advanced
+    h.pump()
+    aborted.abort()  # §2.6.14
+    h.pump()
+    kept = c.send(snd, msg(2))
+    h.pump()
+    assert kept.remote_state == Delivery.ACCEPTED
+    assert h.queues.get("q").depth == 1
+    rcv = c.receiver("q", credit=5)
+    assert ids(c.received(rcv)) == ["m2"]
