@@ -107,6 +107,8 @@ class Broker:
         self.handlers: dict[int, ClientHandler] = {}
         self.consumer_ids = itertools.count(1)
         self.connection_ids = itertools.count(1)
+        # the proton events of every client connection (engine.SharedEventPump)
+        self.client_events = engine.SharedEventPump()
         self.temp_prefix = f"tmp.{node_id}."
         self.upstreams = None  # UpstreamRegistry, set by the node
         self.exchanges = None  # proxy.exchanges.Exchanges, set by the node
@@ -440,6 +442,10 @@ class ClientHandler:
     def on_amqp_start(self, server_connection) -> None:
         self.server_connection = server_connection
         self.broker.handlers[self.connection_id] = self
+
+    @property
+    def event_pump(self) -> engine.SharedEventPump:
+        return self.broker.client_events
 
     def on_event(self, event_type: int, event) -> None:
         method = _CLIENT_EVENTS.get(event_type)

@@ -213,7 +213,8 @@ class ServerConnection:
             pn_transport_set_idle_timeout(transport, int(settings.idle_timeout * 1000))
         connection = _lib.pn_connection()
         pn_connection_set_container(connection, settings.container_id)
-        self.pipe = engine.ProtonPipe(transport, connection, self.handler, owned=True)
+        self.pipe = engine.ProtonPipe(transport, connection, self.handler, owned=True,
+                                      shared=self.handler.event_pump)
         self.transport_ptr, self.connection_ptr = transport, connection
         self.phase = Phase.AMQP
         self.handler.on_amqp_start(self)

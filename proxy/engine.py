@@ -65,6 +65,7 @@ _new_delivery = _lib.pn_delivery
 _link_send = _lib.pn_link_send
 _link_recv = _lib.pn_link_recv
 _link_advance = _lib.pn_link_advance
+_event_connection = _lib.pn_event_connection
 
 
 def transient(cls, impl):
@@ -209,31 +210,98 @@ class EventPump:
             self._running = False
 
 
+class SharedEventPump:
+    """One collector for many connections; each event goes to its connection's handler.
+
+    The client connections of a node share one. A collector keeps every event it
+    has handed out in a pool for reuse (proton's event.c) and never gives the
+    pool back: about 1 KB per connection after the handshake, and as many events
+    as one read of a busy connection produced. Shared, the pool is the size of
+    the largest burst on any one connection.
+
+    Events reach the handler registered for ``pn_event_connection(event)``;
+    events of a connection that has left (still queued when it went) are
+    dropped. Like ``EventPump`` it never runs re-entrantly: events a handler
+    causes, on any client connection, are left for the running loop.
+    """
+
+    __slots__ = ("_collector", "_handlers", "_running")
+
+    def __init__(self) -> None:
+        self._collector = _lib.pn_collector()
+        self._handlers: dict = {}  # raw pn_connection_t -> EventHandler
+        self._running = False
+
+    def __del__(self) -> None:
+        _lib.pn_collector_free(self._collector)
+
+    def add(self, connection, handler: EventHandler) -> None:
+        self._handlers[connection] = handler
+        _lib.pn_connection_collect(connection, self._collector)
+
+    def remove(self, connection) -> None:
+        """``connection`` posts no more events; those still queued are dropped."""
+        _lib.pn_connection_collect(connection, _ffi.NULL)
+        self._handlers.pop(connection, None)
+
+    def run(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        try:
+            collector = self._collector
+            handlers = self._handlers
+            while True:
+                event = pn_collector_peek(collector)
+                if not event:
+                    break
+                try:
+                    handler = handlers.get(_event_connection(event))
+                    if handler is not None:
+                        handler.on_event(pn_event_type(event), event)
+                finally:  # a handler's exception must not leave the event to run again
+                    pn_collector_pop(collector)
+        finally:
+            self._running = False
+
+
 class ProtonPipe:
     """A proton transport + connection + collector, fed with bytes (sans-I/O).
 
     Used for both ends: the AMQP phase of a client connection and the node's
     own connections to primaries. ``push`` respects proton's input capacity
     (processing events to make room), ``output`` drains what proton wrote.
-    Takes raw pointers and owns the collector; with ``owned`` it also holds the
-    caller's reference to the transport and connection and releases them with
-    itself (a client connection keeps no wrapper at all), otherwise the caller
-    keeps them alive (the upstream side holds proton wrappers).
+    Takes raw pointers and owns the collector, or with ``shared`` registers the
+    connection with that ``SharedEventPump`` instead; with ``owned`` it also holds
+    the caller's reference to the transport and connection and releases them
+    with itself (a client connection keeps no wrapper at all), otherwise the
+    caller keeps them alive (the upstream side holds proton wrappers).
     """
 
     __slots__ = ("_transport", "_connection", "_collector", "pump")
 
-    def __init__(self, transport, connection, handler: EventHandler, *, owned: bool = False) -> None:
-        collector = _lib.pn_collector()
-        _lib.pn_connection_collect(connection, collector)
+    def __init__(self, transport, connection, handler: EventHandler, *, owned: bool = False,
+                 shared: SharedEventPump | None = None) -> None:
+        if shared is not None:
+            if not owned:
+                raise ValueError("a pipe on a shared pump must own its connection")
+            collector = None
+            shared.add(connection, handler)
+            self.pump = shared
+        else:
+            collector = _lib.pn_collector()
+            _lib.pn_connection_collect(connection, collector)
+            self.pump = EventPump(collector, handler)
         _lib.pn_transport_bind(transport, connection)
         self._transport = transport
         self._connection = connection if owned else None
         self._collector = collector
-        self.pump = EventPump(collector, handler)
 
     def __del__(self) -> None:
-        _lib.pn_collector_free(self._collector)
+        if self._collector is not None:
+            _lib.pn_collector_free(self._collector)
+        else:
+            self.pump.remove(self._connection)
         if self._connection is not None:
             _lib.pn_decref(self._transport)
             _lib.pn_decref(self._connection)
