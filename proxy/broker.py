@@ -421,6 +421,42 @@ class QueueConsumer(engine.ClientLinkEndpoint):
             self.handler.broker.delete_temporary(queue)
 
 
+class LinkTable(dict):
+    """A client connection's links (link pointer -> endpoint).
+
+    Every change is mirrored into the node-wide table through which the shared
+    event pump hands each delivery to its endpoint (engine.SharedEventPump).
+    """
+
+    __slots__ = ("_all",)
+
+    def __init__(self, all_links: dict) -> None:
+        super().__init__()
+        self._all = all_links
+
+    def __setitem__(self, ptr, endpoint) -> None:
+        super().__setitem__(ptr, endpoint)
+        self._all[ptr] = endpoint
+
+    def __delitem__(self, ptr) -> None:
+        super().__delitem__(ptr)
+        self._all.pop(ptr, None)
+
+    def pop(self, ptr, *default):
+        self._all.pop(ptr, None)
+        return super().pop(ptr, *default)
+
+    def clear(self) -> None:
+        for ptr in self:
+            self._all.pop(ptr, None)
+        super().clear()
+
+    def _unsupported(self, *args, **kwargs):
+        raise TypeError("LinkTable changes only by [ptr] = endpoint, pop, del and clear")
+
+    update = setdefault = popitem = __ior__ = _unsupported
+
+
 class ClientHandler:
     """Proton events of one client connection -> broker operations."""
 
@@ -434,7 +470,7 @@ class ClientHandler:
         self.peer = peer
         self.max_links = max_links
         self.server_connection = None  # the ServerConnection, set on_amqp_start
-        self.links: dict = {}  # link pointer -> endpoint
+        self.links = LinkTable(broker.client_events.links)  # link pointer -> endpoint
         self.writable = True
         self.output = None  # what writes our bytes: an object with flush() (the socket's protocol)
 
@@ -508,8 +544,9 @@ class ClientHandler:
 
     def release_all(self) -> None:
         """The connection is gone: every link's state goes back to the broker."""
-        links, self.links = self.links, {}
-        for endpoint in links.values():
+        endpoints = list(self.links.values())
+        self.links.clear()
+        for endpoint in endpoints:
             endpoint.detached()
         self.broker.handlers.pop(self.connection_id, None)
         self.broker.dirty_handlers.discard(self)

@@ -66,6 +66,8 @@ _link_send = _lib.pn_link_send
 _link_recv = _lib.pn_link_recv
 _link_advance = _lib.pn_link_advance
 _event_connection = _lib.pn_event_connection
+_event_delivery = _lib.pn_event_delivery
+_delivery_link = _lib.pn_delivery_link
 
 
 def transient(cls, impl):
@@ -221,15 +223,19 @@ class SharedEventPump:
 
     Events reach the handler registered for ``pn_event_connection(event)``;
     events of a connection that has left (still queued when it went) are
-    dropped. Like ``EventPump`` it never runs re-entrantly: events a handler
-    causes, on any client connection, are left for the running loop.
+    dropped. A delivery event whose link is in ``links`` (link pointer ->
+    endpoint, kept by the handlers) goes straight to ``endpoint.on_delivery``:
+    the one event every message brings needs no connection lookup. Like
+    ``EventPump`` it never runs re-entrantly: events a handler causes, on any
+    client connection, are left for the running loop.
     """
 
-    __slots__ = ("_collector", "_handlers", "_running")
+    __slots__ = ("_collector", "_handlers", "_running", "links")
 
     def __init__(self) -> None:
         self._collector = _lib.pn_collector()
         self._handlers: dict = {}  # raw pn_connection_t -> EventHandler
+        self.links: dict = {}  # raw pn_link_t -> endpoint with on_delivery(delivery)
         self._running = False
 
     def __del__(self) -> None:
@@ -251,14 +257,22 @@ class SharedEventPump:
         try:
             collector = self._collector
             handlers = self._handlers
+            links = self.links
             while True:
                 event = pn_collector_peek(collector)
                 if not event:
                     break
                 try:
+                    event_type = pn_event_type(event)
+                    if event_type == PN_DELIVERY:
+                        delivery = _event_delivery(event)
+                        endpoint = links.get(_delivery_link(delivery))
+                        if endpoint is not None:
+                            endpoint.on_delivery(delivery)
+                            continue
                     handler = handlers.get(_event_connection(event))
                     if handler is not None:
-                        handler.on_event(pn_event_type(event), event)
+                        handler.on_event(event_type, event)
                 finally:  # a handler's exception must not leave the event to run again
                     pn_collector_pop(collector)
         finally:

@@ -299,3 +299,31 @@ def test_aborted_transfer_is_discarded_and_the_next_message_arrives():
     assert h.queues.get("q").depth == 1
     rcv = c.receiver("q", credit=5)
     assert ids(c.received(rcv)) == ["m2"]
+
+
+def test_node_wide_link_table_follows_attach_detach_session_end_and_drop():
+    # the shared event pump hands deliveries to endpoints through one table for all
+    # client connections: it must hold exactly the links that are attached
+    h = Harness()
+    a, b = h.client(), h.client()
+    kept = a.receiver("q", credit=5)
+    detached = a.sender("q")
+    b.sender("q")
+    b.receiver("q2", credit=1)
+
+    def table():
+        return dict(h.broker.client_events.links)
+
+    assert len(table()) == 4
+    detached.close()
+    h.pump()
+    assert len(table()) == 3
+    b.session.close()  # ends the session without detaching its links first
+    h.pump()
+    assert set(table()) == set(a.handler.links) and len(table()) == 1
+    a.send(a.sender("q"), msg(1))
+    h.pump()
+    assert len(table()) == 2
+    assert ids(a.received(kept)) == ["m1"]  # deliveries still reach the endpoints
+    h.drop(a)
+    assert table() == {}
