@@ -11,6 +11,8 @@ import collections
 import uuid
 
 import pytest
+from proton import Message
+from proton.utils import BlockingConnection
 
 import brokers
 
@@ -103,6 +105,26 @@ def test_credit_one_fetches_one(primary, proxy, clients):
                             count=0, idle_ms=2000).finish())
     assert len(direct) == 29 and first not in direct
     holder.kill()
+
+
+def test_large_messages_cross_the_proxy_whole(primary, proxy):
+    # multi-frame on both sides of the node, larger than proton's output buffer
+    address = f"ext.{queue_name('large')}"
+    bodies = [bytes([i + 1]) * size for i, size in enumerate((300, 65_537, 300_000))]
+    conn = BlockingConnection(proxy.url, timeout=30)
+    try:
+        sender = conn.create_sender(address)
+        for i, body in enumerate(bodies):
+            sender.send(Message(id=f"l{i}", body=body))  # waits for the primary's outcome
+        receiver = conn.create_receiver(address, credit=len(bodies))
+        got = []
+        for _ in bodies:
+            got.append(receiver.receive(timeout=15))
+            receiver.accept()
+    finally:
+        conn.close()
+    assert [m.id for m in got] == [f"l{i}" for i in range(len(bodies))]
+    assert [m.body for m in got] == bodies
 
 
 def test_not_found_reaches_the_client(primary, start_node, clients):
