@@ -181,3 +181,31 @@ def test_producers_and_consumers_on_every_node_keep_producer_order(start_node, c
     assert sorted(got) == sorted(f"{n}m-{i}" for n in ("n1", "n2") for i in range(1500))
     for lines in outputs:
         assert_producer_order(lines)
+
+
+def test_large_messages_are_stolen_whole(start_node):
+    # multi-frame messages crossing from one fragment's node to a consumer on another
+    nodes = start_cluster(start_node, names=("n1", "n2"))
+    bodies = [bytes([i + 1]) * size for i, size in enumerate((300, 65_537, 300_000))]
+    conn = BlockingConnection(nodes["n1"].url, timeout=30)
+    try:
+        sender = conn.create_sender("work.large")
+        for i, body in enumerate(bodies):
+            sender.send(Message(id=f"l{i}", body=body))
+    finally:
+        conn.close()
+    depths = {name: sum(f["depth"] for f in fragments(node)) for name, node in nodes.items()}
+    assert sorted(depths.values()) == [0, len(bodies)]  # one producer, one fragment
+    (thief,) = [name for name, depth in depths.items() if depth == 0]
+    conn = BlockingConnection(nodes[thief].url, timeout=30)
+    try:
+        receiver = conn.create_receiver("work.large", credit=len(bodies))
+        got = []
+        for _ in bodies:
+            got.append(receiver.receive(timeout=15))
+            receiver.accept()
+    finally:
+        conn.close()
+    assert sorted(m.id for m in got) == [f"l{i}" for i in range(len(bodies))]
+    assert sorted(bytes(m.body) for m in got) == sorted(bodies)
+    assert sum(f["stolen_in"] for f in fragments(nodes[thief])) == len(bodies)
