@@ -54,8 +54,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=config.node.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from .journal import JournalError
+
     try:
         return asyncio.run(_serve(config))
+    except JournalError as exc:  # e.g. the data dir's journal is another node's
+        print(f"fedgate: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"fedgate: cannot listen on {config.node.listen}: {exc}", file=sys.stderr)
         return 1

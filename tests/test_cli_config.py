@@ -56,6 +56,17 @@ def test_serve_fails_at_start_on_a_bad_config(tmp_path):
     assert result.returncode == 2 and b"node.colour" in result.stderr
 
 
+def test_second_node_on_the_same_data_dir_is_refused_without_a_traceback(start_node):
+    first = start_node({"queues": {"durable": True}}, name="first")
+    data_dir = first.workdir / "data-first"
+    result = fedgate("serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
+                     "--data-dir", str(data_dir))
+    assert result.returncode == 1
+    assert b"is in use by another process" in result.stderr
+    assert b"Traceback" not in result.stderr
+    assert first.alive()
+
+
 def test_flags_override_the_file():
     config = config_mod.apply_overrides(
         config_mod.from_dict({"node": {"id": "a", "listen": "127.0.0.1:1"}}),
