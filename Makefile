@@ -24,7 +24,7 @@ npm:
 	bash .ci/install/npm.sh
 
 run: venv
-	$(VENV)/bin/fedgate serve --config $(CONFIG)
+	$(VENV)/bin/fedgate serve --config $(CONFIG) $(if $(LISTEN),--listen $(LISTEN))
 
 brokers:
 	bash .ci/install/rabbitmq.sh
