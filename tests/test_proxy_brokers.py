@@ -127,6 +127,32 @@ def test_large_messages_cross_the_proxy_whole(primary, proxy):
     assert [m.body for m in got] == bodies
 
 
+def test_drain_passes_through_the_proxy(primary, proxy):
+    # §2.6.7: the node drains its upstream link and answers the client's drain once
+    # the primary has; no message is fetched beyond what the client asked for
+    if primary.name == "rabbitmq":
+        pytest.skip("RabbitMQ 3.10 does not answer a drain itself: directly, a drain of 10 "
+                    "on a queue of 3 got 2 messages and its credit never went to 0")
+    address = f"ext.{queue_name('drain')}"
+    conn = BlockingConnection(proxy.url, timeout=20)
+    try:
+        sender = conn.create_sender(address)
+        for i in range(3):
+            sender.send(Message(id=f"d{i}", body="x"))
+        receiver = conn.create_receiver(address, credit=0)
+        link = receiver.link
+        link.drain(10)
+        conn.wait(lambda: link.credit == 0 and len(receiver.fetcher.incoming) == 3,
+                  timeout=15, msg="drain with 3 messages answered")
+        link.drain(5)  # the queue is empty now
+        conn.wait(lambda: link.credit == 0, timeout=15, msg="drain on an empty queue answered")
+        assert len(receiver.fetcher.incoming) == 3
+        assert [receiver.receive(timeout=5).id for _ in range(3)] == ["d0", "d1", "d2"]
+        receiver.accept()
+    finally:
+        conn.close()
+
+
 def test_not_found_reaches_the_client(primary, start_node, clients):
     missing = "/amq/queue/fg-missing-" + uuid.uuid4().hex[:8] if primary.name == "rabbitmq" \
         else "strict." + uuid.uuid4().hex[:8]

@@ -127,6 +127,30 @@ def test_large_messages_cross_the_proxy_whole_on_idle_connections(pair):
     assert [m.body for m in got] == bodies
 
 
+def test_drain_passes_through_the_proxy(pair):
+    # §2.6.7: the node drains its upstream link and answers the client's drain once
+    # the primary has; no message is fetched beyond what the client asked for
+    proxy, _ = pair
+    address = "orders.drain"
+    conn = BlockingConnection(proxy.url, timeout=20)
+    try:
+        sender = conn.create_sender(address)
+        for i in range(3):
+            sender.send(Message(id=f"d{i}", body="x"))
+        receiver = conn.create_receiver(address, credit=0)
+        link = receiver.link
+        link.drain(10)
+        conn.wait(lambda: link.credit == 0 and len(receiver.fetcher.incoming) == 3,
+                  timeout=15, msg="drain with 3 messages answered")
+        link.drain(5)  # the queue is empty now
+        conn.wait(lambda: link.credit == 0, timeout=15, msg="drain on an empty queue answered")
+        assert len(receiver.fetcher.incoming) == 3
+        assert [receiver.receive(timeout=5).id for _ in range(3)] == ["d0", "d1", "d2"]
+        receiver.accept()
+    finally:
+        conn.close()
+
+
 def test_not_found_from_the_primary_reaches_the_client(start_node, clients):
     primary = start_node({"queues": {"auto_create": False}}, name="n2")
     proxy = start_node({"peers": {"n2": primary.url}, "rules": [
