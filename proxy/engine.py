@@ -124,14 +124,6 @@ def send_message(link, tag: bytes, payload) -> object:
     return delivery
 
 
-def receive_message(link, size: int) -> bytes:
-    """The ``size`` bytes of the current (complete) delivery on receiver ``link``; advances."""
-    buffer = bytearray(size)
-    received = _link_recv(link, _from_buffer(buffer), size)
-    _link_advance(link)
-    return bytes(buffer) if received == size else bytes(buffer[:max(received, 0)])
-
-
 # Messages are read through one buffer: a complete delivery that fits is read with a
 # single call, without asking proton first for its size or whether it was aborted
 # (pn_link_recv answers PN_ABORTED itself). One event loop per process, and the
@@ -173,12 +165,15 @@ def read_transfer(link, delivery, max_size: int = 0):
             _link_advance(link)  # before settling: settling the current one advances too
             _delivery_settle(delivery)
         return None
-    # larger than the buffer: the rest, then the whole
+    # larger than the buffer: what was read, then the rest, into one of the whole size
     size = received + _delivery_pending(delivery)
     if max_size and size > max_size:
         return False
-    head = bytes(_read_view[:received])
-    return head + receive_message(link, size - received)
+    whole = bytearray(size)
+    whole[:received] = _read_view[:received]
+    _link_recv(link, _from_buffer(whole) + received, size - received)
+    _link_advance(link)
+    return bytes(whole)
 
 
 class EventHandler(Protocol):
