@@ -8,6 +8,7 @@ import time
 from proton import Message
 from proton.utils import BlockingConnection
 
+from blocking_checks import large_bodies, receive_messages, send_messages
 from fragment_cluster import admin, cpu_seconds, fragments, start_cluster
 
 
@@ -186,26 +187,13 @@ def test_producers_and_consumers_on_every_node_keep_producer_order(start_node, c
 def test_large_messages_are_stolen_whole(start_node):
     # multi-frame messages crossing from one fragment's node to a consumer on another
     nodes = start_cluster(start_node, names=("n1", "n2"))
-    bodies = [bytes([i + 1]) * size for i, size in enumerate((300, 65_537, 300_000))]
-    conn = BlockingConnection(nodes["n1"].url, timeout=30)
-    try:
-        sender = conn.create_sender("work.large")
-        for i, body in enumerate(bodies):
-            sender.send(Message(id=f"l{i}", body=body))
-    finally:
-        conn.close()
+    bodies = large_bodies()
+    send_messages(nodes["n1"].url, "work.large",
+                  [Message(id=f"l{i}", body=body) for i, body in enumerate(bodies)])
     depths = {name: sum(f["depth"] for f in fragments(node)) for name, node in nodes.items()}
     assert sorted(depths.values()) == [0, len(bodies)]  # one producer, one fragment
     (thief,) = [name for name, depth in depths.items() if depth == 0]
-    conn = BlockingConnection(nodes[thief].url, timeout=30)
-    try:
-        receiver = conn.create_receiver("work.large", credit=len(bodies))
-        got = []
-        for _ in bodies:
-            got.append(receiver.receive(timeout=15))
-            receiver.accept()
-    finally:
-        conn.close()
+    got = receive_messages(nodes[thief].url, "work.large", len(bodies))
     assert sorted(m.id for m in got) == [f"l{i}" for i in range(len(bodies))]
     assert sorted(bytes(m.body) for m in got) == sorted(bodies)
     assert sum(f["stolen_in"] for f in fragments(nodes[thief])) == len(bodies)

@@ -12,9 +12,9 @@ import uuid
 
 import pytest
 from proton import Message
-from proton.utils import BlockingConnection
 
 import brokers
+from blocking_checks import check_drain, large_bodies, receive_messages, send_messages
 
 BROKERS = ["rabbitmq", "artemis"]
 
@@ -110,47 +110,20 @@ def test_credit_one_fetches_one(primary, proxy, clients):
 def test_large_messages_cross_the_proxy_whole(primary, proxy):
     # multi-frame on both sides of the node, larger than proton's output buffer
     address = f"ext.{queue_name('large')}"
-    bodies = [bytes([i + 1]) * size for i, size in enumerate((300, 65_537, 300_000))]
-    conn = BlockingConnection(proxy.url, timeout=30)
-    try:
-        sender = conn.create_sender(address)
-        for i, body in enumerate(bodies):
-            sender.send(Message(id=f"l{i}", body=body))  # waits for the primary's outcome
-        receiver = conn.create_receiver(address, credit=len(bodies))
-        got = []
-        for _ in bodies:
-            got.append(receiver.receive(timeout=15))
-            receiver.accept()
-    finally:
-        conn.close()
+    bodies = large_bodies()
+    send_messages(proxy.url, address, [Message(id=f"l{i}", body=b) for i, b in enumerate(bodies)])
+    got = receive_messages(proxy.url, address, len(bodies))
     assert [m.id for m in got] == [f"l{i}" for i in range(len(bodies))]
     assert [m.body for m in got] == bodies
 
 
 def test_drain_passes_through_the_proxy(primary, proxy):
-    # §2.6.7: the node drains its upstream link and answers the client's drain once
-    # the primary has; no message is fetched beyond what the client asked for
+    # the node drains its upstream link and answers the client's drain once the
+    # primary has; no message is fetched beyond what the client asked for
     if primary.name == "rabbitmq":
         pytest.skip("RabbitMQ 3.10 does not answer a drain itself: directly, a drain of 10 "
                     "on a queue of 3 got 2 messages and its credit never went to 0")
-    address = f"ext.{queue_name('drain')}"
-    conn = BlockingConnection(proxy.url, timeout=20)
-    try:
-        sender = conn.create_sender(address)
-        for i in range(3):
-            sender.send(Message(id=f"d{i}", body="x"))
-        receiver = conn.create_receiver(address, credit=0)
-        link = receiver.link
-        link.drain(10)
-        conn.wait(lambda: link.credit == 0 and len(receiver.fetcher.incoming) == 3,
-                  timeout=15, msg="drain with 3 messages answered")
-        link.drain(5)  # the queue is empty now
-        conn.wait(lambda: link.credit == 0, timeout=15, msg="drain on an empty queue answered")
-        assert len(receiver.fetcher.incoming) == 3
-        assert [receiver.receive(timeout=5).id for _ in range(3)] == ["d0", "d1", "d2"]
-        receiver.accept()
-    finally:
-        conn.close()
+    check_drain(proxy.url, f"ext.{queue_name('drain')}")
 
 
 def test_not_found_reaches_the_client(primary, start_node, clients):

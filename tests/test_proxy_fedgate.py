@@ -9,6 +9,7 @@ import pytest
 from proton import Message
 from proton.utils import BlockingConnection
 
+from blocking_checks import check_drain, receive_messages, send_messages
 from conftest import PYTHON, TESTS
 
 PER_SENDER = 500
@@ -111,44 +112,17 @@ def test_large_messages_cross_the_proxy_whole_on_idle_connections(pair):
     bodies = [bytes([i]) * (size - overhead) for i, size in enumerate(sizes)]
     messages = [Message(id=f"s{i}", body=body) for i, body in enumerate(bodies)]
     assert [len(m.encode()) for m in messages] == sizes
-    conn = BlockingConnection(proxy.url, timeout=20)
-    try:
-        sender = conn.create_sender("orders.sizes")
-        for message in messages:
-            sender.send(message)  # waits for the primary's outcome
-        receiver = conn.create_receiver("orders.sizes", credit=len(sizes))
-        got = []
-        for _ in sizes:
-            got.append(receiver.receive(timeout=10))
-            receiver.accept()
-    finally:
-        conn.close()
+    send_messages(proxy.url, "orders.sizes", messages)
+    got = receive_messages(proxy.url, "orders.sizes", len(sizes))
     assert [m.id for m in got] == [f"s{i}" for i in range(len(sizes))]
     assert [m.body for m in got] == bodies
 
 
 def test_drain_passes_through_the_proxy(pair):
-    # §2.6.7: the node drains its upstream link and answers the client's drain once
-    # the primary has; no message is fetched beyond what the client asked for
+    # the node drains its upstream link and answers the client's drain once the
+    # primary has; no message is fetched beyond what the client asked for
     proxy, _ = pair
-    address = "orders.drain"
-    conn = BlockingConnection(proxy.url, timeout=20)
-    try:
-        sender = conn.create_sender(address)
-        for i in range(3):
-            sender.send(Message(id=f"d{i}", body="x"))
-        receiver = conn.create_receiver(address, credit=0)
-        link = receiver.link
-        link.drain(10)
-        conn.wait(lambda: link.credit == 0 and len(receiver.fetcher.incoming) == 3,
-                  timeout=15, msg="drain with 3 messages answered")
-        link.drain(5)  # the queue is empty now
-        conn.wait(lambda: link.credit == 0, timeout=15, msg="drain on an empty queue answered")
-        assert len(receiver.fetcher.incoming) == 3
-        assert [receiver.receive(timeout=5).id for _ in range(3)] == ["d0", "d1", "d2"]
-        receiver.accept()
-    finally:
-        conn.close()
+    check_drain(proxy.url, "orders.drain")
 
 
 def test_not_found_from_the_primary_reaches_the_client(start_node, clients):
