@@ -113,6 +113,7 @@ def queue_info(queue) -> dict[str, Any]:
         "depth": queue.depth,
         "consumers": len(queue.consumers),
         "producers": len(queue.producers),
+        "browsers": len(queue.browsers),
         "unacked": queue.unacked,
         "max_depth": queue.max_depth,
         "temporary": queue.temporary,

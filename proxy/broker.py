@@ -66,7 +66,8 @@ from . import engine
 from . import journal_queues
 from .journal import JournalError
 from .local_queues import LocalQueue, QueueRegistry, StoredMessage
-from .proxy_links import ProxyConsumer, ProxyProducer, outcome_of
+from .proxy_links import ProxyConsumer, ProxyProducer, filter_names, outcome_of
+from .queue_browsers import QueueBrowser
 from .shared_consumers import attach_shared_consumer
 from .metrics import Histogram
 
@@ -128,6 +129,8 @@ class Broker:
             for queue in queues:
                 queue.dispatch()
                 _finish_drains(queue)
+                for browser in queue.browsers:  # after the consumers: they take first
+                    browser.serve()
                 if queue.after_dispatch is not None:
                     queue.after_dispatch(queue)
                 if queue.producers_blocked:
@@ -153,7 +156,7 @@ class Broker:
         self.enqueue(target, copy)
 
     def delete_temporary(self, queue: LocalQueue) -> None:
-        if queue.consumers or queue.producers:
+        if queue.consumers or queue.producers or queue.browsers:
             return
         self.queues.delete(queue.name)
         dropped = queue.purge()
@@ -170,6 +173,18 @@ def _finish_drains(queue: LocalQueue) -> None:
         if pn_link_get_drain(ptr) and pn_link_credit(ptr) > 0:
             pn_link_drained(ptr)
             consumer.handler.mark_dirty()
+
+
+def _refuse_filters(source: Terminus, what: str) -> None:
+    """Local queues apply no filters (§3.5.3 ``filter``, e.g. a JMS selector).
+
+    Answering with the client's filter would claim it is applied, and the
+    consumer would take messages it did not select.
+    """
+    names = filter_names(source)
+    if names:
+        raise LinkRefused(NOT_IMPLEMENTED,
+                          f"filters are not supported on a {what} ({', '.join(sorted(names))})")
 
 
 def _replenish_producers(queue: LocalQueue) -> None:
@@ -608,11 +623,18 @@ class ClientHandler:
                                                   "receive from a queue bound to it")
         decision = self._resolve(remote.address, "receive")
         extension = self.broker.kind_handlers.get(decision.kind)
-        if extension is not None:
-            extension.attach(self, link, decision)
-        elif decision.kind == "proxy":
+        if decision.kind == "proxy":  # the primary answers for filters and browsing
             upstream = self.broker.upstreams.for_decision(decision)
             self.attach_proxy_consumer(link, upstream, decision.remote_address, rule=decision.rule)
+            return
+        _refuse_filters(remote, f"{decision.kind} queue")
+        if remote.distribution_mode == Terminus.DIST_MODE_COPY:
+            if extension is not None:
+                raise LinkRefused(NOT_IMPLEMENTED, f"{remote.address!r} is a {decision.kind} "
+                                                   "queue: it cannot be browsed (distribution-mode copy)")
+            self.attach_queue_browser(link, self._local_queue(remote.address))
+        elif extension is not None:
+            extension.attach(self, link, decision)
         else:
             self.attach_queue_consumer(link, self._local_queue(remote.address))
 
@@ -651,6 +673,15 @@ class ClientHandler:
         self.broker.dirty_queues.add(queue)
         return consumer
 
+    def attach_queue_browser(self, link: Link, queue: LocalQueue) -> QueueBrowser:
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        self._open_client_link(link, presettled, address=queue.name)
+        browser = QueueBrowser(self, link, queue, presettled=presettled)
+        self.links[browser.link_ptr] = browser
+        queue.browsers.append(browser)
+        self.broker.dirty_queues.add(queue)
+        return browser
+
     def attach_queue_producer(self, link: Link, queue: LocalQueue) -> "QueueProducer":
         self._open_client_link(link, False, address=queue.name)
         producer = QueueProducer(self, link, queue, self.broker.credit_window)
@@ -664,7 +695,10 @@ class ClientHandler:
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         self._open_client_link(link, presettled)
         recheck = rule.upstream.recheck_interval if rule is not None else 0.0
-        if rule is not None and rule.mirror_auto_delete:  # one upstream consumer, shared
+        remote = link.remote_source
+        private = remote.distribution_mode == Terminus.DIST_MODE_COPY or filter_names(remote)
+        if rule is not None and rule.mirror_auto_delete and not private:
+            # one upstream consumer, shared (a browser or a filter needs a link of its own)
             endpoint = attach_shared_consumer(self, link, upstream, remote_address,
                                               presettled=presettled, recheck_interval=recheck)
         else:

@@ -47,6 +47,9 @@ class StoredMessage:
     # A message stolen from a peer fragment: (stealer, its upstream delivery).
     # Its outcome is settled at its home fragment, not in a local queue.
     origin: tuple | None = None
+    # Its place in the order of enqueues (set by LocalQueue.enqueue); browsers keep
+    # the last one they were sent
+    seq: int = 0
 
 
 class Consumer(Protocol):
@@ -94,9 +97,14 @@ class LocalQueue:
     delivered_to_peers: int = 0  # messages stolen from this queue by peers
     # Called by the broker after each dispatch (fragments: decide to steal).
     after_dispatch: object = None
+    # Links browsing the queue (distribution-mode copy): sent copies, take nothing
+    browsers: list = field(default_factory=list)
+    _seq: int = 0  # the last StoredMessage.seq given
 
     # -- producer side -----------------------------------------------------
     def enqueue(self, message: StoredMessage) -> None:
+        self._seq += 1
+        message.seq = self._seq
         self.messages.append(message)
         self.stats.enqueued += 1
 
@@ -182,6 +190,34 @@ class LocalQueue:
             if consumer.credit > 0 and consumer.consumer_id not in message.excluded:
                 return consumer
         return None
+
+    def browse(self, after: int, limit: int) -> list[StoredMessage]:
+        """Up to ``limit`` waiting messages enqueued after ``seq`` ``after``, in queue order.
+
+        For browsers (§3.5.3 distribution-mode ``copy``): they see what waits in
+        the queue, not what is out with a consumer, and each message once. The
+        queue is in enqueue order except for messages that came back to its head
+        (released, modified): the first candidate is found by bisection, and a
+        message that returned after a browser went past its place is not shown
+        to that browser again.
+        """
+        messages = self.messages
+        if limit <= 0 or not messages:
+            return []
+        low, high = 0, len(messages)
+        while low < high:
+            middle = (low + high) // 2
+            if messages[middle].seq <= after:
+                low = middle + 1
+            else:
+                high = middle
+        found = []
+        for message in itertools.islice(messages, low, None):
+            if message.seq > after:
+                found.append(message)
+                if len(found) == limit:
+                    break
+        return found
 
     def local_credit(self) -> int:
         """Credit held by local (non-peer) consumers."""

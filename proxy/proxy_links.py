@@ -49,13 +49,14 @@ from cproton import (
     pn_link_get_drain,
     pn_link_set_drain,
 )
-from proton import Data, Delivery, Link, symbol
+from proton import Data, Delivery, Link, Terminus, symbol
 from .engine import ClientLinkEndpoint, hold, read_transfer, send_message
 from .upstream import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.proxy")
 
 TERMINAL = (PN_ACCEPTED, PN_REJECTED, PN_RELEASED, PN_MODIFIED)
+NOT_IMPLEMENTED = "amqp:not-implemented"
 _NONE_HELD = ()  # ProxyConsumer.held while nothing is held
 _NONE_UNSETTLED: dict = {}  # ProxyConsumer.unsettled until its first delivery (never written to)
 _link_names = itertools.count(1)
@@ -105,6 +106,42 @@ def relay_outcome(state: int, source, target) -> None:
     else:
         pn_delivery_update(target, PN_ACCEPTED)  # settled with no outcome: accepted
     pn_delivery_settle(target)
+
+
+def filter_names(terminus) -> set[str]:
+    """The keys of a source's filter-set (§3.5.8), e.g. ``{"selector"}``."""
+    data = terminus.filter
+    data.rewind()
+    if data.next() is None:
+        return set()
+    filters = data.get_object()
+    return {str(name) for name in filters} if isinstance(filters, dict) else {"?"}
+
+
+def unhonoured_source(asked, answered, echo_untrusted: str | None = None) -> str | None:
+    """Why the primary's source does not do what the client asked, or None (§3.5.3).
+
+    A browser (distribution-mode ``copy``) or a filter (a JMS selector) the
+    primary leaves out of its answer is not applied: the client would take
+    messages it meant to look at, or messages it did not select.
+    ``echo_untrusted`` says why this primary's answer proves nothing
+    (``proxy.primaries``). A null source (the attach refused, a detach follows)
+    is left to the detach's condition.
+    """
+    copy = asked.distribution_mode == Terminus.DIST_MODE_COPY
+    wanted = filter_names(asked)
+    if not copy and not wanted:
+        return None  # nearly every link: nothing to check
+    if answered.type != Terminus.SOURCE:
+        return None
+    if echo_untrusted is not None:
+        return echo_untrusted
+    if copy and answered.distribution_mode != Terminus.DIST_MODE_COPY:
+        return "the primary does not browse this address (distribution-mode copy)"
+    missing = wanted - filter_names(answered)
+    if missing:
+        return f"the primary does not apply the filter ({', '.join(sorted(missing))})"
+    return None
 
 
 def set_capabilities(terminus, names: tuple[str, ...]) -> None:
@@ -208,9 +245,20 @@ class ProxyConsumer(_ProxyEndpoint):
         if not self.closed:
             self.handler.close_link(self.link, condition.name, condition.description or "")
 
+    def on_upstream_attached(self) -> None:
+        unhonoured = unhonoured_source(self.link.remote_source, self.up_link.remote_source,
+                                       self.member.source_echo_untrusted)
+        if unhonoured is not None:
+            log.info("proxy link %s -> %s refused: %s", self.link.name, self.remote_address,
+                     unhonoured)
+            self.handler.close_link(self.link, NOT_IMPLEMENTED, unhonoured)
+            return
+        super().on_upstream_attached()
+
     def configure_upstream(self, link: Link) -> None:
         # transparent: the client's termini (durability, expiry, filters,
-        # capabilities) go upstream as they are, only the address is mapped
+        # distribution mode, capabilities) go upstream as they are, only the
+        # address is mapped; on_upstream_attached checks what the primary kept
         link.source.copy(self.link.remote_source)
         link.source.address = self.remote_address
         link.target.copy(self.link.remote_target)

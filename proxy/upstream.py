@@ -59,6 +59,7 @@ from proton import Connection, Link, Session, Terminus, Transport
 
 from . import engine
 from .io import EngineProtocol
+from .primaries import echoes_source_unapplied
 
 log = logging.getLogger("fedgate.upstream")
 
@@ -254,6 +255,9 @@ class PoolMember:
         self.last_error: str | None = None
         self.sent = 0  # messages sent to the primary over this connection
         self.received = 0  # messages received from the primary
+        # set at open: why this primary's answers to browse / filter requests
+        # are not to be trusted (proxy.primaries), or None
+        self.source_echo_untrusted: str | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._dispatch = {
             engine.PN_CONNECTION_REMOTE_OPEN: self._on_remote_open,
@@ -296,6 +300,7 @@ class PoolMember:
 
     def _on_remote_open(self, event) -> None:
         self.state = "up"
+        self.source_echo_untrusted = echoes_source_unapplied(self.conn.connection.remote_properties)
         self.attempts = 0
         self.last_error = None
         self._new_session()

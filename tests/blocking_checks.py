@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from proton import Message
-from proton.utils import BlockingConnection
+from proton import Endpoint, Message, Timeout
+from proton.reactor import Copy, Selector
+from proton.utils import BlockingConnection, LinkDetached
 
 # below, just above and far above 64 KiB: multi-frame, larger than proton's output buffer
 LARGE_SIZES = (300, 65_537, 300_000)
@@ -60,3 +61,49 @@ def check_drain(url: str, address: str) -> None:
         receiver.accept()
     finally:
         conn.close()
+
+
+def browse(url: str, address: str, count: int, timeout: float = 30) -> list:
+    """Ids of the first ``count`` messages a browsing receiver (distribution-mode
+    copy) is sent, each accepted: an outcome for a copy must take nothing."""
+    conn = BlockingConnection(url, timeout=timeout)
+    try:
+        receiver = conn.create_receiver(address, credit=count, options=Copy())
+        seen = []
+        for _ in range(count):
+            seen.append(receiver.receive(timeout=15).id)
+            receiver.accept()
+        return seen
+    finally:
+        conn.close()
+
+
+def select(url: str, address: str, selector: str, count: int, timeout: float = 30) -> list:
+    """Ids of ``count`` messages received (and accepted) through a JMS selector."""
+    conn = BlockingConnection(url, timeout=timeout)
+    try:
+        receiver = conn.create_receiver(address, credit=count, options=Selector(selector))
+        got = []
+        for _ in range(count):
+            got.append(receiver.receive(timeout=15).id)
+            receiver.accept()
+        return got
+    finally:
+        conn.close()
+
+
+def refusal(url: str, address: str, options, timeout: float = 30) -> str | None:
+    """The condition a receiver with ``options`` is detached with (through a proxy
+    that comes after its attach was answered), or None if it stays attached."""
+    conn = BlockingConnection(url, timeout=timeout)
+    try:
+        receiver = conn.create_receiver(address, credit=10, options=options)
+        conn.wait(lambda: receiver.link.state & Endpoint.REMOTE_CLOSED, timeout=10,
+                  msg="the refusal")
+    except LinkDetached as detached:
+        return detached.link.remote_condition.name
+    except Timeout:
+        return None
+    finally:
+        conn.close()
+    return receiver.link.remote_condition.name if receiver.link.remote_condition else None

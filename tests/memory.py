@@ -17,7 +17,9 @@ from proton import (
     Delivery,
     Event,
     Message,
+    Terminus,
     Transport,
+    symbol,
 )
 
 from proxy.broker import Broker, ClientHandler
@@ -86,12 +88,26 @@ class Client:
         return link
 
     def receiver(self, address: str | None, *, credit: int = 0, dynamic: bool = False,
-                 presettled: bool = False, name: str | None = None):
+                 presettled: bool = False, name: str | None = None, browse: bool = False,
+                 selector: str | None = None):
         link = self._session().receiver(name or f"r{next(self.tags)}")
         if dynamic:
             link.source.dynamic = True
         else:
             link.source.address = address
+        if browse:
+            link.source.distribution_mode = Terminus.DIST_MODE_COPY
+        if selector is not None:  # as Qpid JMS and proton's Selector() send it
+            data = link.source.filter
+            data.put_map()
+            data.enter()
+            data.put_symbol(symbol("selector"))
+            data.put_described()
+            data.enter()
+            data.put_symbol(symbol("apache.org:selector-filter:string"))
+            data.put_string(selector)
+            data.exit()
+            data.exit()
         if presettled:
             link.snd_settle_mode = link.SND_SETTLED
         link.open()

@@ -14,7 +14,10 @@ import pytest
 from proton import Message
 
 import brokers
-from blocking_checks import check_drain, large_bodies, receive_messages, send_messages
+from proton.reactor import Copy, Selector
+
+from blocking_checks import (browse, check_drain, large_bodies, receive_messages, refusal, select,
+                             send_messages)
 
 BROKERS = ["rabbitmq", "artemis"]
 
@@ -124,6 +127,36 @@ def test_drain_passes_through_the_proxy(primary, proxy):
         pytest.skip("RabbitMQ 3.10 does not answer a drain itself: directly, a drain of 10 "
                     "on a queue of 3 got 2 messages and its credit never went to 0")
     check_drain(proxy.url, f"ext.{queue_name('drain')}")
+
+
+def test_browsing_through_the_proxy_takes_nothing(primary, proxy):
+    # Artemis browses (§3.5.3 distribution-mode copy). RabbitMQ 3.10 answers "copy"
+    # and moves the messages, so the proxy refuses a browser there (proxy.primaries)
+    queue = queue_name("browse")
+    send_messages(primary.url, primary.direct(queue),
+                  [Message(id=f"b{i}", body="x") for i in range(3)])
+    if primary.name == "rabbitmq":
+        assert refusal(proxy.url, f"ext.{queue}", Copy()) == "amqp:not-implemented"
+    else:
+        assert browse(proxy.url, f"ext.{queue}", 3) == ["b0", "b1", "b2"]
+    got = receive_messages(primary.url, primary.direct(queue), 3)
+    assert [m.id for m in got] == ["b0", "b1", "b2"]
+
+
+def test_a_selector_through_the_proxy_selects_or_is_refused(primary, proxy):
+    # Artemis applies a JMS selector; RabbitMQ 3.10 echoes it and delivers everything
+    queue = queue_name("select")
+    send_messages(primary.url, primary.direct(queue),
+                  [Message(id=f"s{i}", body="x", properties={"color": "red" if i % 2 else "blue"})
+                   for i in range(4)])
+    if primary.name == "rabbitmq":
+        assert refusal(proxy.url, f"ext.{queue}", Selector("color = 'red'")) == "amqp:not-implemented"
+        left = ["s0", "s1", "s2", "s3"]
+    else:
+        assert select(proxy.url, f"ext.{queue}", "color = 'red'", 2) == ["s1", "s3"]
+        left = ["s0", "s2"]
+    got = receive_messages(primary.url, primary.direct(queue), len(left))
+    assert [m.id for m in got] == left
 
 
 def test_not_found_reaches_the_client(primary, start_node, clients):

@@ -9,7 +9,9 @@ import pytest
 from proton import Message
 from proton.utils import BlockingConnection
 
-from blocking_checks import check_drain, receive_messages, send_messages
+from proton.reactor import Selector
+
+from blocking_checks import browse, check_drain, receive_messages, refusal, send_messages
 from conftest import PYTHON, TESTS
 
 PER_SENDER = 500
@@ -123,6 +125,22 @@ def test_drain_passes_through_the_proxy(pair):
     # primary has; no message is fetched beyond what the client asked for
     proxy, _ = pair
     check_drain(proxy.url, "orders.drain")
+
+
+def test_browsing_through_the_proxy_takes_nothing_from_the_primary(pair):
+    # §3.5.3 distribution-mode copy: the primary browses, the proxy passes copies
+    proxy, primary = pair
+    send_messages(primary.url, "orders.browse", [Message(id=f"b{i}", body="x") for i in range(3)])
+    assert browse(proxy.url, "orders.browse", 3) == ["b0", "b1", "b2"]
+    assert [m.id for m in receive_messages(primary.url, "orders.browse", 3)] == ["b0", "b1", "b2"]
+
+
+def test_a_selector_through_the_proxy_gets_the_primarys_refusal(pair):
+    # a fedgate primary applies no filters and says so; the proxy does not hide it
+    proxy, primary = pair
+    send_messages(primary.url, "orders.sel", [Message(id=f"s{i}", body="x") for i in range(2)])
+    assert refusal(proxy.url, "orders.sel", Selector("color = 'red'")) == "amqp:not-implemented"
+    assert [m.id for m in receive_messages(primary.url, "orders.sel", 2)] == ["s0", "s1"]
 
 
 def test_not_found_from_the_primary_reaches_the_client(start_node, clients):

@@ -1,0 +1,35 @@
+"""What the node knows about primaries that answer for features they do not apply.
+
+A receiving link's source may ask the node for a browser (§3.5.3
+``distribution-mode`` ``copy``) or for filters (§3.5.8, e.g. a JMS selector).
+The node at the other end says what it applies by putting them in its own
+attach. The proxy checks that answer before it fetches anything
+(``proxy_links.unhonoured_source``). Some brokers echo the client's source
+whole, though:
+
+* RabbitMQ before 4.0 (its ``rabbitmq_amqp1_0`` plugin; measured with 3.10.8):
+  answers ``copy`` and moves the messages (a browser empties the queue), and
+  answers a ``selector`` filter and delivers every message.
+
+For such a primary the proxy refuses browsers and filters itself, with
+``amqp:not-implemented``, instead of trusting the echo. A primary is known by
+the ``product`` and ``version`` properties of its open frame (§2.7.1).
+"""
+
+from __future__ import annotations
+
+
+def echoes_source_unapplied(properties: dict | None) -> str | None:
+    """Why a primary's echo of browse and filter requests cannot be trusted, or None."""
+    if not properties:
+        return None
+    product = str(properties.get("product", ""))
+    version = str(properties.get("version", ""))
+    if product == "RabbitMQ" and _major(version) < 4:
+        return f"RabbitMQ {version} neither browses nor filters (it echoes the request)"
+    return None
+
+
+def _major(version: str) -> int:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
