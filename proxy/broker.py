@@ -640,6 +640,8 @@ class ClientHandler:
 
     def _attach_producer(self, link: Link) -> None:
         remote = link.remote_target
+        if remote.type == Terminus.COORDINATOR:  # §4.2: a transaction controller's link
+            raise LinkRefused(NOT_IMPLEMENTED, "transactions are not supported")
         if remote.dynamic:
             self.check_access(None, "send")
             queue = self.broker.queues.create_temporary(self.broker.temp_prefix)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proton import Delivery, Message
+from proton import Delivery, Endpoint, Message, Terminus
 
 from memory import Harness
 
@@ -190,6 +190,19 @@ def test_dynamic_target():
     c.send(snd, msg(0))
     rcv = c.receiver(address, credit=1)
     assert ids(c.received(rcv)) == ["m0"]
+
+
+def test_transaction_coordinator_is_refused_by_name():
+    # §4.2: a transacted session (e.g. Qpid JMS) attaches a sender to a coordinator
+    h = Harness()
+    c = h.client()
+    link = c._session().sender("txn-ctrl")
+    link.target.type = Terminus.COORDINATOR
+    link.open()
+    h.pump()
+    assert link.state & Endpoint.REMOTE_CLOSED
+    assert link.remote_condition.name == "amqp:not-implemented"
+    assert "transactions" in link.remote_condition.description
 
 
 def test_depth_limit_withholds_credit_and_loses_nothing():
