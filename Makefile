@@ -35,6 +35,7 @@ test: venv npm brokers
 	bash .ci/install/dmz.sh
 	bash .ci/install/toxiproxy.sh
 	bash .ci/install/java.sh
+	bash .ci/install/jms.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # the Spark load generator against its own two-node demo cluster (see README)
@@ -70,4 +71,4 @@ bench-durable: venv
 	$(PY) bench/durable.py
 
 clean:
-	rm -rf $(VENV) .build tests/js/node_modules
+	rm -rf $(VENV) .build tests/js/node_modules tests/jms/target

@@ -1,0 +1,232 @@
+package fedgate;
+
+import jakarta.jms.Connection;
+import jakarta.jms.DeliveryMode;
+import jakarta.jms.JMSException;
+import jakarta.jms.Message;
+import jakarta.jms.MessageConsumer;
+import jakarta.jms.MessageProducer;
+import jakarta.jms.Queue;
+import jakarta.jms.QueueBrowser;
+import jakarta.jms.Session;
+import jakarta.jms.TemporaryQueue;
+import jakarta.jms.TextMessage;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.net.URI;
+import java.util.ArrayList;
+import java.util.Enumeration;
+import java.util.List;
+
+import org.apache.qpid.jms.JmsConnection;
+import org.apache.qpid.jms.JmsConnectionFactory;
+import org.apache.qpid.jms.JmsConnectionListener;
+import org.apache.qpid.jms.message.JmsInboundMessageDispatch;
+
+/**
+ * A Qpid JMS client for fedgate's interoperability tests (tests/test_jms.py).
+ *
+ * Each command prints JSON lines on stdout; a JMS failure is printed as
+ * {"error": ..., "type": ...} and exits 2.
+ *
+ *   send URL QUEUE COUNT PREFIX [PAUSE_AFTER]  persistent sends, each waiting for its outcome;
+ *                                              after PAUSE_AFTER prints {"paused": n} and waits
+ *                                              for a line on stdin
+ *   receive URL QUEUE COUNT IDLE_MS            until COUNT or IDLE_MS without a message
+ *   browse URL QUEUE                           a QueueBrowser's enumeration
+ *   select URL QUEUE SELECTOR COUNT IDLE_MS    a consumer with a message selector
+ *   rpc URL QUEUE COUNT                        request/reply through a temporary queue
+ *   transacted URL QUEUE                       a transacted session's send and commit
+ */
+public final class JmsClient {
+
+    public static void main(String[] args) throws Exception {
+        try {
+            switch (args[0]) {
+                case "send" -> send(args[1], args[2], Integer.parseInt(args[3]), args[4],
+                                    args.length > 5 ? Integer.parseInt(args[5]) : 0);
+                case "receive" -> receive(args[1], args[2], Integer.parseInt(args[3]),
+                                          Long.parseLong(args[4]), null);
+                case "select" -> receive(args[1], args[2], Integer.parseInt(args[4]),
+                                         Long.parseLong(args[5]), args[3]);
+                case "browse" -> browse(args[1], args[2]);
+                case "rpc" -> rpc(args[1], args[2], Integer.parseInt(args[3]));
+                case "transacted" -> transacted(args[1], args[2]);
+                default -> throw new IllegalArgumentException("unknown command " + args[0]);
+            }
+        } catch (JMSException | RuntimeException e) {
+            print("{\"error\": " + quote(String.valueOf(e.getMessage())) + ", \"type\": "
+                  + quote(e.getClass().getName()) + "}");
+            System.exit(2);
+        }
+        System.exit(0);
+    }
+
+    /** Connection events, as JSON lines: where the client is connected, and reconnections. */
+    private static final class Events implements JmsConnectionListener {
+        public void onConnectionEstablished(URI remote) {
+            print("{\"event\": \"established\", \"uri\": " + quote(remote.toString()) + "}");
+        }
+        public void onConnectionFailure(Throwable error) {
+            print("{\"event\": \"failure\", \"error\": " + quote(String.valueOf(error)) + "}");
+        }
+        public void onConnectionInterrupted(URI remote) {
+            print("{\"event\": \"interrupted\", \"uri\": " + quote(remote.toString()) + "}");
+        }
+        public void onConnectionRestored(URI remote) {
+            print("{\"event\": \"restored\", \"uri\": " + quote(remote.toString()) + "}");
+        }
+        public void onInboundMessage(JmsInboundMessageDispatch envelope) {}
+        public void onSessionClosed(Session session, Throwable cause) {}
+        public void onConsumerClosed(MessageConsumer consumer, Throwable cause) {}
+        public void onProducerClosed(MessageProducer producer, Throwable cause) {}
+    }
+
+    private static Connection connect(String url) throws JMSException {
+        JmsConnectionFactory factory = new JmsConnectionFactory(url);
+        JmsConnection connection = (JmsConnection) factory.createConnection();
+        connection.addConnectionListener(new Events());
+        connection.start();
+        return connection;
+    }
+
+    private static void send(String url, String queueName, int count, String prefix, int pauseAfter)
+            throws Exception {
+        try (Connection connection = connect(url)) {
+            Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            MessageProducer producer = session.createProducer(session.createQueue(queueName));
+            producer.setDeliveryMode(DeliveryMode.PERSISTENT);  // each send waits for its outcome
+            for (int i = 0; i < count; i++) {
+                if (pauseAfter > 0 && i == pauseAfter) {
+                    print("{\"paused\": " + i + "}");
+                    new BufferedReader(new InputStreamReader(System.in)).readLine();
+                }
+                TextMessage message = session.createTextMessage(prefix + "-" + i);
+                message.setStringProperty("id", prefix + "-" + i);
+                producer.send(message);
+            }
+            print("{\"sent\": " + count + ", \"uri\": "
+                  + quote(String.valueOf(((JmsConnection) connection).getConnectedURI())) + "}");
+        }
+    }
+
+    private static void receive(String url, String queueName, int count, long idleMs, String selector)
+            throws Exception {
+        try (Connection connection = connect(url)) {
+            Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            Queue queue = session.createQueue(queueName);
+            MessageConsumer consumer = selector == null ? session.createConsumer(queue)
+                                                        : session.createConsumer(queue, selector);
+            List<String> ids = new ArrayList<>();
+            while (count == 0 || ids.size() < count) {
+                Message message = consumer.receive(idleMs);
+                if (message == null) {
+                    break;
+                }
+                ids.add(message.getStringProperty("id"));
+            }
+            consumer.close();
+            print("{\"ids\": " + quoteAll(ids) + "}");
+        }
+    }
+
+    private static void browse(String url, String queueName) throws Exception {
+        try (Connection connection = connect(url)) {
+            Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            QueueBrowser browser = session.createBrowser(session.createQueue(queueName));
+            List<String> ids = new ArrayList<>();
+            Enumeration<?> messages = browser.getEnumeration();
+            while (messages.hasMoreElements()) {
+                ids.add(((Message) messages.nextElement()).getStringProperty("id"));
+            }
+            browser.close();
+            print("{\"browsed\": " + quoteAll(ids) + "}");
+        }
+    }
+
+    /** A responder answers COUNT requests sent with a temporary queue as JMSReplyTo. */
+    private static void rpc(String url, String queueName, int count) throws Exception {
+        try (Connection server = connect(url); Connection client = connect(url)) {
+            Session serverSession = server.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            MessageProducer replies = serverSession.createProducer(null);  // to each JMSReplyTo
+            serverSession.createConsumer(serverSession.createQueue(queueName)).setMessageListener(request -> {
+                try {
+                    TextMessage reply = serverSession.createTextMessage(
+                        "re:" + ((TextMessage) request).getText());
+                    reply.setJMSCorrelationID(request.getJMSMessageID());
+                    replies.send(request.getJMSReplyTo(), reply);
+                } catch (JMSException e) {
+                    print("{\"responder_error\": " + quote(String.valueOf(e.getMessage())) + "}");
+                }
+            });
+            Session session = client.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            TemporaryQueue replyTo = session.createTemporaryQueue();
+            MessageConsumer replyConsumer = session.createConsumer(replyTo);
+            MessageProducer requests = session.createProducer(session.createQueue(queueName));
+            List<String> answers = new ArrayList<>();
+            for (int i = 0; i < count; i++) {
+                TextMessage request = session.createTextMessage("q" + i);
+                request.setJMSReplyTo(replyTo);
+                requests.send(request);
+                Message reply = replyConsumer.receive(10_000);
+                if (reply == null) {
+                    break;
+                }
+                boolean matches = request.getJMSMessageID().equals(reply.getJMSCorrelationID());
+                answers.add((matches ? "" : "mismatch:") + ((TextMessage) reply).getText());
+            }
+            replyConsumer.close();
+            replyTo.delete();
+            print("{\"replies\": " + quoteAll(answers) + ", \"reply_to\": "
+                  + quote(replyTo.getQueueName()) + "}");
+        }
+    }
+
+    private static void transacted(String url, String queueName) throws Exception {
+        try (Connection connection = connect(url)) {
+            Session session = connection.createSession(true, Session.SESSION_TRANSACTED);
+            MessageProducer producer = session.createProducer(session.createQueue(queueName));
+            producer.send(session.createTextMessage("tx"));
+            session.commit();
+            print("{\"committed\": 1}");
+        }
+    }
+
+    private static synchronized void print(String line) {
+        System.out.println(line);
+        System.out.flush();
+    }
+
+    private static String quoteAll(List<String> items) {
+        StringBuilder out = new StringBuilder("[");
+        for (int i = 0; i < items.size(); i++) {
+            out.append(i == 0 ? "" : ", ").append(quote(items.get(i)));
+        }
+        return out.append("]").toString();
+    }
+
+    private static String quote(String text) {
+        if (text == null) {
+            return "null";
+        }
+        StringBuilder out = new StringBuilder("\"");
+        for (char c : text.toCharArray()) {
+            switch (c) {
+                case '"' -> out.append("\\\"");
+                case '\\' -> out.append("\\\\");
+                case '\n' -> out.append("\\n");
+                case '\r' -> out.append("\\r");
+                case '\t' -> out.append("\\t");
+                default -> {
+                    if (c < 0x20) {
+                        out.append(String.format("\\u%04x", (int) c));
+                    } else {
+                        out.append(c);
+                    }
+                }
+            }
+        }
+        return out.append('"').toString();
+    }
+}

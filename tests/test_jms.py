@@ -1,0 +1,144 @@
+"""Qpid JMS (qpid-jms-client, Jakarta JMS) against fedgate nodes: real processes.
+
+The client is ``tests/jms`` (built by ``.ci/install/jms.sh``); each command
+prints JSON lines. Covered: a message set on a local queue, a QueueBrowser that
+takes nothing, request/reply through a temporary queue (an anonymous JMS
+producer replies), a selector and a transacted session refused by name, the
+same client through a proxy to Artemis (which applies the selector), and
+failover to the gateway named in the open frame's ``failover-server-list``.
+"""
+
+from __future__ import annotations
+
+import collections
+import shutil
+import subprocess
+
+import pytest
+
+import brokers
+from conftest import TESTS, ClientProcess, free_port, require
+
+JMS = TESTS / "jms" / "target"
+JAVA = shutil.which("java")
+
+
+class JmsProcess(ClientProcess):
+    """``fedgate.JmsClient COMMAND ARGS...`` with its stdin open (``send`` may pause)."""
+
+    def __init__(self, *args) -> None:
+        require(JAVA is not None, "java")
+        require((JMS / "classes" / "fedgate" / "JmsClient.class").is_file(),
+                "the Qpid JMS test client (bash .ci/install/jms.sh)")
+        self.cmd = [JAVA, "-cp", f"{JMS / 'classes'}:{JMS / 'lib'}/*", "fedgate.JmsClient",
+                    *map(str, args)]
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, bufsize=0)
+        self._pending = b""
+
+    def resume(self) -> None:
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.flush()
+
+    def result(self, timeout: float = 90.0) -> dict:
+        """The last line: the command's result, or its error."""
+        lines = self.finish(timeout=timeout)
+        return lines[-1]
+
+
+@pytest.fixture
+def jms():
+    started: list[JmsProcess] = []
+
+    def run(*args) -> JmsProcess:
+        process = JmsProcess(*args)
+        started.append(process)
+        return process
+
+    yield run
+    for process in started:
+        process.kill()
+
+
+def duplicates(ids) -> list:
+    return [i for i, n in collections.Counter(ids).items() if n > 1]
+
+
+def test_jms_message_set_on_a_local_queue(node, jms):
+    senders = [jms("send", node.url, "jms.set", 300, prefix) for prefix in ("a", "b")]
+    for sender in senders:
+        assert sender.result()["sent"] == 300
+    got = jms("receive", node.url, "jms.set", 0, 2000).result()["ids"]
+    assert set(got) == {f"{p}-{i}" for p in ("a", "b") for i in range(300)}
+    assert duplicates(got) == []
+    # per-producer order holds on one queue
+    assert [i for i in got if i.startswith("a-")] == [f"a-{i}" for i in range(300)]
+
+
+def test_jms_queue_browser_takes_nothing(node, jms):
+    assert jms("send", node.url, "jms.browse", 5, "b").result()["sent"] == 5
+    assert jms("browse", node.url, "jms.browse").result()["browsed"] == [f"b-{i}" for i in range(5)]
+    assert jms("receive", node.url, "jms.browse", 5, 2000).result()["ids"] == \
+        [f"b-{i}" for i in range(5)]
+
+
+def test_jms_request_reply_through_a_temporary_queue(node, jms):
+    result = jms("rpc", node.url, "jms.service", 5).result()
+    assert result["replies"] == [f"re:q{i}" for i in range(5)]  # each matched to its request
+    assert result["reply_to"].startswith("tmp.")
+
+
+def test_jms_selector_and_transactions_are_refused_by_name(node, jms):
+    assert jms("send", node.url, "jms.refused", 2, "r").result()["sent"] == 2
+    error = jms("select", node.url, "jms.refused", "id = 'r-1'", 0, 1000).result()
+    assert "amqp:not-implemented" in error["error"] and "jms-selector" in error["error"]
+    error = jms("transacted", node.url, "jms.refused").result()
+    assert "amqp:not-implemented" in error["error"] and "transactions" in error["error"]
+    # nothing was taken or added
+    assert jms("receive", node.url, "jms.refused", 0, 1500).result()["ids"] == ["r-0", "r-1"]
+
+
+def test_jms_through_the_proxy_to_artemis_browses_and_selects(start_node, jms):
+    url = brokers.ensure_artemis()
+    node = start_node({"rules": [{"name": "art", "match": "art.*", "kind": "proxy",
+                                  "primary": url, "remote": "{1}"}]})
+    queue = "art.fg-jms-" + node.url.rsplit(":", 1)[1]
+    assert jms("send", node.url, queue, 6, "p").result()["sent"] == 6
+    assert jms("browse", node.url, queue).result()["browsed"] == [f"p-{i}" for i in range(6)]
+    selected = jms("select", node.url, queue, "id = 'p-1' OR id = 'p-4'", 2, 5000).result()
+    assert selected["ids"] == ["p-1", "p-4"]
+    assert jms("receive", node.url, queue, 0, 2000).result()["ids"] == ["p-0", "p-2", "p-3", "p-5"]
+
+
+def test_jms_fails_over_to_the_gateway_named_in_the_open_frame(start_node, jms):
+    # Gateways a and b proxy jms.* to the same primary and name each other in
+    # [peers], so each one's open frame carries the other in failover-server-list.
+    # The client is given only a; a is killed between two sends; the client must
+    # reconnect to b by itself and every message must reach the primary.
+    primary = start_node(name="primary")
+    rule = {"name": "jms", "match": "jms.#", "kind": "proxy", "primary": primary.url}
+    ports = {"a": free_port(), "b": free_port()}
+    urls = {k: f"amqp://127.0.0.1:{p}" for k, p in ports.items()}
+    gateways = {
+        name: start_node({"node": {"listen": f"127.0.0.1:{ports[name]}"},
+                          "peers": {other: urls[other]}, "rules": [rule]}, name=name)
+        for name, other in (("a", "b"), ("b", "a"))
+    }
+    failover = (f"failover:({urls['a']})?failover.initialReconnectDelay=100"
+                "&failover.reconnectDelay=200&failover.maxReconnectAttempts=50")
+    sender = jms("send", failover, "jms.orders", 200, "f", 100)
+    lines = [sender.readline(timeout=60)]
+    while "paused" not in lines[-1]:
+        lines.append(sender.readline(timeout=60))
+    assert lines[-1]["paused"] == 100
+    gateways["a"].kill()
+    sender.resume()
+    lines += sender.finish(timeout=90)
+    assert "error" not in lines[-1], lines
+    # (the client adds the map's "hostname" to the URI as amqp.vhost)
+    assert lines[-1]["sent"] == 200 and lines[-1]["uri"].split("?")[0] == urls["b"]
+    restored = [line["uri"].split("?")[0] for line in lines if line.get("event") == "restored"]
+    assert restored == [urls["b"]]
+    got = jms("receive", primary.url, "jms.orders", 0, 2000).result()["ids"]
+    assert set(got) == {f"f-{i}" for i in range(200)}
+    assert duplicates(got) == []  # the kill fell between two acknowledged sends
