@@ -56,6 +56,7 @@ GOAL_CPU_US = 30.0
 GOAL_RSS_KB = 30.0
 GOAL_UPSTREAMS = 4
 RABBIT_HOST, RABBIT_PORT = "127.0.0.1", 5672
+CPUS = len(os.sched_getaffinity(0))  # all of them, also while the split layout pins this process
 ADMIN_TOKEN = "bench-read-token-0123456789"
 
 
@@ -171,12 +172,17 @@ def run_target(target: str, node: ProxyNode, rabbit_pid: int, tag: str, args) ->
     res = h.run_client_pair(host, port, address, n, timeout=args.timeout,
                             body_bytes=args.body_bytes, credit_window=args.credit)
     node_cpu, rabbit_cpu = node_meter.stop(), rabbit_meter.stop()
+    clients_cpu = res.clients_cpu
     row = {
         "target": target, "address": address, "messages": n, "ok": res.ok,
         "elapsed_s": round(res.elapsed, 3),
         "msgs_per_s": round(n / res.elapsed, 1) if res.ok and res.elapsed > 0 else None,
         "node_cpu_us_per_msg": round(node_cpu * 1e6 / n, 2),
         "rabbitmq_cpu_us_per_msg": round(rabbit_cpu * 1e6 / n, 2),
+        "clients_cpu_us_per_msg": round(clients_cpu * 1e6 / n, 2),
+        # share of the CPUs available to the run that these three used
+        "cpu_busy": round((node_cpu + rabbit_cpu + clients_cpu) / (res.elapsed * CPUS), 3)
+        if res.elapsed > 0 else None,
     }
     if not res.ok:
         row["error"] = res.describe_failure()
@@ -233,7 +239,8 @@ def _rounds(layout: str, node, rabbit_pid: int, args, queues: list) -> list[dict
             queues.append(row["address"].rsplit("/", 1)[-1].removeprefix("rq."))
             log(f"{layout} round {r} {target:8s} {row['msgs_per_s']} msgs/s  node "
                 f"{row['node_cpu_us_per_msg']} µs/msg  rabbitmq {row['rabbitmq_cpu_us_per_msg']} "
-                f"µs/msg{'  ' + row['error'] if 'error' in row else ''}")
+                f"µs/msg  clients {row['clients_cpu_us_per_msg']} µs/msg  CPUs busy "
+                f"{row['cpu_busy']}{'  ' + row['error'] if 'error' in row else ''}")
     return runs
 
 
@@ -242,12 +249,20 @@ def summarize(runs: list[dict]) -> dict:
     summary = {}
     for target in ("rabbitmq", "proxy"):
         rows = [r for r in ok if r["target"] == target]
-        summary[target] = {"msgs_per_s": h.median([r["msgs_per_s"] for r in rows]),
-                           "node_cpu_us_per_msg": h.median([r["node_cpu_us_per_msg"] for r in rows]),
-                           "rabbitmq_cpu_us_per_msg": h.median([r["rabbitmq_cpu_us_per_msg"]
-                                                                for r in rows])}
+        summary[target] = {key: h.median([r[key] for r in rows])
+                           for key in ("msgs_per_s", "node_cpu_us_per_msg", "rabbitmq_cpu_us_per_msg",
+                                       "clients_cpu_us_per_msg", "cpu_busy")}
+        parts = [summary[target][k] for k in ("node_cpu_us_per_msg", "rabbitmq_cpu_us_per_msg",
+                                              "clients_cpu_us_per_msg")]
+        summary[target]["total_cpu_us_per_msg"] = (round(sum(parts), 1)
+                                                   if None not in parts else None)
     direct, proxied = summary["rabbitmq"]["msgs_per_s"], summary["proxy"]["msgs_per_s"]
     summary["ratio"] = round(proxied / direct, 3) if direct and proxied else None
+    # When the CPUs are busy the whole run, msgs/s = CPUs / total CPU per message,
+    # so the ratio cannot exceed direct total / proxy total CPU per message.
+    d_total = summary["rabbitmq"]["total_cpu_us_per_msg"]
+    p_total = summary["proxy"]["total_cpu_us_per_msg"]
+    summary["cpu_ratio"] = round(d_total / p_total, 3) if d_total and p_total else None
     summary["proxy_node_cpu_us_per_msg"] = summary["proxy"]["node_cpu_us_per_msg"]
     return summary
 
