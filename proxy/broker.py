@@ -614,6 +614,7 @@ class ClientHandler:
         remote = link.remote_source
         if remote.dynamic:
             self.check_access(None, "receive")
+            _refuse_filters(remote, "temporary queue")
             queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
             self.attach_queue_consumer(link, queue, owns_queue=True)
             return

@@ -105,3 +105,11 @@ def test_selector_on_a_local_queue_is_refused_and_takes_nothing():
     assert "selector" in rcv.remote_condition.description
     assert c.received(rcv) == []
     assert h.queues.get("q").depth == 2
+
+
+def test_selector_on_a_temporary_queue_is_refused():
+    h = Harness()
+    c = h.client()
+    rcv = c.receiver(None, dynamic=True, credit=10, selector="color = 'red'")
+    assert rcv.remote_condition.name == "amqp:not-implemented"
+    assert not any(q.temporary for q in h.queues.queues.values())  # none was made
