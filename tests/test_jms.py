@@ -98,6 +98,22 @@ def test_jms_selector_and_transactions_are_refused_by_name(node, jms):
     assert jms("receive", node.url, "jms.refused", 0, 1500).result()["ids"] == ["r-0", "r-1"]
 
 
+@pytest.mark.parametrize("broker", ["rabbitmq", "artemis"])
+def test_jms_message_set_through_the_proxy(start_node, jms, broker):
+    # JMS messages (with Qpid JMS's annotations) cross the proxy as bytes, both ways
+    url = brokers.ensure_rabbitmq() if broker == "rabbitmq" else brokers.ensure_artemis()
+    template = "/queue/{1}" if broker == "rabbitmq" else "{1}"
+    node = start_node({"rules": [{"name": "ext", "match": "ext.*", "kind": "proxy",
+                                  "primary": url, "remote": template}]})
+    queue = "ext.fg-jms-set-" + node.url.rsplit(":", 1)[1]
+    senders = [jms("send", node.url, queue, 150, prefix) for prefix in ("a", "b")]
+    for sender in senders:
+        assert sender.result()["sent"] == 150
+    got = jms("receive", node.url, queue, 300, 5000).result()["ids"]
+    assert set(got) == {f"{p}-{i}" for p in ("a", "b") for i in range(150)}
+    assert duplicates(got) == []
+
+
 def test_jms_through_the_proxy_to_artemis_browses_and_selects(start_node, jms):
     url = brokers.ensure_artemis()
     node = start_node({"rules": [{"name": "art", "match": "art.*", "kind": "proxy",
