@@ -3,7 +3,7 @@
 The client is ``tests/jms`` (built by ``.ci/install/jms.sh``); each command
 prints JSON lines. Covered: a message set on a local queue, a QueueBrowser that
 takes nothing, request/reply through a temporary queue (an anonymous JMS
-producer replies), a selector and a transacted session refused by name, the
+producer replies), also with the service behind a gateway, a selector and a transacted session refused by name, the
 same client through a proxy to Artemis (which applies the selector), and
 failover to the gateway named in the open frame's ``failover-server-list``.
 """
@@ -86,6 +86,21 @@ def test_jms_request_reply_through_a_temporary_queue(node, jms):
     result = jms("rpc", node.url, "jms.service", 5).result()
     assert result["replies"] == [f"re:q{i}" for i in range(5)]  # each matched to its request
     assert result["reply_to"].startswith("tmp.")
+
+
+def test_jms_request_reply_across_a_gateway(start_node, jms):
+    # The requester is on gateway a, its service behind a on the primary p. The
+    # reply-to is a's temporary queue (tmp.a.N); p routes tmp.a.# back to a, so
+    # the responder's reply, sent on p, reaches the requester.
+    a_port = free_port()
+    a_url = f"amqp://127.0.0.1:{a_port}"
+    p = start_node({"peers": {"a": a_url}, "rules": [
+        {"name": "replies", "match": "tmp.a.#", "kind": "proxy", "primary": "a"}]}, name="p")
+    a = start_node({"node": {"listen": f"127.0.0.1:{a_port}"}, "peers": {"p": p.url}, "rules": [
+        {"name": "service", "match": "jms.#", "kind": "proxy", "primary": "p"}]}, name="a")
+    result = jms("rpc", a.url, "jms.service", 5, p.url).result()
+    assert result["replies"] == [f"re:q{i}" for i in range(5)]
+    assert result["reply_to"].startswith("tmp.a.")
 
 
 def test_jms_selector_and_transactions_are_refused_by_name(node, jms):

@@ -36,7 +36,8 @@ import org.apache.qpid.jms.message.JmsInboundMessageDispatch;
  *   receive URL QUEUE COUNT IDLE_MS            until COUNT or IDLE_MS without a message
  *   browse URL QUEUE                           a QueueBrowser's enumeration
  *   select URL QUEUE SELECTOR COUNT IDLE_MS    a consumer with a message selector
- *   rpc URL QUEUE COUNT                        request/reply through a temporary queue
+ *   rpc URL QUEUE COUNT [RESPONDER_URL]        request/reply through a temporary queue; the
+ *                                              responder may use another node
  *   transacted URL QUEUE                       a transacted session's send and commit
  */
 public final class JmsClient {
@@ -51,7 +52,8 @@ public final class JmsClient {
                 case "select" -> receive(args[1], args[2], Integer.parseInt(args[4]),
                                          Long.parseLong(args[5]), args[3]);
                 case "browse" -> browse(args[1], args[2]);
-                case "rpc" -> rpc(args[1], args[2], Integer.parseInt(args[3]));
+                case "rpc" -> rpc(args[1], args[2], Integer.parseInt(args[3]),
+                                  args.length > 4 ? args[4] : args[1]);
                 case "transacted" -> transacted(args[1], args[2]);
                 default -> throw new IllegalArgumentException("unknown command " + args[0]);
             }
@@ -146,8 +148,9 @@ public final class JmsClient {
     }
 
     /** A responder answers COUNT requests sent with a temporary queue as JMSReplyTo. */
-    private static void rpc(String url, String queueName, int count) throws Exception {
-        try (Connection server = connect(url); Connection client = connect(url)) {
+    private static void rpc(String url, String queueName, int count, String responderUrl)
+            throws Exception {
+        try (Connection server = connect(responderUrl); Connection client = connect(url)) {
             Session serverSession = server.createSession(false, Session.AUTO_ACKNOWLEDGE);
             MessageProducer replies = serverSession.createProducer(null);  // to each JMSReplyTo
             serverSession.createConsumer(serverSession.createQueue(queueName)).setMessageListener(request -> {
