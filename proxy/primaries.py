@@ -12,8 +12,19 @@ whole, though:
   answers a ``selector`` filter and delivers every message.
 
 For such a primary the proxy refuses browsers and filters itself, with
-``amqp:not-implemented``, instead of trusting the echo. A primary is known by
-the ``product`` and ``version`` properties of its open frame (§2.7.1).
+``amqp:not-implemented``, instead of trusting the echo.
+
+A receiver's drain (§2.6.7) asks the sender to use up or give back its credit
+and say so. RabbitMQ before 4.0 does not: a drain of 10 on a queue of 3 got 2
+messages and no answer, and a drain with credit 1 on an empty queue failed
+its channel with ``amqp:internal-error`` (``function_clause`` in
+``rabbit_classic_queue``), which ends the session, and with it every other
+client's link on the proxy's shared upstream session. For such a primary the
+proxy never sends a drain upstream: it answers the client's drain itself
+(``proxy_links.ProxyConsumer``).
+
+A primary is known by the ``product`` and ``version`` properties of its open
+frame (§2.7.1).
 """
 
 from __future__ import annotations
@@ -33,3 +44,13 @@ def echoes_source_unapplied(properties: dict | None) -> str | None:
 def _major(version: str) -> int:
     head = version.split(".", 1)[0]
     return int(head) if head.isdigit() else 0
+
+
+def drain_unanswered(properties: dict | None) -> str | None:
+    """Why a drain must not be sent to this primary, or None."""
+    if not properties:
+        return None
+    version = str(properties.get("version", ""))
+    if str(properties.get("product", "")) == "RabbitMQ" and _major(version) < 4:
+        return f"RabbitMQ {version} does not answer a drain"
+    return None

@@ -12,7 +12,9 @@ the primary is unreachable; the upstream link follows the pool member's state
     Credit passes through: the upstream link is granted only the credit the
     client has (minus messages held), so nothing is fetched that no client can
     take (§2.6.7; the seed's "stuck messages"). Drain is passed upstream and the
-    client is drained when the primary answers. The client's outcome is applied
+    client is drained when the primary answers; a primary known not to answer a
+    drain (``proxy.primaries``) is never sent one: the node answers the client
+    after giving the primary ``DRAIN_GRACE`` to send what it has. The client's outcome is applied
     upstream, and only then is the upstream delivery settled (§3.4). A client
     that detaches or drops has its unsettled deliveries released upstream.
 
@@ -29,6 +31,7 @@ link with the same condition.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from collections import deque
@@ -56,6 +59,9 @@ from .upstream import UpstreamLinkOwner
 log = logging.getLogger("fedgate.proxy")
 
 TERMINAL = (PN_ACCEPTED, PN_REJECTED, PN_RELEASED, PN_MODIFIED)
+# seconds a primary that cannot drain has to send what it has before the node
+# answers a client's drain itself (proxy.primaries)
+DRAIN_GRACE = 0.1
 NOT_IMPLEMENTED = "amqp:not-implemented"
 _NONE_HELD = ()  # ProxyConsumer.held while nothing is held
 _NONE_UNSETTLED: dict = {}  # ProxyConsumer.unsettled until its first delivery (never written to)
@@ -212,6 +218,7 @@ class ProxyConsumer(_ProxyEndpoint):
     sender_upstream = False
 
     recheck_interval = 0.0  # seconds idle before the remote source is re-checked; 0: never
+    drain_timer = None  # a drain the node answers itself (a primary that cannot drain)
 
     def __init__(self, handler, client_link, upstream, remote_address, *, presettled: bool,
                  capabilities: tuple[str, ...] = (), recheck_interval: float = 0.0) -> None:
@@ -269,6 +276,9 @@ class ProxyConsumer(_ProxyEndpoint):
     def upstream_down(self) -> None:
         super().upstream_down()
         self.draining = False
+        if self.drain_timer is not None:
+            self.drain_timer.cancel()
+            self.drain_timer = None
         # upstream deliveries died with the connection: the primary redelivers them
         self.held = _NONE_HELD
         for delivery in self.unsettled:
@@ -296,11 +306,28 @@ class ProxyConsumer(_ProxyEndpoint):
             changed = True
         if pn_link_get_drain(self.link_ptr) and not self.draining:
             self.draining = True
-            pn_link_set_drain(up, True)
-            pn_link_flow(up, 0)  # send a flow with drain set
-            changed = True
+            if self.member.drain_unanswered is None:
+                pn_link_set_drain(up, True)
+                pn_link_flow(up, 0)  # send a flow with drain set
+                changed = True
+            else:
+                # a primary that cannot drain (proxy.primaries): it gets DRAIN_GRACE to
+                # send what it has for the credit it holds, then the drain is answered
+                # here; what comes later waits in ``held`` for the client's next credit
+                self.drain_timer = asyncio.get_running_loop().call_later(DRAIN_GRACE,
+                                                                         self._drain_here)
         if changed:
             self.member.mark_dirty()
+
+    def _drain_here(self) -> None:
+        self.drain_timer = None
+        if self.closed or not self.draining:
+            return
+        self.draining = False
+        if pn_link_get_drain(self.link_ptr) and not self.held and pn_link_credit(self.link_ptr) > 0:
+            pn_link_drained(self.link_ptr)
+            self.handler.mark_dirty()
+            self.upstream.run_pending()
 
     def on_upstream_flow(self) -> None:
         up = self.up_ptr
@@ -365,6 +392,9 @@ class ProxyConsumer(_ProxyEndpoint):
     def detached(self) -> None:
         """Client link gone: release what it held upstream (§3.4.4), close our link."""
         self.closed = True
+        if self.drain_timer is not None:
+            self.drain_timer.cancel()
+            self.drain_timer = None
         for up in self.unsettled.values():
             if up is not None:
                 pn_delivery_update(up, PN_RELEASED)

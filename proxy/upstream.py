@@ -59,7 +59,7 @@ from proton import Connection, Link, Session, Terminus, Transport
 
 from . import engine
 from .io import EngineProtocol
-from .primaries import echoes_source_unapplied
+from .primaries import drain_unanswered, echoes_source_unapplied
 
 log = logging.getLogger("fedgate.upstream")
 
@@ -252,12 +252,14 @@ class PoolMember:
         self.attempts = 0
         self.connects = 0
         self.reconnects = 0
+        self.sessions_ended = 0  # times the primary ended our shared session
         self.last_error: str | None = None
         self.sent = 0  # messages sent to the primary over this connection
         self.received = 0  # messages received from the primary
         # set at open: why this primary's answers to browse / filter requests
         # are not to be trusted (proxy.primaries), or None
         self.source_echo_untrusted: str | None = None
+        self.drain_unanswered: str | None = None  # the same for a drain
         self._timer: asyncio.TimerHandle | None = None
         self._dispatch = {
             engine.PN_CONNECTION_REMOTE_OPEN: self._on_remote_open,
@@ -300,7 +302,9 @@ class PoolMember:
 
     def _on_remote_open(self, event) -> None:
         self.state = "up"
-        self.source_echo_untrusted = echoes_source_unapplied(self.conn.connection.remote_properties)
+        properties = self.conn.connection.remote_properties
+        self.source_echo_untrusted = echoes_source_unapplied(properties)
+        self.drain_unanswered = drain_unanswered(properties)
         self.attempts = 0
         self.last_error = None
         self._new_session()
@@ -337,6 +341,7 @@ class PoolMember:
             return
         log.info("upstream %s member %d: session ended by primary: %s", self.upstream.target.display,
                  self.index, condition)
+        self.sessions_ended += 1
         # links still waiting for their attach answer (endpoints and probes) get the condition
         waiting = {endpoint for ptr, endpoint in self.links.items()
                    if ptr in self.attaching or (isinstance(endpoint, RemoteProbe) and not endpoint.up_attached)}
@@ -548,6 +553,8 @@ class PoolMember:
             "endpoints": len(self.endpoints),
             "connects": self.connects,
             "reconnects": self.reconnects,
+            # the primary ended the shared session (every link on it attached again)
+            "sessions_ended": self.sessions_ended,
             "last_error": self.last_error,
             "sent": self.sent,
             "received": self.received,

@@ -17,6 +17,7 @@ import subprocess
 import pytest
 
 import brokers
+from exchange_support import ADMIN, upstream_members
 from conftest import TESTS, ClientProcess, free_port, require
 
 JMS = TESTS / "jms" / "target"
@@ -127,6 +128,24 @@ def test_jms_message_set_through_the_proxy(start_node, jms, broker):
     got = jms("receive", node.url, queue, 300, 5000).result()["ids"]
     assert set(got) == {f"{p}-{i}" for p in ("a", "b") for i in range(150)}
     assert duplicates(got) == []
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "artemis"])
+def test_jms_prefetch_zero_through_the_proxy(start_node, jms, broker):
+    # With prefetch 0 each receive grants one credit and drains it. RabbitMQ 3.10
+    # fails such a drain (amqp:internal-error: the same client directly gets that
+    # error), which would end the proxy's shared session for every client on it:
+    # the node never sends it a drain and answers the client's itself.
+    url = brokers.ensure_rabbitmq() if broker == "rabbitmq" else brokers.ensure_artemis()
+    template = "/queue/{1}" if broker == "rabbitmq" else "{1}"
+    node = start_node({"admin": ADMIN, "rules": [
+        {"name": "ext", "match": "ext.*", "kind": "proxy", "primary": url, "remote": template}]})
+    queue = "ext.fg-jms-pull-" + node.url.rsplit(":", 1)[1]
+    assert jms("send", node.url, queue, 5, "z").result()["sent"] == 5
+    pulled = jms("receive", node.url + "?jms.prefetchPolicy.all=0", queue, 0, 1000).result()
+    assert pulled["ids"] == [f"z-{i}" for i in range(5)]
+    members = upstream_members(node)
+    assert members and all(m["sessions_ended"] == 0 and m["reconnects"] == 0 for m in members)
 
 
 def test_jms_through_the_proxy_to_artemis_browses_and_selects(start_node, jms):
