@@ -84,7 +84,10 @@ def render(node) -> str:
                    ({**local, "outcome": "rejected"}, totals.rejected),
                ])
     out.family("fedgate_messages_dead_lettered_total", "counter",
-               "Rejected messages moved to a dead-letter queue.", [({}, totals.dead_lettered)])
+               "Rejected or expired messages moved to a dead-letter queue.",
+               [({}, totals.dead_lettered)])
+    out.family("fedgate_messages_expired_total", "counter",
+               "Messages past their ttl taken out of local queues.", [({}, totals.expired)])
     queues = sorted(node.queues.queues.items())
     out.family("fedgate_queues", "gauge", "Local queues.", [({}, len(queues))])
     out.family("fedgate_queue_depth", "gauge", "Messages stored in a local queue.",

@@ -128,6 +128,8 @@ class Broker:
             self.dirty_queues.clear()
             for queue in queues:
                 queue.dispatch()
+                if queue.expired:
+                    self._expired(queue)
                 _finish_drains(queue)
                 for browser in queue.browsers:  # after the consumers: they take first
                     browser.serve()
@@ -141,8 +143,8 @@ class Broker:
             for handler in handlers:
                 handler.flush()
 
-    def enqueue(self, queue: LocalQueue, message: StoredMessage) -> None:
-        queue.enqueue(message)
+    def enqueue(self, queue: LocalQueue, message: StoredMessage, *, expiry: bool = True) -> None:
+        queue.enqueue(message, expiry=expiry)
         self.dirty_queues.add(queue)
 
     def dead_letter(self, queue: LocalQueue, message: StoredMessage) -> None:
@@ -153,7 +155,18 @@ class Broker:
             return
         copy = StoredMessage(message.payload)
         journal_queues.dead_lettered(self.journal, target, copy)
-        self.enqueue(target, copy)
+        # a dead-lettered copy does not expire (an expired one would again, for ever)
+        self.enqueue(target, copy, expiry=False)
+
+    def _expired(self, queue: LocalQueue) -> None:
+        """Messages past their ttl (§3.2.1): dead-lettered if the queue says so, else dropped."""
+        expired, queue.expired = queue.expired, []
+        for message in expired:
+            if queue.dead_letter:
+                queue.stats.dead_lettered += 1
+                self.dead_letter(queue, message)
+            journal_queues.dequeued(self.journal, message)  # after the dead-letter copy
+        log.debug("queue %s: %d messages expired", queue.name, len(expired))
 
     def delete_temporary(self, queue: LocalQueue) -> None:
         if queue.consumers or queue.producers or queue.browsers:

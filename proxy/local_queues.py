@@ -10,6 +10,10 @@ callbacks back into proton transfers.
 
 * Enqueue appends at the tail; released / modified / orphaned messages go back
   to the head (AMQP 1.0 §3.4.4 released, §3.4.5 modified).
+* A message whose header has a ttl (§3.2.1) expires that long after it was
+  stored. Expired messages are taken out when they reach the head of the
+  queue (``dispatch``; the broker drops or dead-letters them), so the depth
+  counts them until then; browsers never see them.
 * ``dispatch()`` hands head messages to consumers with credit, round-robin,
   skipping consumers a message is marked undeliverable-here for. It never
   sends without credit: ``Consumer.credit`` is the link credit proton reports.
@@ -50,6 +54,8 @@ class StoredMessage:
     # Its place in the order of enqueues (set by LocalQueue.enqueue); browsers keep
     # the last one they were sent
     seq: int = 0
+    # time.monotonic() after which it is expired (its header's ttl); 0 = never
+    expires_at: float = 0.0
 
 
 class Consumer(Protocol):
@@ -72,6 +78,7 @@ class QueueStats:
     modified: int = 0
     rejected: int = 0
     dead_lettered: int = 0
+    expired: int = 0
 
 
 @dataclass(eq=False)  # identity semantics: queues live in sets
@@ -100,11 +107,18 @@ class LocalQueue:
     # Links browsing the queue (distribution-mode copy): sent copies, take nothing
     browsers: list = field(default_factory=list)
     _seq: int = 0  # the last StoredMessage.seq given
+    # messages that expired at the head, for the broker to journal / dead-letter
+    expired: list = field(default_factory=list)
 
     # -- producer side -----------------------------------------------------
-    def enqueue(self, message: StoredMessage) -> None:
+    def enqueue(self, message: StoredMessage, *, expiry: bool = True) -> None:
+        """Store at the tail. With ``expiry`` the header's ttl (§3.2.1) starts now."""
         self._seq += 1
         message.seq = self._seq
+        if expiry:
+            ttl = message_header.ttl_ms(message.payload)
+            if ttl:
+                message.expires_at = monotonic() + ttl / 1000.0
         self.messages.append(message)
         self.stats.enqueued += 1
 
@@ -152,13 +166,27 @@ class LocalQueue:
             self._next = 0
 
     def dispatch(self) -> int:
-        """Give head messages to consumers with credit, round-robin. Returns how many."""
+        """Give head messages to consumers with credit, round-robin. Returns how many.
+
+        Expired messages that reach the head are taken out first, consumers or
+        not (into ``expired``).
+        """
         messages = self.messages
         consumers = self.consumers
         peers = self.peer_consumers
         sent = 0
-        while messages and (consumers or peers):
+        now = 0.0
+        while messages:
             message = messages[0]
+            if message.expires_at:
+                now = now or monotonic()
+                if message.expires_at <= now:
+                    messages.popleft()
+                    self.stats.expired += 1
+                    self.expired.append(message)
+                    continue
+            if not (consumers or peers):
+                break
             consumer = self._pick(message)
             if consumer is None:
                 consumer = self._pick_peer(message) if peers else None
@@ -212,8 +240,9 @@ class LocalQueue:
             else:
                 high = middle
         found = []
+        now = monotonic()
         for message in itertools.islice(messages, low, None):
-            if message.seq > after:
+            if message.seq > after and not (message.expires_at and message.expires_at <= now):
                 found.append(message)
                 if len(found) == limit:
                     break

@@ -61,6 +61,56 @@ def _encode_header(fields: list) -> bytes:
     return bytes(data.encode())
 
 
+def ttl_ms(payload: bytes) -> int:
+    """The header's ttl in milliseconds (§3.2.1 field 2), 0 when there is none.
+
+    Called for every message a local queue stores: the usual encodings are read
+    byte by byte (a list of up to three fields: durable, priority, ttl), anything
+    else through proton's decoder.
+    """
+    if not payload.startswith(_HEADER_PREFIX):
+        return _slow_ttl(payload) if payload.startswith(_HEADER_PREFIX_LONG) else 0
+    try:
+        code = payload[3]
+        if code == 0x45:  # list0: no fields
+            return 0
+        if code == 0xC0:  # list8: size, count
+            count, pos = payload[5], 6
+        elif code == 0xD0:  # list32
+            count, pos = int.from_bytes(payload[8:12], "big"), 12
+        else:
+            return _slow_ttl(payload)
+        if count < 3:
+            return 0
+        for _ in range(2):  # durable (bool), priority (ubyte), or null
+            field = payload[pos]
+            if field in (0x40, 0x41, 0x42):
+                pos += 1
+            elif field in (0x50, 0x56):
+                pos += 2
+            else:
+                return _slow_ttl(payload)
+        field = payload[pos]
+        if field in (0x40, 0x43):  # null, uint0
+            return 0
+        if field == 0x52:  # smalluint
+            return payload[pos + 1]
+        if field == 0x70:  # uint
+            return int.from_bytes(payload[pos + 1:pos + 5], "big")
+    except IndexError:
+        return 0
+    return _slow_ttl(payload)
+
+
+def _slow_ttl(payload: bytes) -> int:
+    try:
+        fields, _ = _split_header(payload)
+    except (DataException, ValueError, TypeError, KeyError):
+        return 0
+    value = fields[2] if len(fields) > 2 else None
+    return int(value) if isinstance(value, int) and value > 0 else 0
+
+
 def delivery_count(payload: bytes) -> int:
     fields, _ = _split_header(payload)
     return int(fields[4]) if len(fields) > 4 and fields[4] is not None else 0

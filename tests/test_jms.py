@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -74,6 +75,14 @@ def test_jms_message_set_on_a_local_queue(node, jms):
     assert duplicates(got) == []
     # per-producer order holds on one queue
     assert [i for i in got if i.startswith("a-")] == [f"a-{i}" for i in range(300)]
+
+
+def test_jms_time_to_live_expires_messages_on_a_local_queue(node, jms):
+    # JMS setTimeToLive sets the header's ttl (§3.2.1): past it, nothing is delivered
+    assert jms("send", node.url, "jms.ttl", 3, "short", 0, 200).result()["sent"] == 3
+    assert jms("send", node.url, "jms.ttl", 2, "keep", 0, 600000).result()["sent"] == 2
+    time.sleep(0.6)  # the short ttl passes (the condition under test, not a wait for work)
+    assert jms("receive", node.url, "jms.ttl", 0, 1500).result()["ids"] == ["keep-0", "keep-1"]
 
 
 def test_jms_queue_browser_takes_nothing(node, jms):

@@ -30,9 +30,10 @@ import org.apache.qpid.jms.message.JmsInboundMessageDispatch;
  * Each command prints JSON lines on stdout; a JMS failure is printed as
  * {"error": ..., "type": ...} and exits 2.
  *
- *   send URL QUEUE COUNT PREFIX [PAUSE_AFTER]  persistent sends, each waiting for its outcome;
- *                                              after PAUSE_AFTER prints {"paused": n} and waits
- *                                              for a line on stdin
+ *   send URL QUEUE COUNT PREFIX [PAUSE_AFTER [TTL_MS]]
+ *                                              persistent sends, each waiting for its outcome;
+ *                                              after PAUSE_AFTER (0: never) prints {"paused": n}
+ *                                              and waits for a line on stdin; TTL_MS: time to live
  *   receive URL QUEUE COUNT IDLE_MS            until COUNT or IDLE_MS without a message
  *   browse URL QUEUE                           a QueueBrowser's enumeration
  *   select URL QUEUE SELECTOR COUNT IDLE_MS    a consumer with a message selector
@@ -46,7 +47,8 @@ public final class JmsClient {
         try {
             switch (args[0]) {
                 case "send" -> send(args[1], args[2], Integer.parseInt(args[3]), args[4],
-                                    args.length > 5 ? Integer.parseInt(args[5]) : 0);
+                                    args.length > 5 ? Integer.parseInt(args[5]) : 0,
+                                    args.length > 6 ? Long.parseLong(args[6]) : 0);
                 case "receive" -> receive(args[1], args[2], Integer.parseInt(args[3]),
                                           Long.parseLong(args[4]), null);
                 case "select" -> receive(args[1], args[2], Integer.parseInt(args[4]),
@@ -93,12 +95,13 @@ public final class JmsClient {
         return connection;
     }
 
-    private static void send(String url, String queueName, int count, String prefix, int pauseAfter)
-            throws Exception {
+    private static void send(String url, String queueName, int count, String prefix, int pauseAfter,
+                             long ttlMs) throws Exception {
         try (Connection connection = connect(url)) {
             Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
             MessageProducer producer = session.createProducer(session.createQueue(queueName));
             producer.setDeliveryMode(DeliveryMode.PERSISTENT);  // each send waits for its outcome
+            producer.setTimeToLive(ttlMs);
             for (int i = 0; i < count; i++) {
                 if (pauseAfter > 0 && i == pauseAfter) {
                     print("{\"paused\": " + i + "}");
