@@ -5,7 +5,8 @@ prints JSON lines. Covered: a message set on a local queue, a QueueBrowser that
 takes nothing, request/reply through a temporary queue (an anonymous JMS
 producer replies), also with the service behind a gateway, a selector and a transacted session refused by name, the
 same client through a proxy to Artemis (which applies the selector), and
-failover to the gateway named in the open frame's ``failover-server-list``.
+failover to the gateway named in the open frame's ``failover-server-list``,
+time to live, prefetch 0 through the proxy, and SCRAM-SHA-256 with an ACL.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 
 import brokers
 from exchange_support import ADMIN, upstream_members
-from conftest import TESTS, ClientProcess, free_port, require
+from conftest import PYTHON, ROOT, TESTS, ClientProcess, free_port, require
 
 JMS = TESTS / "jms" / "target"
 JAVA = shutil.which("java")
@@ -201,3 +202,27 @@ def test_jms_fails_over_to_the_gateway_named_in_the_open_frame(start_node, jms):
     got = jms("receive", primary.url, "jms.orders", 0, 2000).result()["ids"]
     assert set(got) == {f"f-{i}" for i in range(200)}
     assert duplicates(got) == []  # the kill fell between two acknowledged sends
+
+
+def test_jms_authenticates_with_scram_and_meets_the_acl(tmp_path, start_node, jms):
+    # Qpid JMS's own SCRAM-SHA-256 against the node's SASL layer (PLAIN is not
+    # offered without TLS); the user's [[acl]] entry then decides per address
+    users = tmp_path / "users.json"
+    subprocess.run([PYTHON, "-m", "proxy", "users", "add", "alice", "--file", str(users),
+                    "--password-stdin"], input=b"alice pw\n", check=True, cwd=ROOT,
+                   capture_output=True)
+    node = start_node({"sasl": {"mechanisms": ["PLAIN", "SCRAM-SHA-256"], "users_file": str(users),
+                                "require": True},
+                       "acl": [{"user": "alice", "send": ["orders.#"], "receive": ["orders.#"]}]})
+    alice = node.url + "?jms.username=alice&jms.password=alice%20pw"
+    assert jms("send", alice, "orders.jms", 3, "s").result()["sent"] == 3
+    assert jms("receive", alice, "orders.jms", 3, 2000).result()["ids"] == ["s-0", "s-1", "s-2"]
+    denied = jms("send", alice, "payroll.jms", 1, "x").result()
+    assert "amqp:unauthorized-access" in denied["error"]
+    wrong = jms("send", node.url + "?jms.username=alice&jms.password=nope", "orders.jms", 1,
+                "x").result()
+    assert wrong["type"].endswith("JMSSecuritySaslException")
+    assert "SCRAM-SHA-256" in wrong["error"]  # the mechanism the client chose, and failed
+    anonymous = jms("send", node.url, "orders.jms", 1, "x").result()  # SASL required
+    assert anonymous["type"].endswith("JMSSecuritySaslException")
+    assert "Server offered: [SCRAM-SHA-256]" in anonymous["error"]  # no PLAIN without TLS
