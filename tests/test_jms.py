@@ -6,7 +6,8 @@ takes nothing, request/reply through a temporary queue (an anonymous JMS
 producer replies), also with the service behind a gateway, a selector and a transacted session refused by name, the
 same client through a proxy to Artemis (which applies the selector), and
 failover to the gateway named in the open frame's ``failover-server-list``,
-time to live, prefetch 0 through the proxy, and SCRAM-SHA-256 with an ACL.
+time to live, prefetch 0 through the proxy, SCRAM-SHA-256 with an ACL, and
+TLS with SCRAM or a client certificate (EXTERNAL).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 import pytest
 
 import brokers
+from certs import make_certs
 from exchange_support import ADMIN, upstream_members
 from conftest import PYTHON, ROOT, TESTS, ClientProcess, free_port, require
 
@@ -226,3 +228,40 @@ def test_jms_authenticates_with_scram_and_meets_the_acl(tmp_path, start_node, jm
     anonymous = jms("send", node.url, "orders.jms", 1, "x").result()  # SASL required
     assert anonymous["type"].endswith("JMSSecuritySaslException")
     assert "Server offered: [SCRAM-SHA-256]" in anonymous["error"]  # no PLAIN without TLS
+
+
+def test_jms_over_tls_with_scram_and_with_a_client_certificate(tmp_path, start_node, jms):
+    # the DMZ listener (TLS from Python's ssl, client certificates verified) with
+    # Qpid JMS's TLS (JSSE): SCRAM-SHA-256 over TLS, then EXTERNAL from the
+    # certificate (CN=alice); the ACL holds for both
+    require(shutil.which("openssl") is not None and shutil.which("keytool") is not None,
+            "openssl and keytool")
+    certs = make_certs(tmp_path / "certs")
+    trust, keys = tmp_path / "trust.p12", tmp_path / "alice.p12"
+    subprocess.run(["keytool", "-importcert", "-noprompt", "-alias", "ca", "-file", str(certs.ca),
+                    "-keystore", str(trust), "-storetype", "PKCS12", "-storepass", "secret"],
+                   check=True, capture_output=True, timeout=60)
+    subprocess.run(["openssl", "pkcs12", "-export", "-in", str(certs.client_cert), "-inkey",
+                    str(certs.client_key), "-out", str(keys), "-passout", "pass:secret",
+                    "-name", "alice"], check=True, capture_output=True, timeout=60)
+    users = tmp_path / "users.json"
+    subprocess.run([PYTHON, "-m", "proxy", "users", "add", "alice", "--file", str(users),
+                    "--password-stdin"], input=b"alice pw\n", check=True, cwd=ROOT,
+                   capture_output=True)
+    node = start_node({
+        "tls": {"cert": str(certs.server_cert), "key": str(certs.server_key), "ca": str(certs.ca),
+                "verify_client": True},
+        "sasl": {"mechanisms": ["PLAIN", "SCRAM-SHA-256", "EXTERNAL"], "users_file": str(users),
+                 "require": True},
+        "acl": [{"user": "alice", "send": ["orders.#"], "receive": ["orders.#"]}]})
+    tls = (f"amqps://127.0.0.1:{node.port}?transport.trustStoreLocation={trust}"
+           f"&transport.trustStorePassword=secret&transport.trustStoreType=PKCS12"
+           f"&transport.keyStoreLocation={keys}&transport.keyStorePassword=secret"
+           f"&transport.keyStoreType=PKCS12")
+    scram = tls + "&jms.username=alice&jms.password=alice%20pw&amqp.saslMechanisms=SCRAM-SHA-256"
+    external = tls + "&amqp.saslMechanisms=EXTERNAL"
+    assert jms("send", scram, "orders.tls", 2, "s").result()["sent"] == 2
+    assert jms("send", external, "orders.tls", 2, "e").result()["sent"] == 2
+    assert jms("receive", external, "orders.tls", 4, 2000).result()["ids"] == \
+        ["s-0", "s-1", "e-0", "e-1"]
+    assert "amqp:unauthorized-access" in jms("send", external, "payroll.tls", 1, "x").result()["error"]
