@@ -57,6 +57,7 @@ ROUTES = [
     ("GET", "/api/v1/queues", inspect_api.get_queues, False),
     ("GET", "/api/v1/fragments", inspect_api.get_fragments, False),
     ("GET", "/api/v1/upstreams", inspect_api.get_upstreams, False),
+    ("GET", "/api/v1/exchanges", inspect_api.get_exchanges, False),
     ("GET", "/api/v1/rules", rules_api.get_rules, False),
     ("PUT", "/api/v1/rules", rules_api.put_rules, False),
     ("POST", "/api/v1/rules", rules_api.post_rule, False),

@@ -202,6 +202,18 @@ async def get_fragments(request: web.Request) -> web.Response:
     })
 
 
+async def get_exchanges(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    described = getattr(node, "describe_exchanges", lambda: {})()
+    items = described.get("exchanges", [])
+    return json_response({
+        "count": len(items),
+        "exchanges": items,
+        "sources": described.get("sources", []),
+        "anonymous_relay": described.get("anonymous_relay", {}),
+    })
+
+
 async def get_upstreams(request: web.Request) -> web.Response:
     items = describe_upstreams(request.app[NODE])
     return json_response({

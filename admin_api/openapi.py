@@ -161,6 +161,9 @@ def spec() -> dict[str, Any]:
         "/api/v1/fragments": {"get": _op("Fragments of fragmented queues", _json(LISTING, "fragments"))},
         "/api/v1/upstreams": {"get": _op("Upstream connections and their state",
                                          _json(LISTING, "upstreams"))},
+        "/api/v1/exchanges": {"get": _op(
+            "Local exchanges and remote sources with counters; the anonymous relay's counters",
+            _json(LISTING, "exchanges"))},
         "/api/v1/rules": {
             "get": _op("The routing rules and their version (ETag)",
                        {**_json(RULES_DOC, "the rules"), "headers": ETAG_HEADER}),

@@ -62,6 +62,7 @@ from cproton import (
 )
 from proton import Condition, Delivery, Link, Session, Terminus
 
+from . import anonymous_relay
 from . import engine
 from . import journal_queues
 from .journal import JournalError
@@ -662,6 +663,10 @@ class ClientHandler:
             self.attach_queue_producer(link, queue)
             return
         exchanges = self.broker.exchanges
+        if not remote.address and exchanges is not None:  # each message says where (its to)
+            self._open_client_link(link, False)
+            anonymous_relay.attach(self, link, exchanges)
+            return
         exchange = exchanges.get(remote.address) if exchanges is not None else None
         if exchange is not None:  # an exchange's name wins over [[rules]] (proxy.exchanges)
             self.check_access(remote.address, "send")

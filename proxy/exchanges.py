@@ -148,12 +148,14 @@ class Fanin:
 class ExchangeProducer(engine.ClientLinkEndpoint):
     """Client -> exchange. Our side is a proton Receiver."""
 
-    def __init__(self, handler, link, exchange: Exchange, exchanges: "Exchanges") -> None:
+    def __init__(self, handler, link, exchange: Exchange | None, exchanges: "Exchanges",
+                 stats: ExchangeStats | None = None) -> None:
         self.handler = handler
         self.link_ptr = engine.hold(link._impl)
         self.exchange = exchange
         self.exchanges = exchanges
-        self.address = exchange.name
+        self.address = exchange.name if exchange is not None else None
+        self.stats = exchange.stats if exchange is not None else stats
         self.window = handler.broker.credit_window
         self.unsettled = 0  # client deliveries waiting for their destinations
         self.received = 0
@@ -196,14 +198,17 @@ class ExchangeProducer(engine.ClientLinkEndpoint):
             pn_delivery_settle(delivery)
             delivery = None
         self.unsettled += 1
-        self.exchanges.publish(self.exchange, payload, Fanin(self, delivery))
+        self.route(payload, Fanin(self, delivery))
         if pn_link_credit(self.link_ptr) <= self.window // 2:
             self.top_up()
+
+    def route(self, payload: bytes, fanin: Fanin) -> None:
+        self.exchanges.publish(self.exchange, payload, fanin)
 
     def settle(self, fanin: Fanin) -> None:
         """Every destination answered: the client gets the combined outcome."""
         self.unsettled -= 1
-        stats = self.exchange.stats
+        stats = self.stats
         delivery = fanin.delivery
         if fanin.rejected is not None:
             stats.rejected += 1
@@ -246,6 +251,7 @@ class Exchanges:
         self.destinations = RemoteDestinations()
         self.hold = DurableHold(broker)
         self.exchanges: dict[str, Exchange] = {}
+        self.relay_stats = ExchangeStats()  # the anonymous relay (proxy.anonymous_relay)
         self.subscriptions: list[RemoteSubscription] = []
         self._sources = []
         for decl in config.exchanges:
@@ -283,6 +289,7 @@ class Exchanges:
             "exchanges": [{"name": e.name, "type": e.type, "bindings": len(e.bindings),
                            **vars(e.stats)} for e in self.exchanges.values()],
             "sources": [s.describe() for s in self.subscriptions],
+            "anonymous_relay": vars(self.relay_stats),
         }
 
     # -- attach --------------------------------------------------------------------
@@ -316,33 +323,41 @@ class Exchanges:
             fanin.done(PN_ACCEPTED)  # RabbitMQ's default: accepted and dropped
             return
         local, remote, refused = [], [], []
-        broker = self.broker
         for address in addresses:
-            decision = broker.resolve(address)
-            if decision.kind == "local":
-                queue = broker.queues.lookup_or_create(address)
-                if queue is None:
-                    refused.append(Condition(NOT_FOUND, f"no queue {address!r} (auto-create is off)"))
-                else:
-                    local.append(queue)
-            elif decision.kind == "proxy":
-                remote.append((broker.upstreams.for_decision(decision), decision.remote_address))
-            elif decision.kind == "deny":
-                refused.append(Condition(UNAUTHORIZED, f"address {address!r} denied"))
-            else:
-                refused.append(Condition(NOT_IMPLEMENTED,
-                                         f"{decision.kind} queues cannot be bound to an exchange"))
+            kind, target = self.destination(address, "queues cannot be bound to an exchange")
+            (local if kind == "local" else remote if kind == "remote" else refused).append(target)
         remote = self._fan_out_once(exchange, subject, remote)
         fanin.remaining = len(local) + len(remote) + len(refused)
         stats.routed += fanin.remaining
         for condition in refused:
             fanin.done(PN_REJECTED, condition)
         for queue in local:
-            self.hold.put(queue, payload, lambda error, fanin=fanin: fanin.done(
-                PN_ACCEPTED if error is None else PN_REJECTED,
-                None if error is None else Condition(INTERNAL_ERROR, error)))
+            self.store(queue, payload, fanin)
         for upstream, address in remote:
             self.destinations.get(upstream, address).send(payload, fanin.done)
+
+    def destination(self, address: str, unsupported: str):
+        """Where a message for ``address`` goes: ("local", queue), ("remote", (upstream,
+        remote address)) or ("refused", Condition); ``unsupported`` ends the reason
+        given for address kinds that cannot be reached this way."""
+        broker = self.broker
+        decision = broker.resolve(address)
+        if decision.kind == "local":
+            queue = broker.queues.lookup_or_create(address)
+            if queue is None:
+                return "refused", Condition(NOT_FOUND, f"no queue {address!r} (auto-create is off)")
+            return "local", queue
+        if decision.kind == "proxy":
+            return "remote", (broker.upstreams.for_decision(decision), decision.remote_address)
+        if decision.kind == "deny":
+            return "refused", Condition(UNAUTHORIZED, f"address {address!r} denied")
+        return "refused", Condition(NOT_IMPLEMENTED, f"{decision.kind} {unsupported}")
+
+    def store(self, queue, payload: bytes, fanin: Fanin) -> None:
+        """Into a local queue (journaled first when durable); ``fanin`` learns the outcome."""
+        self.hold.put(queue, payload, lambda error: fanin.done(
+            PN_ACCEPTED if error is None else PN_REJECTED,
+            None if error is None else Condition(INTERNAL_ERROR, error)))
 
     def _fan_out_once(self, exchange: Exchange, subject, remote: list) -> list:
         """Several destinations on the fan-out primary: one transfer to its address instead."""

@@ -1,6 +1,7 @@
-"""The subject of an encoded message, decoding only its properties section.
+"""The subject or the ``to`` of an encoded message, decoding only its properties section.
 
-Exchanges route on the subject (AMQP 1.0 §3.2.4, properties field 3). An
+Exchanges route on the subject (AMQP 1.0 §3.2.4, properties field 3), the
+anonymous relay on ``to`` (field 2). An
 encoded message is a run of described sections in a fixed order (§3.2):
 header (list), delivery-annotations and message-annotations (maps), then
 properties (list). The sections before properties are skipped by their
@@ -44,6 +45,16 @@ def _value_end(payload: bytes, pos: int) -> int | None:
 
 def read_subject(payload: bytes) -> str | None:
     """The message's subject, or None when it has none (or is not a valid message)."""
+    return _read_field(payload, 3)
+
+
+def read_to(payload: bytes) -> str | None:
+    """The message's ``to`` address (§3.2.4 field 2), or None; the anonymous relay routes on it."""
+    return _read_field(payload, 2)
+
+
+def _read_field(payload: bytes, index: int) -> str | None:
+    """A string field of the properties section (``to`` 2, ``subject`` 3), or None."""
     try:
         pos = 0
         while pos < len(payload):
@@ -64,20 +75,20 @@ def read_subject(payload: bytes) -> str | None:
             data.rewind()
             data.next()
             fields = data.get_object().value
-            subject = fields[3] if isinstance(fields, list) and len(fields) > 3 else None
-            return subject if isinstance(subject, str) else None
-        return None if pos >= len(payload) else _slow_subject(payload)
+            value = fields[index] if isinstance(fields, list) and len(fields) > index else None
+            return value if isinstance(value, str) else None
+        return None if pos >= len(payload) else _slow_field(payload, index)
     except (IndexError, ValueError, KeyError, TypeError, AttributeError):
-        return _slow_subject(payload)
+        return _slow_field(payload, index)
     except Exception:  # proton's DataException and friends: not a message we can read
-        return _slow_subject(payload)
+        return _slow_field(payload, index)
 
 
-def _slow_subject(payload: bytes) -> str | None:
+def _slow_field(payload: bytes, index: int) -> str | None:
     message = Message()
     try:
         message.decode(payload)
-    except Exception:  # noqa: BLE001 - anything undecodable has no subject
+    except Exception:  # noqa: BLE001 - anything undecodable has neither
         return None
-    subject = message.subject
-    return subject if isinstance(subject, str) else None
+    value = message.address if index == 2 else message.subject
+    return value if isinstance(value, str) else None

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from routing import RoutingTable
 
+from . import anonymous_relay
 from .acl import Acl
 from .broker import Broker
 from .config import Config
@@ -147,6 +148,7 @@ class Node:
             sasl_required=config.sasl.require,
             max_sessions=limits.max_sessions_per_connection,
             properties=failover_properties(config),
+            offered_capabilities=(anonymous_relay.CAPABILITY,),
         )
         self.connections: set[AmqpProtocol] = set()
         self._ip_of: dict[AmqpProtocol, str] = {}  # for the per-IP limit

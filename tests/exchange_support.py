@@ -77,8 +77,9 @@ class _Sender(MessagingHandler):
 
     def on_sendable(self, event):
         while event.sender.credit and self.next < len(self.items):
-            message_id, subject = self.items[self.next]
+            message_id, subject, *to = self.items[self.next]  # to: for the anonymous relay
             delivery = event.sender.send(Message(id=message_id, subject=subject,
+                                                 address=to[0] if to else None,
                                                  body=f"body of {message_id}"))
             self.by_tag[delivery.tag] = message_id
             self.next += 1
@@ -111,7 +112,8 @@ class _Sender(MessagingHandler):
 
 
 def send_subjects(url: str, address: str, items, timeout: float = 30.0) -> dict:
-    """Send ``(id, subject)`` messages; returns {id: (outcome, condition)} (+ "error" key on failure)."""
+    """Send ``(id, subject)`` or ``(id, subject, to)`` messages (``address`` None: the
+    anonymous relay); returns {id: (outcome, condition)} (+ "error" key on failure)."""
     handler = _Sender(url, address, items, timeout)
     Container(handler).run()
     result = dict(handler.outcomes)
