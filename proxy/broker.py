@@ -609,7 +609,7 @@ class ClientHandler:
     def _resolve(self, address: str | None, direction: str):
         """Authorize and route an attach; returns the routing decision."""
         if not address:
-            raise LinkRefused(INVALID_FIELD, f"{direction} link needs an address (no anonymous relay)")
+            raise LinkRefused(INVALID_FIELD, f"{direction} link needs an address")
         self.check_access(address, direction)
         decision = self.broker.resolve(address)
         if decision.kind == "deny":
