@@ -28,6 +28,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 echo "jms.sh: building the Qpid JMS test client"
-mvn -q -B -f "$DIR/pom.xml" package
+mvn -q -B -Dstyle.color=never -f "$DIR/pom.xml" package 2>&1 | sed "s/\x1b\[[0-9;]*m//g"
 test -f "$CLASS" || { echo "jms.sh: build produced no $CLASS" >&2; exit 1; }
 echo "jms.sh: built"
