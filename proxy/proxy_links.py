@@ -14,7 +14,9 @@ the primary is unreachable; the upstream link follows the pool member's state
     take (§2.6.7; the seed's "stuck messages"). Drain is passed upstream and the
     client is drained when the primary answers; a primary known not to answer a
     drain (``proxy.primaries``) is never sent one: the node answers the client
-    after giving the primary ``DRAIN_GRACE`` to send what it has. The client's outcome is applied
+    after giving the primary ``DRAIN_GRACE`` to send what it has. A browser or
+    a filter the client asks for must be in the primary's answer, or the client
+    link is closed (``unhonoured_source``). The client's outcome is applied
     upstream, and only then is the upstream delivery settled (§3.4). A client
     that detaches or drops has its unsettled deliveries released upstream.
 
