@@ -172,11 +172,8 @@ def test_jms_through_the_proxy_to_artemis_browses_and_selects(start_node, jms):
     assert jms("receive", node.url, queue, 0, 2000).result()["ids"] == ["p-0", "p-2", "p-3", "p-5"]
 
 
-def test_jms_fails_over_to_the_gateway_named_in_the_open_frame(start_node, jms):
-    # Gateways a and b proxy jms.* to the same primary and name each other in
-    # [peers], so each one's open frame carries the other in failover-server-list.
-    # The client is given only a; a is killed between two sends; the client must
-    # reconnect to b by itself and every message must reach the primary.
+def failover_pair(start_node):
+    """Gateways a and b proxy jms.* to one primary and name each other in [peers]."""
     primary = start_node(name="primary")
     rule = {"name": "jms", "match": "jms.#", "kind": "proxy", "primary": primary.url}
     ports = {"a": free_port(), "b": free_port()}
@@ -188,10 +185,47 @@ def test_jms_fails_over_to_the_gateway_named_in_the_open_frame(start_node, jms):
     }
     failover = (f"failover:({urls['a']})?failover.initialReconnectDelay=100"
                 "&failover.reconnectDelay=200&failover.maxReconnectAttempts=50")
-    sender = jms("send", failover, "jms.orders", 200, "f", 100)
-    lines = [sender.readline(timeout=60)]
+    return primary, gateways, urls, failover
+
+
+def run_until_paused(process) -> list:
+    lines = [process.readline(timeout=60)]
     while "paused" not in lines[-1]:
-        lines.append(sender.readline(timeout=60))
+        lines.append(process.readline(timeout=60))
+    return lines
+
+
+def test_jms_consumer_fails_over_and_every_message_arrives(start_node, jms):
+    # A consumer on gateway a has taken 50 of 200 messages (more are prefetched,
+    # unacknowledged) when a is killed: what a held goes back to the primary, the
+    # client reconnects to b by itself and gets the rest. Each id at least once.
+    primary, gateways, urls, failover = failover_pair(start_node)
+    assert jms("send", primary.url, "jms.work", 200, "w").result()["sent"] == 200
+    consumer = jms("receive", failover, "jms.work", 0, 3000, 50)
+    assert run_until_paused(consumer)[-1]["paused"] == 50
+    gateways["a"].kill()
+    consumer.resume()
+    lines = consumer.finish(timeout=90)
+    assert "error" not in lines[-1], lines
+    assert [line["uri"].split("?")[0] for line in lines if line.get("event") == "restored"] == \
+        [urls["b"]]
+    got = lines[-1]["ids"]
+    assert set(got) == {f"w-{i}" for i in range(200)}
+    # Duplicates: the primary redelivers what a had not settled upstream when it
+    # died, the 150 the client had prefetched and at most one whose acknowledgement
+    # was still on its way; Qpid JMS also hands the application the prefetched
+    # copies it received from a (measured: 150 or 151 duplicates of 350-351)
+    assert len(got) - len(set(got)) <= 151
+
+
+def test_jms_fails_over_to_the_gateway_named_in_the_open_frame(start_node, jms):
+    # Gateways a and b proxy jms.* to the same primary and name each other in
+    # [peers], so each one's open frame carries the other in failover-server-list.
+    # The client is given only a; a is killed between two sends; the client must
+    # reconnect to b by itself and every message must reach the primary.
+    primary, gateways, urls, failover = failover_pair(start_node)
+    sender = jms("send", failover, "jms.orders", 200, "f", 100)
+    lines = run_until_paused(sender)
     assert lines[-1]["paused"] == 100
     gateways["a"].kill()
     sender.resume()

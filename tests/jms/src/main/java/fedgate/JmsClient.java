@@ -34,7 +34,9 @@ import org.apache.qpid.jms.message.JmsInboundMessageDispatch;
  *                                              persistent sends, each waiting for its outcome;
  *                                              after PAUSE_AFTER (0: never) prints {"paused": n}
  *                                              and waits for a line on stdin; TTL_MS: time to live
- *   receive URL QUEUE COUNT IDLE_MS            until COUNT or IDLE_MS without a message
+ *   receive URL QUEUE COUNT IDLE_MS [PAUSE_AFTER]
+ *                                              until COUNT (0: any) or IDLE_MS without a
+ *                                              message; PAUSE_AFTER as for send
  *   browse URL QUEUE                           a QueueBrowser's enumeration
  *   select URL QUEUE SELECTOR COUNT IDLE_MS    a consumer with a message selector
  *   rpc URL QUEUE COUNT [RESPONDER_URL]        request/reply through a temporary queue; the
@@ -50,9 +52,10 @@ public final class JmsClient {
                                     args.length > 5 ? Integer.parseInt(args[5]) : 0,
                                     args.length > 6 ? Long.parseLong(args[6]) : 0);
                 case "receive" -> receive(args[1], args[2], Integer.parseInt(args[3]),
-                                          Long.parseLong(args[4]), null);
+                                          Long.parseLong(args[4]), null,
+                                          args.length > 5 ? Integer.parseInt(args[5]) : 0);
                 case "select" -> receive(args[1], args[2], Integer.parseInt(args[4]),
-                                         Long.parseLong(args[5]), args[3]);
+                                         Long.parseLong(args[5]), args[3], 0);
                 case "browse" -> browse(args[1], args[2]);
                 case "rpc" -> rpc(args[1], args[2], Integer.parseInt(args[3]),
                                   args.length > 4 ? args[4] : args[1]);
@@ -116,8 +119,8 @@ public final class JmsClient {
         }
     }
 
-    private static void receive(String url, String queueName, int count, long idleMs, String selector)
-            throws Exception {
+    private static void receive(String url, String queueName, int count, long idleMs, String selector,
+                                int pauseAfter) throws Exception {
         try (Connection connection = connect(url)) {
             Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
             Queue queue = session.createQueue(queueName);
@@ -125,6 +128,10 @@ public final class JmsClient {
                                                         : session.createConsumer(queue, selector);
             List<String> ids = new ArrayList<>();
             while (count == 0 || ids.size() < count) {
+                if (pauseAfter > 0 && ids.size() == pauseAfter) {
+                    print("{\"paused\": " + pauseAfter + "}");
+                    new BufferedReader(new InputStreamReader(System.in)).readLine();
+                }
                 Message message = consumer.receive(idleMs);
                 if (message == null) {
                     break;
