@@ -22,7 +22,11 @@ are per message and leave the link attached:
 * a local queue that does not exist (auto-create off): rejected,
   ``amqp:not-found``; a fragmented address: rejected, ``amqp:not-implemented``;
 * a local queue at its depth limit: released (send it again later); credit
-  cannot be withheld per destination on one link, so this is the backpressure.
+  cannot be withheld per destination on one link, so this is the backpressure;
+* a proxied address that would open one more upstream sender than
+  ``[limits] max_relay_destinations`` (default 1024) allows: rejected,
+  ``amqp:resource-limit-exceeded`` (each distinct address costs a link on the
+  primary; idle ones close after the pool's idle timeout).
 
 Credit: ``[queues] credit_window``, refilled as deliveries settle (unsettled
 ones count), as for an exchange.
@@ -43,6 +47,7 @@ log = logging.getLogger("fedgate.relay")
 CAPABILITY = "ANONYMOUS-RELAY"
 NOT_FOUND = "amqp:not-found"
 UNAUTHORIZED = "amqp:unauthorized-access"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 
 
 class AnonymousProducer(ExchangeProducer):
@@ -93,7 +98,15 @@ class AnonymousProducer(ExchangeProducer):
                 exchanges.store(target, payload, fanin)
         else:
             upstream, address = target
-            exchanges.destinations.get(upstream, address).send(payload, fanin.done)
+            destinations = exchanges.destinations
+            limit = exchanges.relay_limit
+            if limit and len(destinations.by_key) >= limit and not destinations.has(upstream, address):
+                # every new to costs an upstream link: a client must not open them without end
+                fanin.done(PN_REJECTED, Condition(RESOURCE_LIMIT, (
+                    f"{len(destinations.by_key)} upstream destinations are open "
+                    "([limits] max_relay_destinations); idle ones close after the idle timeout")))
+                return
+            destinations.get(upstream, address).send(payload, fanin.done)
 
 
 def attach(handler, link: Link, exchanges: Exchanges) -> AnonymousProducer:

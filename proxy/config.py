@@ -183,6 +183,8 @@ class LimitsSection:
     max_connections_per_user: int = 0  # authenticated users, checked when SASL succeeds
     max_sessions_per_connection: int = 32
     max_links_per_connection: int = 1024
+    # upstream senders the anonymous relay may have open at once (proxy.anonymous_relay)
+    max_relay_destinations: int = 1024
     idle_timeout: float = 60.0
     handshake_timeout: float = 10.0
 
@@ -191,7 +193,7 @@ class LimitsSection:
             raise ConfigError(f"{key}.max_frame_size", "between 512 and 16777216")
         for name in ("max_message_size", "max_connections", "max_sessions_per_connection",
                      "max_links_per_connection", "max_connections_per_ip",
-                     "max_connections_per_user"):
+                     "max_connections_per_user", "max_relay_destinations"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{key}.{name}", "must not be negative")
         if self.idle_timeout < 0 or self.handshake_timeout < 0:

@@ -252,6 +252,7 @@ class Exchanges:
         self.hold = DurableHold(broker)
         self.exchanges: dict[str, Exchange] = {}
         self.relay_stats = ExchangeStats()  # the anonymous relay (proxy.anonymous_relay)
+        self.relay_limit = 0  # [limits] max_relay_destinations, set by the node; 0 = none
         self.subscriptions: list[RemoteSubscription] = []
         self._sources = []
         for decl in config.exchanges:

@@ -133,6 +133,7 @@ class Node:
             lambda old, new, version: apply_rules_change(self.broker, old, new))
         self.exchanges = Exchanges(config, self.broker, self.upstreams, self.queue_options)
         self.broker.exchanges = self.exchanges
+        self.exchanges.relay_limit = config.limits.max_relay_destinations
         users = None
         if config.sasl.users_file:
             users = UsersFile.load(config.resolve_path(config.sasl.users_file), missing_ok=True)

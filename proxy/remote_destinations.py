@@ -194,6 +194,10 @@ class RemoteDestinations:
         self.by_key: dict[tuple, RemoteDestination] = {}
         self._timer: asyncio.TimerHandle | None = None
 
+    def has(self, upstream, address: str) -> bool:
+        destination = self.by_key.get((upstream.target.key, address))
+        return destination is not None and not destination.closed
+
     def get(self, upstream, address: str) -> RemoteDestination:
         key = (upstream.target.key, address)
         destination = self.by_key.get(key)

@@ -65,3 +65,19 @@ def test_a_full_queue_releases_and_the_link_goes_on(relay):
         ["accepted", "accepted", "released", "accepted"]
     assert receive_ids(node.url, "small") == ["s0", "s1"]
     assert receive_ids(node.url, "local.o") == ["other"]
+
+
+def test_new_upstream_destinations_are_capped(start_node):
+    # each distinct proxied 'to' costs a link on the primary: a client cannot open them without end
+    primary = start_node(name="p")
+    node = start_node({"peers": {"p": primary.url}, "limits": {"max_relay_destinations": 2},
+                       "rules": [{"name": "remote", "match": "remote.#", "kind": "proxy",
+                                  "primary": "p"}]}, name="r")
+    outcomes = send_subjects(node.url, None, [("a", None, "remote.a"), ("b", None, "remote.b"),
+                                              ("c", None, "remote.c"), ("a2", None, "remote.a"),
+                                              ("l", None, "local.l")])
+    assert outcomes["c"] == ("rejected", "amqp:resource-limit-exceeded")
+    assert {k: v[0] for k, v in outcomes.items() if k != "c"} == \
+        {"a": "accepted", "b": "accepted", "a2": "accepted", "l": "accepted"}
+    assert receive_ids(primary.url, "remote.a") == ["a", "a2"]
+    assert receive_ids(primary.url, "remote.c", quiet=0.5) == []
