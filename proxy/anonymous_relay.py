@@ -39,14 +39,12 @@ import logging
 from cproton import PN_REJECTED, PN_RELEASED, pn_link_flow
 from proton import Condition, Link
 
-from .exchanges import ExchangeProducer, Exchanges, Fanin
+from .exchanges import NOT_FOUND, UNAUTHORIZED, ExchangeProducer, Exchanges, Fanin
 from .message_subject import read_to
 
 log = logging.getLogger("fedgate.relay")
 
 CAPABILITY = "ANONYMOUS-RELAY"
-NOT_FOUND = "amqp:not-found"
-UNAUTHORIZED = "amqp:unauthorized-access"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 
 

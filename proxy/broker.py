@@ -724,7 +724,8 @@ class ClientHandler:
                                               presettled=presettled, recheck_interval=recheck)
         else:
             endpoint = ProxyConsumer(self, link, upstream, remote_address, presettled=presettled,
-                                     capabilities=capabilities, recheck_interval=recheck)
+                                     capabilities=capabilities, recheck_interval=recheck,
+                                     check_source=bool(private))
         self.links[endpoint.link_ptr] = endpoint
         return endpoint
 

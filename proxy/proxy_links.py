@@ -221,10 +221,14 @@ class ProxyConsumer(_ProxyEndpoint):
 
     recheck_interval = 0.0  # seconds idle before the remote source is re-checked; 0: never
     drain_timer = None  # a drain the node answers itself (a primary that cannot drain)
+    check_source = False  # whether the primary's answer must keep a browse or a filter
 
     def __init__(self, handler, client_link, upstream, remote_address, *, presettled: bool,
-                 capabilities: tuple[str, ...] = (), recheck_interval: float = 0.0) -> None:
+                 capabilities: tuple[str, ...] = (), recheck_interval: float = 0.0,
+                 check_source: bool = False) -> None:
         self.presettled = presettled
+        if check_source:  # the client asked for a browser or a filter: see on_upstream_attached
+            self.check_source = True
         # client delivery -> upstream delivery (None once upstream is gone); a dict of its
         # own from the first message on (most proxy consumers of a concentrator are idle)
         self.unsettled: dict = _NONE_UNSETTLED
@@ -256,7 +260,8 @@ class ProxyConsumer(_ProxyEndpoint):
 
     def on_upstream_attached(self) -> None:
         unhonoured = unhonoured_source(self.link.remote_source, self.up_link.remote_source,
-                                       self.member.source_echo_untrusted)
+                                       self.member.source_echo_untrusted) \
+            if self.check_source else None
         if unhonoured is not None:
             log.info("proxy link %s -> %s refused: %s", self.link.name, self.remote_address,
                      unhonoured)

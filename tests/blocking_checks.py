@@ -63,26 +63,11 @@ def check_drain(url: str, address: str) -> None:
         conn.close()
 
 
-def browse(url: str, address: str, count: int, timeout: float = 30) -> list:
-    """Ids of the first ``count`` messages a browsing receiver (distribution-mode
-    copy) is sent, each accepted: an outcome for a copy must take nothing."""
+def accepted_ids(url: str, address: str, count: int, options=None, timeout: float = 30) -> list:
+    """Ids of the first ``count`` messages a receiver with ``options`` gets, each accepted."""
     conn = BlockingConnection(url, timeout=timeout)
     try:
-        receiver = conn.create_receiver(address, credit=count, options=Copy())
-        seen = []
-        for _ in range(count):
-            seen.append(receiver.receive(timeout=15).id)
-            receiver.accept()
-        return seen
-    finally:
-        conn.close()
-
-
-def select(url: str, address: str, selector: str, count: int, timeout: float = 30) -> list:
-    """Ids of ``count`` messages received (and accepted) through a JMS selector."""
-    conn = BlockingConnection(url, timeout=timeout)
-    try:
-        receiver = conn.create_receiver(address, credit=count, options=Selector(selector))
+        receiver = conn.create_receiver(address, credit=count, options=options)
         got = []
         for _ in range(count):
             got.append(receiver.receive(timeout=15).id)
@@ -90,6 +75,17 @@ def select(url: str, address: str, selector: str, count: int, timeout: float = 3
         return got
     finally:
         conn.close()
+
+
+def browse(url: str, address: str, count: int) -> list:
+    """What a browsing receiver (distribution-mode copy) is sent, each accepted: an
+    outcome for a copy must take nothing."""
+    return accepted_ids(url, address, count, Copy())
+
+
+def select(url: str, address: str, selector: str, count: int) -> list:
+    """What a receiver with a JMS selector gets, each accepted."""
+    return accepted_ids(url, address, count, Selector(selector))
 
 
 def refusal(url: str, address: str, options, timeout: float = 30) -> str | None:
