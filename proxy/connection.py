@@ -12,10 +12,14 @@ protocol state. It moves through phases:
 ``SASL``    our own ``SaslServer`` runs the exchange (§5.3); proton never
             sees SASL, so it is configured without it.
 ``AMQP``    bytes go to a proton ``Transport`` bound to a ``Connection`` with a
-            ``Collector``. Until the first frame (the peer's open) is in, we
-            check its size against 512 bytes (§2.4.1, MIN-MAX-FRAME-SIZE):
-            proton does not enforce that limit before negotiation. After it,
-            proton enforces the negotiated max-frame-size.
+            ``Collector``. The client's AMQP header goes to proton as soon as
+            its 8 bytes are in, so our header is answered on receipt: §2.2
+            lets a client wait for it before sending anything (go-amqp does).
+            The first frame after it (the peer's open) is held until its size
+            is known and refused above 512 bytes (§2.4.1,
+            MIN-MAX-FRAME-SIZE): proton does not enforce that limit before
+            negotiation. After it, proton enforces the negotiated
+            max-frame-size.
 ``CLOSED``  nothing more is read; remaining output is flushed, then the
             socket is closed.
 
@@ -103,8 +107,8 @@ class ServerConnection:
     """Protocol state of one client connection. See the module docstring."""
 
     # one per client connection: slots keep idle connections small
-    __slots__ = ("_first_frame_checked", "_handshake_deadline", "_in", "_out", "_refusal", "_sasl",
-                 "admit", "authenticator", "cert_identity", "connection_ptr", "failure", "handler",
+    __slots__ = ("_first_frame_checked", "_handshake_deadline", "_header_answered", "_in", "_out",
+                 "_refusal", "_sasl", "admit", "authenticator", "cert_identity", "connection_ptr", "failure", "handler",
                  "identity", "phase", "pipe", "settings", "transport_ptr")
 
     def __init__(self, settings: ConnectionSettings, authenticator, handler, now: float, *,
@@ -122,6 +126,7 @@ class ServerConnection:
         self._out = b""
         self._sasl: SaslServer | None = None
         self._handshake_deadline = now + settings.handshake_timeout if settings.handshake_timeout else None
+        self._header_answered = False  # the client's AMQP header went to proton
         self._first_frame_checked = False
         self.pipe: engine.ProtonPipe | None = None
         self.transport_ptr = None  # proton's pn_transport_t, released with the pipe
@@ -233,17 +238,26 @@ class ServerConnection:
             self._abort_amqp("amqp:connection:framing-error", "input not consumed")
 
     def _check_first_frame(self, data: bytes) -> bytes | None:
-        """Hold bytes until the first frame's size is known; refuse if > 512."""
+        """Answer the AMQP header at once; hold the first frame until its size is known.
+
+        §2.2: the header is answered on receipt, whatever follows it. The first
+        frame is refused above 512 bytes (§2.4.1) before proton reads any of it.
+        """
         self._in += data
+        if not self._header_answered:
+            offset = len(AMQP_HEADER)  # the header always comes first in this phase
+            if len(self._in) < offset:
+                return None
+            self._header_answered = True
+            self.pipe.push(self._in[:offset])  # proton writes its header back now
+            self._in = self._in[offset:]
         buffered = self._in
-        offset = len(AMQP_HEADER)  # the header always comes first in this phase
-        if len(buffered) < offset + 4:
+        if len(buffered) < 4:
             return None
-        (size,) = struct.unpack_from(">I", buffered, offset)
+        (size,) = struct.unpack_from(">I", buffered)
         self._first_frame_checked = True
         self._in = b""
         if size > MIN_MAX_FRAME_SIZE:
-            self.pipe.push(buffered[:offset])
             self._abort_amqp(
                 "amqp:connection:framing-error",
                 f"first frame of {size} bytes exceeds {MIN_MAX_FRAME_SIZE} before open (AMQP 1.0 2.4.1)",
@@ -260,7 +274,7 @@ class ServerConnection:
         header, self._in = self._in[: len(AMQP_HEADER)], b""
         condition, description = self._refusal
         self._refusal = None
-        self._first_frame_checked = True
+        self._header_answered = self._first_frame_checked = True
         self.failure = f"refused: {description}"
         self.pipe.push(header)
         self._abort_amqp(condition, description)
