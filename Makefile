@@ -36,6 +36,7 @@ test: venv npm brokers
 	bash .ci/install/toxiproxy.sh
 	bash .ci/install/java.sh
 	bash .ci/install/jms.sh
+	bash .ci/install/go-client.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # the Spark load generator against its own two-node demo cluster (see README)

@@ -149,6 +149,8 @@ def node(start_node):
 
 # -- client processes ------------------------------------------------------
 NODE_JS = shutil.which("node")
+# go-amqp (Azure's Go client), built by .ci/install/go-client.sh from tests/clients/goamqp
+GO_CLIENT = ROOT / ".build" / "goamqp-client"
 
 
 def client_command(kind: str, mode: str, url: str, **options) -> list[str]:
@@ -156,6 +158,9 @@ def client_command(kind: str, mode: str, url: str, **options) -> list[str]:
         require(NODE_JS is not None, "node (Node.js)")
         require((TESTS / "js" / "node_modules" / "rhea").is_dir(), "rhea (npm ci in tests/js)")
         cmd = [NODE_JS, str(TESTS / "js" / f"{mode}.js"), "--url", url]
+    elif kind == "go":
+        require(GO_CLIENT.is_file(), "goamqp-client (.ci/install/go-client.sh)")
+        cmd = [str(GO_CLIENT), mode, "--url", url]
     else:
         cmd = [PYTHON, str(TESTS / "clients" / "proton_client.py"), mode, "--url", url]
     for key, value in options.items():

@@ -1,0 +1,361 @@
+// goamqp-client: a command-line AMQP 1.0 test client built on Azure's go-amqp,
+// an implementation that shares no code with proton. The Python tests run it
+// as a subprocess, exactly as they run the rhea clients in tests/js, and it
+// follows the same output contract (tests/js/README.md): JSON lines on stdout,
+// the final one carrying "error".
+//
+//	goamqp-client send    --url URL --address A --count N [--prefix P] [--presettled] [--durable]
+//	goamqp-client receive --url URL --address A --count N [--credit C] [--idle-ms I]
+//	                      [--outcome accept|release|reject|modify-failed|modify-undeliverable]
+//
+// Common: [--username U --password P] [--sasl auto|anonymous|plain|none]
+// [--ca FILE | --tls-insecure] (amqps:// URLs) [--timeout-ms T].
+//
+// Exit codes: 0 ok, 2 AMQP/SASL/transport error, 3 timeout, 64 bad command line.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/Azure/go-amqp"
+)
+
+const (
+	exitOK      = 0
+	exitError   = 2
+	exitTimeout = 3
+	exitUsage   = 64
+	// unsettled sends in flight at once; each waits for its outcome in order
+	sendWindow = 100
+)
+
+type options struct {
+	mode, url, address, prefix, username, password, sasl, ca, outcome string
+	count, credit, timeoutMS, idleMS                                  int
+	presettled, durable, tlsInsecure                                  bool
+}
+
+func main() {
+	if len(os.Args) < 2 || (os.Args[1] != "send" && os.Args[1] != "receive") {
+		fmt.Fprintln(os.Stderr, "usage: goamqp-client send|receive --url URL --address A --count N ...")
+		os.Exit(exitUsage)
+	}
+	o := options{mode: os.Args[1]}
+	fs := flag.NewFlagSet(o.mode, flag.ContinueOnError)
+	fs.StringVar(&o.url, "url", "", "amqp:// or amqps:// URL")
+	fs.StringVar(&o.address, "address", "", "node address")
+	fs.StringVar(&o.prefix, "prefix", "go", "message id prefix (send)")
+	fs.StringVar(&o.username, "username", "", "SASL PLAIN user")
+	fs.StringVar(&o.password, "password", "", "SASL PLAIN password")
+	fs.StringVar(&o.sasl, "sasl", "auto", "auto|anonymous|plain|none")
+	fs.StringVar(&o.ca, "ca", "", "CA certificate file for amqps://")
+	fs.StringVar(&o.outcome, "outcome", "accept", "accept|release|reject|modify-failed|modify-undeliverable")
+	fs.IntVar(&o.count, "count", 0, "messages to send or receive (receive: 0 = no limit)")
+	fs.IntVar(&o.credit, "credit", 100, "receiver credit window")
+	fs.IntVar(&o.timeoutMS, "timeout-ms", 30000, "overall deadline; 0 disables")
+	fs.IntVar(&o.idleMS, "idle-ms", 0, "receive: stop after this long without a message")
+	fs.BoolVar(&o.presettled, "presettled", false, "send pre-settled (at-most-once)")
+	fs.BoolVar(&o.durable, "durable", false, "set header.durable")
+	fs.BoolVar(&o.tlsInsecure, "tls-insecure", false, "skip certificate verification")
+	if err := fs.Parse(os.Args[2:]); err != nil || o.url == "" || o.address == "" ||
+		(o.mode == "send" && o.count <= 0) || o.credit <= 0 {
+		fmt.Fprintln(os.Stderr, "error: --url, --address, --count (and --credit > 0) are required")
+		os.Exit(exitUsage)
+	}
+	ctx := context.Background()
+	if o.timeoutMS > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(o.timeoutMS)*time.Millisecond)
+		defer cancel()
+	}
+	if o.mode == "send" {
+		os.Exit(send(ctx, o))
+	}
+	os.Exit(receive(ctx, o))
+}
+
+// -- connection ------------------------------------------------------------------
+
+func dial(ctx context.Context, o options) (*amqp.Conn, error) {
+	u, err := url.Parse(o.url)
+	if err != nil {
+		return nil, err
+	}
+	user, password := o.username, o.password
+	if u.User != nil && user == "" {
+		user = u.User.Username()
+		password, _ = u.User.Password()
+	}
+	opts := &amqp.ConnOptions{ContainerID: fmt.Sprintf("goamqp-%d", os.Getpid())}
+	switch {
+	case o.sasl == "plain" || (o.sasl == "auto" && user != ""):
+		opts.SASLType = amqp.SASLTypePlain(user, password)
+	case o.sasl == "anonymous" || o.sasl == "auto":
+		opts.SASLType = amqp.SASLTypeAnonymous()
+	case o.sasl == "none":
+		// no SASL layer: the bare AMQP header
+	default:
+		return nil, fmt.Errorf("unknown --sasl %q", o.sasl)
+	}
+	if u.Scheme == "amqps" {
+		config := &tls.Config{ServerName: u.Hostname(), InsecureSkipVerify: o.tlsInsecure}
+		if o.ca != "" {
+			pem, err := os.ReadFile(o.ca)
+			if err != nil {
+				return nil, err
+			}
+			config.RootCAs = x509.NewCertPool()
+			config.RootCAs.AppendCertsFromPEM(pem)
+		}
+		opts.TLSConfig = config
+	}
+	address := u.Scheme + "://" + u.Host // credentials stay out of go-amqp's URL handling
+	return amqp.Dial(ctx, address, opts)
+}
+
+// -- output ----------------------------------------------------------------------
+
+func emit(line map[string]any) {
+	data, _ := json.Marshal(line)
+	os.Stdout.Write(append(data, '\n'))
+}
+
+// describe turns an error into the contract's {"condition", "description"}.
+func describe(ctx context.Context, err error) (map[string]any, int) {
+	if err == nil {
+		return nil, exitOK
+	}
+	var amqpErr *amqp.Error
+	var connErr *amqp.ConnError
+	var sessErr *amqp.SessionError
+	var linkErr *amqp.LinkError
+	switch {
+	case errors.As(err, &amqpErr):
+		return map[string]any{"condition": string(amqpErr.Condition), "description": amqpErr.Description}, exitError
+	case errors.As(err, &connErr) && connErr.RemoteErr != nil:
+		return describe(ctx, connErr.RemoteErr)
+	case errors.As(err, &sessErr) && sessErr.RemoteErr != nil:
+		return describe(ctx, sessErr.RemoteErr)
+	case errors.As(err, &linkErr) && linkErr.RemoteErr != nil:
+		return describe(ctx, linkErr.RemoteErr)
+	case errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
+		return map[string]any{"condition": "timeout", "description": err.Error()}, exitTimeout
+	}
+	return map[string]any{"condition": "error", "description": err.Error()}, exitError
+}
+
+// -- send ------------------------------------------------------------------------
+
+func send(ctx context.Context, o options) int {
+	result := map[string]any{}
+	counts := map[string]int{"sent": 0, "accepted": 0, "released": 0, "rejected": 0, "modified": 0}
+	finish := func(err error) int {
+		for k, v := range counts {
+			result[k] = v
+		}
+		description, code := describe(ctx, err)
+		result["error"] = description
+		emit(result)
+		return code
+	}
+	conn, err := dial(ctx, o)
+	if err != nil {
+		return finish(err)
+	}
+	defer conn.Close()
+	session, err := conn.NewSession(ctx, nil)
+	if err != nil {
+		return finish(err)
+	}
+	senderOpts := &amqp.SenderOptions{}
+	if o.presettled {
+		senderOpts.SettlementMode = amqp.SenderSettleModeSettled.Ptr()
+	} else {
+		senderOpts.SettlementMode = amqp.SenderSettleModeUnsettled.Ptr()
+	}
+	sender, err := session.NewSender(ctx, o.address, senderOpts)
+	if err != nil {
+		return finish(err)
+	}
+	receipts := make(chan amqp.SendReceipt, sendWindow)
+	outcomes := make(chan error, 1)
+	go func() { // outcomes in send order
+		for receipt := range receipts {
+			state, err := receipt.Wait(ctx)
+			if err != nil {
+				outcomes <- err
+				for range receipts {
+				}
+				return
+			}
+			switch s := state.(type) {
+			case *amqp.StateAccepted:
+				counts["accepted"]++
+			case *amqp.StateReleased:
+				counts["released"]++
+			case *amqp.StateModified:
+				counts["modified"]++
+			case *amqp.StateRejected:
+				counts["rejected"]++
+				if s.Error != nil {
+					fmt.Fprintf(os.Stderr, "rejected: %s %s\n", s.Error.Condition, s.Error.Description)
+				}
+			}
+		}
+		outcomes <- nil
+	}()
+	var sendErr error
+	for seq := 0; seq < o.count; seq++ {
+		id := fmt.Sprintf("%s-%d", o.prefix, seq)
+		msg := &amqp.Message{Value: fmt.Sprintf("message %d from %s", seq, o.prefix)}
+		msg.Properties = &amqp.MessageProperties{MessageID: id}
+		msg.ApplicationProperties = map[string]any{"producer": o.prefix, "seq": int64(seq)}
+		if o.durable {
+			msg.Header = &amqp.MessageHeader{Durable: true}
+		}
+		if o.presettled {
+			sendErr = sender.Send(ctx, msg, nil)
+		} else {
+			var receipt amqp.SendReceipt
+			receipt, sendErr = sender.SendWithReceipt(ctx, msg, nil)
+			if sendErr == nil {
+				receipts <- receipt
+			}
+		}
+		if sendErr != nil {
+			break
+		}
+		counts["sent"]++
+	}
+	close(receipts)
+	if waitErr := <-outcomes; sendErr == nil {
+		sendErr = waitErr
+	}
+	if sendErr == nil {
+		sendErr = sender.Close(ctx)
+	}
+	if sendErr == nil {
+		sendErr = conn.Close()
+	}
+	return finish(sendErr)
+}
+
+// -- receive ---------------------------------------------------------------------
+
+func settle(ctx context.Context, receiver *amqp.Receiver, msg *amqp.Message, outcome string) error {
+	switch outcome {
+	case "accept":
+		return receiver.AcceptMessage(ctx, msg)
+	case "release":
+		return receiver.ReleaseMessage(ctx, msg)
+	case "reject":
+		return receiver.RejectMessage(ctx, msg, &amqp.Error{Condition: "fedgate-test:rejected",
+			Description: "rejected by goamqp-client"})
+	case "modify-failed":
+		return receiver.ModifyMessage(ctx, msg, &amqp.ModifyMessageOptions{DeliveryFailed: true})
+	case "modify-undeliverable":
+		return receiver.ModifyMessage(ctx, msg, &amqp.ModifyMessageOptions{DeliveryFailed: true,
+			UndeliverableHere: true})
+	}
+	return fmt.Errorf("unknown --outcome %q", outcome)
+}
+
+func idString(id any) any {
+	switch v := id.(type) {
+	case []byte:
+		return hex.EncodeToString(v)
+	case amqp.UUID:
+		return v.String()
+	}
+	return id
+}
+
+func receive(ctx context.Context, o options) int {
+	received := 0
+	finish := func(err error) int {
+		description, code := describe(ctx, err)
+		if code == exitTimeout && o.count == 0 {
+			description, code = nil, exitOK // no limit: the deadline ends the run
+		}
+		emit(map[string]any{"done": err == nil || code == exitOK, "received": received,
+			"error": description})
+		return code
+	}
+	conn, err := dial(ctx, o)
+	if err != nil {
+		return finish(err)
+	}
+	defer conn.Close()
+	session, err := conn.NewSession(ctx, nil)
+	if err != nil {
+		return finish(err)
+	}
+	// manual credit: never more than min(credit, count - received) outstanding, so
+	// a receiver asked for N messages never takes more than N off a queue
+	receiver, err := session.NewReceiver(ctx, o.address, &amqp.ReceiverOptions{Credit: -1})
+	if err != nil {
+		return finish(err)
+	}
+	outstanding := 0
+	topUp := func() error {
+		window := o.credit
+		if o.count > 0 && o.count-received < window {
+			window = o.count - received
+		}
+		if outstanding*2 > window || window-outstanding <= 0 {
+			return nil
+		}
+		grant := window - outstanding
+		outstanding += grant
+		return receiver.IssueCredit(uint32(grant))
+	}
+	for o.count == 0 || received < o.count {
+		if err := topUp(); err != nil {
+			return finish(err)
+		}
+		waitCtx, cancel := ctx, context.CancelFunc(func() {})
+		if o.idleMS > 0 {
+			waitCtx, cancel = context.WithTimeout(ctx, time.Duration(o.idleMS)*time.Millisecond)
+		}
+		msg, err := receiver.Receive(waitCtx, nil)
+		idle := err != nil && ctx.Err() == nil && waitCtx.Err() != nil
+		cancel()
+		if idle {
+			break
+		}
+		if err != nil {
+			return finish(err)
+		}
+		outstanding--
+		received++
+		line := map[string]any{"id": nil, "producer": nil, "seq": nil, "delivery_count": 0}
+		if msg.Properties != nil {
+			line["id"] = idString(msg.Properties.MessageID)
+		}
+		if msg.ApplicationProperties != nil {
+			line["producer"] = msg.ApplicationProperties["producer"]
+			line["seq"] = msg.ApplicationProperties["seq"]
+		}
+		if msg.Header != nil {
+			line["delivery_count"] = msg.Header.DeliveryCount
+		}
+		if err := settle(ctx, receiver, msg, o.outcome); err != nil {
+			return finish(err)
+		}
+		emit(line)
+	}
+	if err := receiver.Close(ctx); err != nil {
+		return finish(err)
+	}
+	return finish(conn.Close())
+}
