@@ -51,7 +51,7 @@ from proxy.engine import read_transfer
 from proxy.proxy_links import copy_outcome
 
 from .capability import mark
-from proxy.upstream import UpstreamLinkOwner
+from proxy.upstream_owner import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.fragments")
 

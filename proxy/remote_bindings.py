@@ -37,7 +37,7 @@ from cproton import (
 from proton import Condition, Delivery, Link
 
 from .engine import read_transfer
-from .upstream import UpstreamLinkOwner
+from .upstream_owner import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.exchanges")
 
