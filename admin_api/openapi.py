@@ -71,6 +71,7 @@ UPSTREAM = {
         "heartbeat": {"type": "number", "exclusiveMinimum": 0},
         "recheck_interval": {"type": "number", "minimum": 0},
         "split_directions": {"type": "boolean"},
+        "max_send_failures": {"type": "integer", "minimum": 1},
         "tls_ca": {"type": "string"}, "tls_cert": {"type": "string"}, "tls_key": {"type": "string"},
     },
 }

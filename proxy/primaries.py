@@ -23,6 +23,13 @@ client's link on the proxy's shared upstream session. For such a primary the
 proxy never sends a drain upstream: it answers the client's drain itself
 (``proxy_links.ProxyConsumer``).
 
+The ``modified`` outcome (§3.4.5) makes RabbitMQ before 4.0 end the session
+the delivery came on, and with it every other client's link on the proxy's
+shared upstream session. For such a primary a client's ``modified`` is sent
+upstream as ``released`` (§3.4.4): the message goes back to the queue, without
+the delivery-count increment, the undeliverable-here flag or the annotations
+(``proxy_links.relay_outcome``).
+
 A primary is known by the ``product`` and ``version`` properties of its open
 frame (§2.7.1).
 """
@@ -53,4 +60,14 @@ def drain_unanswered(properties: dict | None) -> str | None:
     version = str(properties.get("version", ""))
     if str(properties.get("product", "")) == "RabbitMQ" and _major(version) < 4:
         return f"RabbitMQ {version} does not answer a drain"
+    return None
+
+
+def modified_unsupported(properties: dict | None) -> str | None:
+    """Why ``modified`` must be sent to this primary as ``released``, or None."""
+    if not properties:
+        return None
+    version = str(properties.get("version", ""))
+    if str(properties.get("product", "")) == "RabbitMQ" and _major(version) < 4:
+        return f"RabbitMQ {version} ends the session on a modified outcome"
     return None

@@ -24,8 +24,12 @@ the primary is unreachable; the upstream link follows the pool member's state
     The client gets credit only as the primary grants it. Each client delivery
     is forwarded and settled with the primary's outcome (end-to-end
     at-least-once). Deliveries in flight when the upstream connection breaks are
-    kept and replayed after reconnecting, so the client sees the real outcome
-    rather than a spurious release; duplicates are possible, loss is not.
+    kept and sent again, so the client sees the real outcome rather than a
+    spurious release; duplicates are possible, loss is not. They are sent again
+    alone, as suspects (``proxy.suspects``): a message the primary cannot take
+    is rejected to its client after ``max_send_failures`` instead of ending the
+    shared connection for everyone at every replay. The link sends nothing
+    else until its suspects are settled, so its order holds.
 
 An upstream detach with an error (``amqp:not-found`` ...) closes the client
 link with the same condition.
@@ -34,6 +38,7 @@ link with the same condition.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections import deque
@@ -56,7 +61,7 @@ from cproton import (
 )
 from proton import Data, Delivery, Link, Terminus, symbol
 from .engine import ClientLinkEndpoint, hold, read_transfer, send_message
-from .upstream import UpstreamLinkOwner
+from .upstream_owner import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.proxy")
 
@@ -107,9 +112,15 @@ def outcome_of(delivery) -> int | None:
     return state
 
 
-def relay_outcome(state: int, source, target) -> None:
-    """Give ``target`` the outcome ``state`` that ``source`` got, then settle ``target``."""
-    if state in TERMINAL:
+def relay_outcome(state: int, source, target, modified_unsupported: str | None = None) -> None:
+    """Give ``target`` the outcome ``state`` that ``source`` got, then settle ``target``.
+
+    ``modified_unsupported``: why ``target``'s peer cannot take ``modified``
+    (``proxy.primaries``); it gets ``released`` instead (§3.4.4).
+    """
+    if state == PN_MODIFIED and modified_unsupported is not None:
+        pn_delivery_update(target, PN_RELEASED)
+    elif state in TERMINAL:
         copy_outcome(source, target, state)
     else:
         pn_delivery_update(target, PN_ACCEPTED)  # settled with no outcome: accepted
@@ -187,10 +198,14 @@ class _ProxyEndpoint(ClientLinkEndpoint, UpstreamLinkOwner):
         self.member = member
         name = f"fedgate-{next(_link_names)}-{self.link.name}"
         link = self.new_upstream_link(member, name, sender=self.sender_upstream)
+        self.configure_link(link)
+        self.attach_upstream_link(link)
+
+    def configure_link(self, link: Link) -> None:
+        """Termini and settle modes of our upstream link (also the suspect sender's)."""
         self.configure_upstream(link)
         if self.capabilities:
             set_capabilities(link.target if self.sender_upstream else link.source, self.capabilities)
-        self.attach_upstream_link(link)
 
     def on_upstream_attached(self) -> None:
         self.up_attached = True
@@ -392,7 +407,7 @@ class ProxyConsumer(_ProxyEndpoint):
             return  # no outcome yet (§3.4.1: received is not terminal)
         up = self.unsettled.pop(delivery, None)
         if up is not None:
-            relay_outcome(state, delivery, up)
+            relay_outcome(state, delivery, up, self.member.modified_unsupported)
             self.member.mark_dirty()
         pn_delivery_settle(delivery)
 
@@ -423,6 +438,7 @@ class ProxyProducer(_ProxyEndpoint):
                  capabilities: tuple[str, ...] = ()) -> None:
         self.pending: deque = deque()  # (payload, client delivery | None) not yet sent upstream
         self.inflight: dict = {}  # upstream delivery -> (payload, client delivery | None)
+        self.suspects = 0  # deliveries being sent again alone (proxy.suspects)
         self.received = 0
         super().__init__(handler, client_link, upstream, remote_address, capabilities)
 
@@ -434,12 +450,34 @@ class ProxyProducer(_ProxyEndpoint):
         link.rcv_settle_mode = Link.RCV_FIRST
 
     def upstream_down(self) -> None:
+        member = self.member
         super().upstream_down()
         if self.inflight:
-            # replay after reconnecting, in the original order
-            replay = list(self.inflight.values())
+            # sent again alone, in the original order, before anything else (proxy.suspects)
+            suspects = self.upstream.suspects
+            for payload, client_delivery in self.inflight.values():
+                self.suspects += 1
+                suspects.add(self, self.remote_address, payload,
+                             functools.partial(self._suspect_settled, client_delivery), member)
             self.inflight.clear()
-            self.pending.extendleft(reversed(replay))
+
+    def _suspect_settled(self, client_delivery, state: int, up_delivery, condition) -> None:
+        """A suspect's outcome: the primary's, or rejected with ``condition`` at the limit."""
+        self.suspects -= 1
+        if not self.closed:
+            if up_delivery is not None and state:
+                copy_outcome(up_delivery, client_delivery, state)
+            elif up_delivery is not None:
+                pn_delivery_update(client_delivery, PN_ACCEPTED)
+            else:
+                wrapped = Delivery.wrap(client_delivery)
+                wrapped.local.condition = condition
+                wrapped.update(PN_REJECTED)
+            pn_delivery_settle(client_delivery)
+            self.handler.mark_dirty()
+            if not self.suspects:
+                self._send_pending()
+                self.sync_credit()
 
     def on_upstream_flow(self) -> None:
         self._send_pending()
@@ -471,7 +509,7 @@ class ProxyProducer(_ProxyEndpoint):
 
     def _send_pending(self) -> None:
         up = self.up_ptr
-        if up is None or not self.up_attached:
+        if up is None or not self.up_attached or self.suspects:
             return
         pending = self.pending
         sent = 0
@@ -510,4 +548,7 @@ class ProxyProducer(_ProxyEndpoint):
         """Client link gone: its unsettled sends have no one to report to."""
         self.closed = True
         self.pending.clear()
+        if self.suspects:
+            self.upstream.suspects.cancel(self)
+            self.suspects = 0
         self.release_upstream()

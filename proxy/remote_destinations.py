@@ -10,8 +10,10 @@ fan-in, ``proxy.exchanges``) that is called once with the primary's outcome
 (§3.4): the message is sent unsettled and settled when the primary answers.
 
 * Messages wait (in order) while the link has no credit or is not attached.
-* The connection drops: in-flight messages are sent again after reconnecting
-  (at-least-once: duplicates possible, loss not), as ``ProxyProducer`` does.
+* The connection drops: in-flight messages are sent again, alone, as
+  suspects (``proxy.suspects``; at-least-once: duplicates possible, loss
+  not), as ``ProxyProducer`` does; nothing else is sent until they are
+  settled.
 * The primary detaches the link with an error (``amqp:not-found`` ...): every
   waiting and in-flight message gets ``rejected`` with that condition, and for
   ``HOLD_OFF`` seconds new messages are rejected at once (a missing queue must
@@ -42,7 +44,7 @@ from cproton import (
 from proton import Condition, Delivery, Link
 from .engine import send_message
 from .proxy_links import outcome_of
-from .upstream import UpstreamLinkOwner
+from .upstream_owner import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.exchanges")
 
@@ -61,6 +63,7 @@ class RemoteDestination(UpstreamLinkOwner):
         self.remote_address = address
         self.pending: deque = deque()  # (payload, done) not yet sent
         self.inflight: dict = {}  # upstream delivery -> (payload, done)
+        self.suspects = 0  # in-flight messages being sent again alone (proxy.suspects)
         self.sent = 0
         self.accepted = 0
         self.failed = 0
@@ -88,7 +91,7 @@ class RemoteDestination(UpstreamLinkOwner):
 
     @property
     def idle(self) -> bool:
-        return not self.pending and not self.inflight
+        return not self.pending and not self.inflight and not self.suspects
 
     # -- pool callbacks --------------------------------------------------------------
     def upstream_up(self, member) -> None:
@@ -96,10 +99,14 @@ class RemoteDestination(UpstreamLinkOwner):
         if self.closed or self.failure is not None:
             return
         link = self.new_upstream_link(member, f"fedgate-x-{next(_names)}", sender=True)
+        self.configure_link(link)
+        self.attach_upstream_link(link)
+
+    def configure_link(self, link: Link) -> None:
+        """Our upstream link's target and settle modes (also the suspect sender's)."""
         link.target.address = self.address
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
-        self.attach_upstream_link(link)
 
     def on_upstream_attached(self) -> None:
         self.up_attached = True
@@ -109,11 +116,28 @@ class RemoteDestination(UpstreamLinkOwner):
         self._send_pending()
 
     def upstream_down(self) -> None:
+        member = self.member
         self.forget_upstream_link()
-        if self.inflight:  # sent again after reconnecting, in the original order
-            replay = list(self.inflight.values())
+        if self.inflight:  # sent again alone, in the original order (proxy.suspects)
+            suspects = self.upstream.suspects
+            for payload, done in self.inflight.values():
+                self.suspects += 1
+                suspects.add(self, self.address, payload,
+                             lambda state, delivery, condition, done=done:
+                             self._suspect_settled(done, state, delivery, condition), member)
             self.inflight.clear()
-            self.pending.extendleft(reversed(replay))
+
+    def _suspect_settled(self, done, state: int, delivery, condition) -> None:
+        self.suspects -= 1
+        if delivery is not None and state == PN_REJECTED:
+            condition = Delivery.wrap(delivery).remote.condition
+        if state == PN_REJECTED:
+            self.failed += 1
+        else:
+            self.accepted += 1
+        done(state, condition)
+        if not self.suspects:
+            self._send_pending()
 
     def on_upstream_detached(self, condition) -> None:
         self.forget_upstream_link()
@@ -138,7 +162,7 @@ class RemoteDestination(UpstreamLinkOwner):
 
     def _send_pending(self) -> None:
         up = self.up_ptr
-        if up is None or not self.up_attached:
+        if up is None or not self.up_attached or self.suspects:
             return
         pending = self.pending
         count = 0
@@ -178,6 +202,10 @@ class RemoteDestination(UpstreamLinkOwner):
         self.pending.clear()
         for _, done in items:
             done(PN_RELEASED, None)
+        if self.suspects:
+            self.suspects = 0
+            for suspect in self.upstream.suspects.cancel(self):
+                suspect.done(PN_RELEASED, None, None)
         self.release_upstream()
 
     def describe(self) -> dict:

@@ -46,7 +46,7 @@ from . import engine
 from .engine import send_message
 from .engine import read_transfer
 from .proxy_links import outcome_of, relay_outcome
-from .upstream import UpstreamLinkOwner
+from .upstream_owner import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.proxy")
 
@@ -289,7 +289,7 @@ class SharedConsumer(engine.ClientLinkEndpoint):
             return  # no outcome yet (§3.4.1: received is not terminal)
         up = self.unsettled.pop(delivery, None)
         if up is not None:
-            relay_outcome(state, delivery, up)
+            relay_outcome(state, delivery, up, self.subscription.member.modified_unsupported)
             self.subscription.member.mark_dirty()
         pn_delivery_settle(delivery)
 

@@ -47,7 +47,6 @@ from cproton import (
     pn_delivery_link,
     pn_delivery_settle,
     pn_delivery_update,
-    pn_link_close,
     pn_link_free,
     pn_link_is_receiver,
     pn_link_open,
@@ -59,7 +58,8 @@ from proton import Connection, Link, Session, Terminus, Transport
 
 from . import engine
 from .io import EngineProtocol
-from .primaries import drain_unanswered, echoes_source_unapplied
+from .primaries import drain_unanswered, echoes_source_unapplied, modified_unsupported
+from .suspects import SuspectSender
 
 log = logging.getLogger("fedgate.upstream")
 
@@ -88,6 +88,7 @@ class UpstreamTarget:
     tls_cert: str | None = None
     tls_key: str | None = None
     split_directions: bool = True
+    max_send_failures: int = 2  # proxy.suspects
 
     @property
     def key(self) -> tuple:
@@ -117,50 +118,6 @@ class UpstreamTarget:
         if self.tls_cert:
             context.load_cert_chain(self.tls_cert, self.tls_key)
         return context
-
-
-class UpstreamLinkOwner:
-    """Owns one link on a pool member: a proxy link, a stealer, a binding, a destination.
-
-    ``new_upstream_link`` creates the link on a member, the owner sets its
-    termini, ``attach_upstream_link`` opens and registers it (the member then
-    routes the link's events to the owner); ``forget_upstream_link`` drops it
-    when the connection is gone and ``release_upstream`` detaches it and leaves
-    the pool. Owners set ``self.upstream`` (the pool) before using these.
-    """
-
-    member = None
-    sender_upstream = False  # our upstream link sends to the primary (picks the pool side)
-    up_ptr = None  # our link on the member (held: engine.hold), None while there is none
-    up_attached = False
-
-    @property
-    def up_link(self) -> Link | None:
-        """A transient wrapper of the upstream link (rare calls; the hot path uses ``up_ptr``)."""
-        return engine.transient(Link, self.up_ptr) if self.up_ptr is not None else None
-
-    def new_upstream_link(self, member: "PoolMember", name: str, *, sender: bool) -> Link:
-        self.member = member
-        return member.new_link(name, sender=sender)
-
-    def attach_upstream_link(self, link: Link) -> None:
-        """Register the configured link and attach it (paced by the member)."""
-        self.up_ptr, self.up_attached = engine.hold(link._impl), False
-        self.member.register(link, self)
-        self.member.open_link(self.up_ptr)
-
-    def forget_upstream_link(self) -> None:
-        self.up_ptr = None
-        self.up_attached = False
-
-    def release_upstream(self) -> None:
-        if self.up_ptr is not None:
-            self.member.unregister(self.up_ptr)
-            if not self.member.drop_unopened(self.up_ptr):
-                pn_link_close(self.up_ptr)  # freed when the primary's detach comes (PoolMember)
-            self.member.mark_dirty()
-        self.forget_upstream_link()
-        self.upstream.remove(self, self.member)
 
 
 class UpstreamConnection:
@@ -237,7 +194,7 @@ class PoolMember:
     def __init__(self, upstream: "Upstream", index: int, role: str = "both") -> None:
         self.upstream = upstream
         self.index = index
-        self.role = role  # the links it carries: receive | send | both
+        self.role = role  # the links it carries: receive | send | both | alone (proxy.suspects)
         self.state = "down"  # down | connecting | up | backoff
         self.conn: UpstreamConnection | None = None
         self.protocol: UpstreamProtocol | None = None
@@ -254,12 +211,14 @@ class PoolMember:
         self.reconnects = 0
         self.sessions_ended = 0  # times the primary ended our shared session
         self.last_error: str | None = None
+        self.last_condition = None  # the primary's condition when it ended our session or connection
         self.sent = 0  # messages sent to the primary over this connection
         self.received = 0  # messages received from the primary
         # set at open: why this primary's answers to browse / filter requests
         # are not to be trusted (proxy.primaries), or None
         self.source_echo_untrusted: str | None = None
         self.drain_unanswered: str | None = None  # the same for a drain
+        self.modified_unsupported: str | None = None  # the same for the modified outcome
         self._timer: asyncio.TimerHandle | None = None
         self._dispatch = {
             engine.PN_CONNECTION_REMOTE_OPEN: self._on_remote_open,
@@ -305,8 +264,10 @@ class PoolMember:
         properties = self.conn.connection.remote_properties
         self.source_echo_untrusted = echoes_source_unapplied(properties)
         self.drain_unanswered = drain_unanswered(properties)
+        self.modified_unsupported = modified_unsupported(properties)
         self.attempts = 0
         self.last_error = None
+        self.last_condition = None
         self._new_session()
         log.info("upstream %s member %d up", self.upstream.target.display, self.index)
         for endpoint in list(self.endpoints):
@@ -342,6 +303,11 @@ class PoolMember:
         log.info("upstream %s member %d: session ended by primary: %s", self.upstream.target.display,
                  self.index, condition)
         self.sessions_ended += 1
+        if condition is not None and condition.name:
+            self.last_condition = condition
+        self.last_error = f"session ended by primary: {condition.name if condition else 'no error'}"
+        if self.role != "alone":
+            self.upstream.disruptions += 1
         # links still waiting for their attach answer (endpoints and probes) get the condition
         waiting = {endpoint for ptr, endpoint in self.links.items()
                    if ptr in self.attaching or (isinstance(endpoint, RemoteProbe) and not endpoint.up_attached)}
@@ -364,6 +330,8 @@ class PoolMember:
     def _on_remote_close(self, event) -> None:
         cond = self.conn.connection.remote_condition
         self.last_error = f"closed by primary: {cond.name}: {cond.description}" if cond else "closed by primary"
+        if cond is not None and cond.name:
+            self.last_condition = cond
         self.conn.connection.close()
         self.mark_dirty()
 
@@ -375,6 +343,9 @@ class PoolMember:
     def lost(self, reason: str) -> None:
         """The socket is gone (error, close, heartbeat timeout)."""
         was_up = self.state == "up"
+        if was_up and self.role != "alone":
+            self.upstream.disruptions += 1
+        self.last_error = self.last_error or reason  # what endpoints read in upstream_down
         self.protocol = None
         self.conn = None
         self.session = None
@@ -582,6 +553,12 @@ class Upstream:
             self.members = self.receiving + self.sending
         else:
             self.sending = self.members = self.receiving
+        # suspect deliveries are sent alone on a connection of their own (proxy.suspects);
+        # ``disruptions`` counts the other members' lost connections and ended sessions
+        self.disruptions = 0
+        self.alone = PoolMember(self, len(self.members), "alone")
+        self.suspects = SuspectSender(self, limit=target.max_send_failures,
+                                      grace=max(1.0, 1.5 * target.heartbeat))
         self._recheck: dict = {}  # endpoint -> [activity seen, quiet since]
         self._recheck_timer: asyncio.TimerHandle | None = None
         self._probes: dict[tuple, RemoteProbe] = {}  # (member, address) -> probe in flight
@@ -599,6 +576,17 @@ class Upstream:
         member.endpoints.add(endpoint)
         member._cancel_timer() if member.state == "up" else None
         if member.state == "up":
+            endpoint.upstream_up(member)
+        else:
+            member.connect()
+        return member
+
+    def add_alone(self, endpoint) -> PoolMember:
+        """Put a link owner on the ``alone`` member (the suspect sender); connect if needed."""
+        member = self.alone
+        member.endpoints.add(endpoint)
+        if member.state == "up":
+            member._cancel_timer()
             endpoint.upstream_up(member)
         else:
             member.connect()
@@ -680,14 +668,19 @@ class Upstream:
         if self._recheck_timer is not None:
             self._recheck_timer.cancel()
             self._recheck_timer = None
+        self.suspects.close()
         for member in self.members:
             member.close()
+        self.alone.close()
 
     def describe(self) -> dict:
         return {"primary": self.target.display, "pool_size": len(self.receiving),
                 "split_directions": self.sending is not self.receiving,
                 "connected": self.connected, "rechecks": self.probes,
-                "members": [m.describe() for m in self.members]}
+                "members": [m.describe() for m in self.members],
+                # deliveries in flight when a connection or session ended, re-sent alone
+                "suspects": {**self.suspects.describe(), "limit": self.suspects.limit,
+                             "connection": self.alone.describe()}}
 
 
 PROBE_TIMEOUT = 30.0  # a probe not answered by then is forgotten (another may start)
@@ -797,6 +790,7 @@ class UpstreamRegistry:
             decision.primary_url or decision.primary,
             heartbeat=options.heartbeat, idle_timeout=options.idle_timeout,
             pool_size=options.pool_size, split_directions=options.split_directions,
+            max_send_failures=options.max_send_failures,
             tls_ca=options.tls_ca, tls_cert=options.tls_cert,
             tls_key=options.tls_key, **extra,
         )
@@ -810,6 +804,7 @@ class UpstreamRegistry:
         target = UpstreamTarget.from_url(
             url, heartbeat=options.heartbeat, idle_timeout=options.idle_timeout,
             pool_size=options.pool_size, split_directions=options.split_directions,
+            max_send_failures=options.max_send_failures,
             tls_ca=options.tls_ca, tls_cert=options.tls_cert,
             tls_key=options.tls_key,
         )

@@ -116,6 +116,11 @@ def _upstream_problems(u: Any, p: str) -> list[RuleError]:
         problems.append(
             RuleError(f"{p}.pool_size", f"must be between 1 and {MAX_POOL_SIZE}, got {u.pool_size}")
         )
+    v = u.max_send_failures
+    if not _is_int(v):
+        problems.append(RuleError(f"{p}.max_send_failures", f"expected an integer, got {v!r}"))
+    elif v < 1:
+        problems.append(RuleError(f"{p}.max_send_failures", f"must be >= 1, got {v!r}"))
     if not isinstance(u.split_directions, bool):
         problems.append(RuleError(f"{p}.split_directions", f"expected true or false, got {u.split_directions!r}"))
     for name in ("tls_ca", "tls_cert", "tls_key"):
@@ -143,6 +148,9 @@ class UpstreamOptions:
     # connections (pool_size each): a broker that blocks a publishing connection
     # (RabbitMQ's flow control) must not stall the consumers' acks and credit
     split_directions: bool = True
+    # times a message may be in flight when the primary ends the connection or session
+    # carrying it before it is rejected to its sender (proxy.suspects)
+    max_send_failures: int = 2
 
     def __post_init__(self) -> None:
         problems = _upstream_problems(self, "upstream")

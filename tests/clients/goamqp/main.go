@@ -4,7 +4,7 @@
 // follows the same output contract (tests/js/README.md): JSON lines on stdout,
 // the final one carrying "error".
 //
-//	goamqp-client send    --url URL --address A --count N [--prefix P] [--presettled] [--durable]
+//	goamqp-client send    --url URL --address A --count N [--prefix P] [--presettled] [--durable] [--rate R]
 //	goamqp-client receive --url URL --address A --count N [--credit C] [--idle-ms I]
 //	                      [--outcome accept|release|reject|modify-failed|modify-undeliverable]
 //
@@ -41,7 +41,7 @@ const (
 
 type options struct {
 	mode, url, address, prefix, username, password, sasl, ca, outcome string
-	count, credit, timeoutMS, idleMS                                  int
+	count, credit, timeoutMS, idleMS, rate                            int
 	presettled, durable, tlsInsecure                                  bool
 }
 
@@ -64,6 +64,7 @@ func main() {
 	fs.IntVar(&o.credit, "credit", 100, "receiver credit window")
 	fs.IntVar(&o.timeoutMS, "timeout-ms", 30000, "overall deadline; 0 disables")
 	fs.IntVar(&o.idleMS, "idle-ms", 0, "receive: stop after this long without a message")
+	fs.IntVar(&o.rate, "rate", 0, "send: messages per second (0: as fast as credit allows)")
 	fs.BoolVar(&o.presettled, "presettled", false, "send pre-settled (at-most-once)")
 	fs.BoolVar(&o.durable, "durable", false, "set header.durable")
 	fs.BoolVar(&o.tlsInsecure, "tls-insecure", false, "skip certificate verification")
@@ -158,11 +159,15 @@ func describe(ctx context.Context, err error) (map[string]any, int) {
 
 func send(ctx context.Context, o options) int {
 	result := map[string]any{}
-	counts := map[string]int{"sent": 0, "accepted": 0, "released": 0, "rejected": 0, "modified": 0}
+	// outcomes are counted by the goroutine that waits for them, sent by the main one;
+	// finish reads both once that goroutine is done
+	counts := map[string]int{"accepted": 0, "released": 0, "rejected": 0, "modified": 0}
+	sent := 0
 	finish := func(err error) int {
 		for k, v := range counts {
 			result[k] = v
 		}
+		result["sent"] = sent
 		description, code := describe(ctx, err)
 		result["error"] = description
 		emit(result)
@@ -215,7 +220,11 @@ func send(ctx context.Context, o options) int {
 		outcomes <- nil
 	}()
 	var sendErr error
+	start := time.Now()
 	for seq := 0; seq < o.count; seq++ {
+		if o.rate > 0 { // keep to the schedule: message seq leaves at seq/rate seconds
+			time.Sleep(time.Until(start.Add(time.Duration(seq) * time.Second / time.Duration(o.rate))))
+		}
 		id := fmt.Sprintf("%s-%d", o.prefix, seq)
 		msg := &amqp.Message{Value: fmt.Sprintf("message %d from %s", seq, o.prefix)}
 		msg.Properties = &amqp.MessageProperties{MessageID: id}
@@ -235,15 +244,14 @@ func send(ctx context.Context, o options) int {
 		if sendErr != nil {
 			break
 		}
-		counts["sent"]++
+		sent++
 	}
 	close(receipts)
 	if waitErr := <-outcomes; sendErr == nil {
 		sendErr = waitErr
 	}
-	if sendErr == nil {
-		sendErr = sender.Close(ctx)
-	}
+	// the connection's close ends the link too (RabbitMQ 3.10 leaves go-amqp's
+	// link detach unanswered until the deadline)
 	if sendErr == nil {
 		sendErr = conn.Close()
 	}
@@ -354,8 +362,5 @@ func receive(ctx context.Context, o options) int {
 		}
 		emit(line)
 	}
-	if err := receiver.Close(ctx); err != nil {
-		return finish(err)
-	}
-	return finish(conn.Close())
+	return finish(conn.Close()) // ends the link too (see send)
 }
