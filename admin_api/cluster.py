@@ -37,7 +37,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from proxy.rules_store import RecordError, RulesRecord
+from proxy.config.rules_store import RecordError, RulesRecord
 from routing import RuleError
 
 from .errors import ApiError, invalid_rules, json_response

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.broker import QueueConsumer, QueueProducer
+from proxy.queues.endpoints import QueueConsumer, QueueProducer
 
 from .errors import ApiError, json_response
 from .inputs import path_int

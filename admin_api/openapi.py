@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.rules_store import MAX_TIMESTAMP, MAX_VERSION
+from proxy.config.rules_store import MAX_TIMESTAMP, MAX_VERSION
 from routing import KINDS, ON_CHANGE
 
 

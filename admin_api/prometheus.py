@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from proxy.broker import QueueConsumer, QueueProducer
+from proxy.queues.endpoints import QueueConsumer, QueueProducer
 
 from .inspect_api import UP_STATES, describe_fragments, describe_upstreams
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.rules_store import RulesRecord
+from proxy.config.rules_store import RulesRecord
 from routing import RuleError
 
 from .errors import ApiError, invalid_rules, json_response

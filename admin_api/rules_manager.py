@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from proxy.rules_store import MAX_VERSION, RulesRecord
+from proxy.config.rules_store import MAX_VERSION, RulesRecord
 from routing import RuleSet
 
 from .errors import ApiError

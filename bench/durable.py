@@ -183,7 +183,7 @@ def fmt(value, spec: str) -> str:
 def recovery(args, workdir: Path) -> dict:
     from proton import Message
 
-    from proxy.journal import Journal
+    from proxy.journal.journal import Journal
 
     data_dir = workdir / "recovery" / "data"
     directory = data_dir / "journal"

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from cproton import pn_link_offered
 from uhashring import HashRing
 
-from proxy.broker import LinkRefused
-from proxy.local_queues import StoredMessage
+from proxy.broker.handler import LinkRefused
+from proxy.queues.local import StoredMessage
 
 from .capability import FRAGMENT, is_marked
 from .steal import Stealer

@@ -46,12 +46,12 @@ from cproton import (
 )
 from proton import Delivery, Link
 
-from proxy.local_queues import StoredMessage
-from proxy.engine import read_transfer
-from proxy.proxy_links import copy_outcome
+from proxy.amqp.engine import read_transfer
+from proxy.amqp.outcomes import copy_outcome
+from proxy.queues.local import StoredMessage
+from proxy.upstream.owner import UpstreamLinkOwner
 
 from .capability import mark
-from proxy.upstream_owner import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.fragments")
 

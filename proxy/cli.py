@@ -8,10 +8,10 @@ import logging
 import signal
 import sys
 
-from . import config as config_mod
-from . import plugins
-from .config import ConfigError
-from .users import UsersFile, UsersFileError, make_record
+from proxy import plugins
+from proxy.auth.users import UsersFile, UsersFileError, make_record
+from proxy.config import settings as config_mod
+from proxy.config.errors import ConfigError
 
 log = logging.getLogger("fedgate")
 
@@ -22,7 +22,7 @@ def _load_config(path: str | None, **overrides) -> config_mod.Config:
 
 
 async def _serve(config: config_mod.Config) -> int:
-    from .node import Node
+    from proxy.node import Node
 
     node = Node(config)
     # plug-ins register what they serve before the listener accepts anyone
@@ -54,7 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=config.node.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from .journal import JournalError
+    from proxy.journal.journal import JournalError
 
     try:
         return asyncio.run(_serve(config))
@@ -69,7 +69,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     config = config_mod.load(args.file)
     if not args.no_files:  # files the config names must exist and load
-        from .node import build_tls_context
+        from proxy.node import build_tls_context
 
         named = [("sasl.users_file", config.sasl.users_file)]
         if config.tls is not None:

@@ -19,24 +19,23 @@ import logging
 import ssl
 from pathlib import Path
 
+from proxy.amqp.connection import ConnectionSettings
+from proxy.auth.acl import Acl
+from proxy.auth.mechanisms import Authenticator
+from proxy.auth.users import UsersFile
+from proxy.broker import relay as anonymous_relay
+from proxy.broker.broker import Broker
+from proxy.config.rules_store import RulesStore
+from proxy.config.settings import Config
+from proxy.exchanges.exchange import Exchanges
+from proxy.journal.journal import JournalError
+from proxy.links.redirects import apply_rules_change
+from proxy.net.tcp_server import TcpServer
+from proxy.queues.durable import open_journal, restore
+from proxy.queues.local import QueueRegistry
+from proxy.server import AmqpProtocol
+from proxy.upstream.pool import UpstreamRegistry
 from routing import RoutingTable
-
-from . import anonymous_relay
-from .acl import Acl
-from .broker import Broker
-from .config import Config
-from .connection import ConnectionSettings
-from .exchanges import Exchanges
-from .journal import JournalError
-from .journal_queues import open_journal, restore
-from .local_queues import QueueRegistry
-from .rules_store import RulesStore
-from .sasl import Authenticator
-from .server import AmqpProtocol
-from .redirects import apply_rules_change
-from .tcp_server import TcpServer
-from .upstream import UpstreamRegistry
-from .users import UsersFile
 
 log = logging.getLogger("fedgate.node")
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 import sys
 
-from .broker import Broker, ClientHandler
-from .connection import ConnectionSettings, ServerConnection
-from .io import EngineProtocol
-from .sasl import certificate_identity
+from proxy.amqp.connection import ConnectionSettings, ServerConnection
+from proxy.auth.mechanisms import certificate_identity
+from proxy.broker.broker import Broker
+from proxy.broker.handler import ClientHandler
+from proxy.net.engine_protocol import EngineProtocol
 
 INTERNAL_ERROR = "amqp:internal-error"
 

@@ -22,11 +22,12 @@ from proton import (
     symbol,
 )
 
-from proxy.broker import Broker, ClientHandler
-from proxy.connection import ConnectionSettings, ServerConnection
-from proxy.local_queues import QueueRegistry
-from proxy.sasl import Authenticator
-from proxy.users import UsersFile
+from proxy.amqp.connection import ConnectionSettings, ServerConnection
+from proxy.auth.mechanisms import Authenticator
+from proxy.auth.users import UsersFile
+from proxy.broker.broker import Broker
+from proxy.broker.handler import ClientHandler
+from proxy.queues.local import QueueRegistry
 from routing import RoutingTable, RuleSet
 
 

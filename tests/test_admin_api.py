@@ -15,8 +15,8 @@ import pytest_asyncio
 
 from admin_api import openapi
 from admin_api.app import ROUTES, build_app
-from proxy import config as config_mod
-from proxy.config import ConfigError
+from proxy.config import settings as config_mod
+from proxy.config.errors import ConfigError
 from proxy.metrics import Histogram
 from proxy.node import Node
 

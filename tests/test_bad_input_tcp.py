@@ -18,7 +18,7 @@ from proton import Connection, Message, Transport
 from proton.utils import BlockingConnection
 
 from conftest import PYTHON, ROOT
-from proxy.sasl import INIT, OUTCOME, SASL_HEADER, decode_body, encode_frame
+from proxy.auth.sasl import INIT, OUTCOME, SASL_HEADER, decode_body, encode_frame
 
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 DEADLINE = 1.0  # the node's handshake deadline in these tests

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 
 from conftest import PYTHON, ROOT, to_toml
-from proxy import config as config_mod
-from proxy.config import ConfigError
+from proxy.config import settings as config_mod
+from proxy.config.errors import ConfigError
 
 
 def fedgate(*args, stdin: bytes | None = None) -> subprocess.CompletedProcess:

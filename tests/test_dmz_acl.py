@@ -11,10 +11,10 @@ import pytest
 from proton import Message
 
 from memory import Harness
-from proxy import config as config_mod
-from proxy.acl import Acl
-from proxy.config import ConfigError
-from proxy.users import UsersFile, make_record
+from proxy.config import settings as config_mod
+from proxy.auth.acl import Acl
+from proxy.config.errors import ConfigError
+from proxy.auth.users import UsersFile, make_record
 
 UNAUTHORIZED = "amqp:unauthorized-access"
 

@@ -133,7 +133,7 @@ class InProcessNode:
     """A Node on its own asyncio loop in a thread, so a test can give it a faulty hook."""
 
     def __init__(self, tmp_path, authorize) -> None:
-        from proxy import config as config_mod
+        from proxy.config import settings as config_mod
         from proxy.node import Node
 
         self.port = free_port()

@@ -25,9 +25,9 @@ from proton.utils import BlockingConnection
 from certs import make_certs
 from conftest import PYTHON, ROOT, NodeProcess, require
 from dmz_support import SASL_CHALLENGE, SASL_OUTCOME, RawClient, condition_of
-from proxy.sasl import Authenticator, Challenge, SaslFailure, SaslSuccess, certificate_identity
-from proxy.scram import ScramSha256Mechanism
-from proxy.users import UserRecord, UsersFile, make_record
+from proxy.auth.mechanisms import Authenticator, Challenge, SaslFailure, SaslSuccess, certificate_identity
+from proxy.auth.scram import ScramSha256Mechanism
+from proxy.auth.users import UserRecord, UsersFile, make_record
 
 AUTH = 1
 
@@ -237,7 +237,7 @@ def test_external_authzid_must_match_the_certificate(scram_node, certs):
 
 
 def test_users_file_refuses_the_reserved_anonymous_name(tmp_path):
-    from proxy.users import UsersFileError
+    from proxy.auth.users import UsersFileError
 
     with pytest.raises(UsersFileError):
         make_record("anonymous", "pw")
@@ -252,8 +252,8 @@ def test_users_file_refuses_the_reserved_anonymous_name(tmp_path):
     ({"limits": {"max_connections_per_user": "ten"}}, "limits.max_connections_per_user"),
 ])
 def test_dmz_config_errors_name_the_key(raw, key):
-    from proxy import config as config_mod
-    from proxy.config import ConfigError
+    from proxy.config import settings as config_mod
+    from proxy.config.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
         config_mod.from_dict(raw)
@@ -261,7 +261,7 @@ def test_dmz_config_errors_name_the_key(raw, key):
 
 
 def test_external_with_a_ca_makes_client_certificates_optional_but_verified(certs):
-    from proxy import config as config_mod
+    from proxy.config import settings as config_mod
     from proxy.node import build_tls_context
 
     tls = {"cert": str(certs.server_cert), "key": str(certs.server_key), "ca": str(certs.ca)}

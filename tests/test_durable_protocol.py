@@ -9,7 +9,7 @@ import pytest
 from proton import Delivery, Message
 
 from memory import Harness
-from proxy.journal import Journal
+from proxy.journal.journal import Journal
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from exchange_support import receive_ids, send_subjects
-from proxy.config import ConfigError, from_dict
+from proxy.config.errors import ConfigError
+from proxy.config.settings import from_dict
 
 RABBIT = "amqp://127.0.0.1:5672"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from proton import Message
 
-import proxy.local_queues as local_queues
+import proxy.queues.local as local_queues
 from memory import Harness
 
 

@@ -7,9 +7,9 @@ import struct
 from proton import Connection, Transport
 
 from memory import Harness
-from proxy.connection import AMQP_HEADER, Phase
-from proxy.sasl import INIT, OUTCOME, SASL_HEADER, decode_body, encode_frame
-from proxy.users import UsersFile, make_record
+from proxy.amqp.connection import AMQP_HEADER, Phase
+from proxy.auth.sasl import INIT, OUTCOME, SASL_HEADER, decode_body, encode_frame
+from proxy.auth.users import UsersFile, make_record
 
 
 def users_file(tmp_path) -> UsersFile:
@@ -63,8 +63,8 @@ def test_unknown_mechanism_gets_auth_outcome(tmp_path):
 
 
 def _bare_server(h: Harness):
-    from proxy.broker import ClientHandler
-    from proxy.connection import ServerConnection
+    from proxy.broker.handler import ClientHandler
+    from proxy.amqp.connection import ServerConnection
 
     return ServerConnection(h.settings, h.authenticator, ClientHandler(h.broker), 0.0)
 

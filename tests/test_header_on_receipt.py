@@ -20,7 +20,7 @@ from certs import make_certs
 from conftest import require
 from proton import Data, symbol, ulong
 
-from proxy.sasl import INIT, OUTCOME, SASL_FRAME_TYPE, SASL_HEADER, decode_body
+from proxy.auth.sasl import INIT, OUTCOME, SASL_FRAME_TYPE, SASL_HEADER, decode_body
 
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 ANSWER_WITHIN = 1.0  # seconds

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from proton import Message
 
-from proxy import journal_format as fmt
-from proxy.journal import Journal, JournalError
-from proxy.journal_queues import header_durable
+from proxy.journal import format as fmt
+from proxy.journal.journal import Journal, JournalError
+from proxy.queues.durable import header_durable
 
 
 def open_journal(directory: Path, **options) -> tuple[Journal, dict]:

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from proxy import config as config_mod
-from proxy.config import ConfigError
-from proxy.journal import Journal
+from proxy.config import settings as config_mod
+from proxy.config.errors import ConfigError
+from proxy.journal.journal import Journal
 from proxy.node import Node
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from proton import Message
 
 from memory import Harness
-from proxy.engine import links_held
+from proxy.amqp.engine import links_held
 
 
 def held(client) -> int:

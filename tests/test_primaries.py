@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from proton import symbol
 
-from proxy.primaries import drain_unanswered, echoes_source_unapplied
+from proxy.upstream.primaries import drain_unanswered, echoes_source_unapplied
 
 
 def props(product: str, version: str) -> dict:

@@ -286,7 +286,7 @@ def test_a_burst_of_clients_is_attached_upstream_in_paced_steps_and_every_link_a
 
     from conftest import ROOT
     from exchange_support import ADMIN, admin_get, upstream_members, wait_for
-    from proxy.upstream import MAX_ATTACHING
+    from proxy.upstream.member import MAX_ATTACHING
 
     primary = start_node({"queues": {"auto_create": True}, "admin": ADMIN}, name="n2")
     proxy = start_node({"peers": {"n2": primary.url}, "admin": ADMIN, "rules": [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from memory import Harness
 from routing import RuleSet
-from proxy.redirects import apply_rules_change
+from proxy.links.redirects import apply_rules_change
 
 
 def swap(h: Harness, rules: list) -> None:

@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from proxy.tcp_server import TcpServer
+from proxy.net.tcp_server import TcpServer
 
 TIMEOUT = 10.0
 

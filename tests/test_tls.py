@@ -10,7 +10,7 @@ import pytest
 
 from certs import make_certs
 from conftest import require
-from proxy.sasl import SASL_HEADER
+from proxy.auth.sasl import SASL_HEADER
 
 
 @pytest.fixture(scope="module")

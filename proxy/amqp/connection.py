@@ -1,0 +1,391 @@
+"""One server-side AMQP connection, sans-I/O: bytes in, bytes out, events out.
+
+How this works
+--------------
+The asyncio protocol (``proxy.server``) owns the socket; this object owns the
+protocol state. It moves through phases:
+
+``HEADER``  wait for the 8-byte protocol header (§2.2). ``AMQP 3.1.0.0``
+            starts SASL, ``AMQP 0.1.0.0`` goes straight to AMQP when SASL is
+            optional; anything else gets our header back and is closed
+            (the protocol-negotiation reply of §2.2).
+``SASL``    our own ``SaslServer`` runs the exchange (§5.3); proton never
+            sees SASL, so it is configured without it.
+``AMQP``    bytes go to a proton ``Transport`` bound to a ``Connection`` with a
+            ``Collector``. The client's AMQP header goes to proton as soon as
+            its 8 bytes are in, so our header is answered on receipt: §2.2
+            lets a client wait for it before sending anything (go-amqp does).
+            The first frame after it (the peer's open) is held until its size
+            is known and refused above 512 bytes (§2.4.1,
+            MIN-MAX-FRAME-SIZE): proton does not enforce that limit before
+            negotiation. After it, proton enforces the negotiated
+            max-frame-size.
+``CLOSED``  nothing more is read; remaining output is flushed, then the
+            socket is closed.
+
+A deadline covers header, SASL and the peer's open (slow-loris); after open,
+proton's idle-timeout handling (``tick``) takes over (§2.4.5).
+
+After a successful SASL exchange the ``admit`` hook (the node's per-user
+connection limit) may refuse the identity. SASL has already said ok, so the
+refusal is an AMQP one: once the client's AMQP header is in, proton answers
+with open + close(``amqp:resource-limit-exceeded``) and none of the client's
+frames is acted on. EXTERNAL is offered only when the TLS layer verified a
+client certificate that yields an identity (``cert_identity``).
+
+Events are read from the collector with proton's low-level calls, and handed to
+``handler.on_event(type, event)``; see ``proxy.engine``. The proton transport
+and connection are held as raw pointers (``transport_ptr``, ``connection_ptr``,
+released with the ``ProtonPipe``): ``transport`` and ``connection`` give transient
+wrappers for the rare calls that want proton's Python API (``engine.transient``),
+so an idle connection keeps no Python state in proton's records.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import struct
+from dataclasses import dataclass
+
+from cproton import (
+    PN_LOCAL_ACTIVE,
+    PN_REMOTE_ACTIVE,
+)
+from cproton import lib as _lib
+from cproton import (
+    pn_connection_close,
+    pn_connection_open,
+    pn_connection_remote_container,
+    pn_connection_set_container,
+    pn_connection_state,
+    pn_transport_set_idle_timeout,
+    pn_transport_set_max_frame,
+    pn_transport_set_server,
+)
+from proton import Condition, Connection, Transport, symbol
+
+from proxy.amqp import engine
+from proxy.auth.mechanisms import SaslFailure, SaslSuccess
+from proxy.auth.sasl import SASL_HEADER, SaslProtocolError, SaslServer
+
+log = logging.getLogger("fedgate.connection")
+
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+TLS_HEADER = b"AMQP\x02\x01\x00\x00"
+MIN_MAX_FRAME_SIZE = 512
+
+
+class Phase(enum.Enum):
+    HEADER = "header"
+    SASL = "sasl"
+    AMQP = "amqp"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    container_id: str
+    max_frame_size: int = 65536
+    idle_timeout: float = 60.0  # seconds; 0 disables
+    handshake_timeout: float = 10.0  # header + SASL + open
+    sasl_mechanisms: tuple[str, ...] = ("ANONYMOUS",)
+    sasl_required: bool = False  # refuse a bare AMQP header (no SASL layer)
+    max_sessions: int = 32
+    properties: dict | None = None
+    offered_capabilities: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    user: str = "anonymous"
+    mechanism: str | None = None
+    groups: tuple[str, ...] = ()
+
+
+ANONYMOUS = Identity()  # every connection's identity until SASL says otherwise
+
+
+class ServerConnection:
+    """Protocol state of one client connection. See the module docstring."""
+
+    # one per client connection: slots keep idle connections small
+    __slots__ = ("_first_frame_checked", "_handshake_deadline", "_header_answered", "_in", "_out",
+                 "_refusal", "_sasl", "admit", "authenticator", "cert_identity", "connection_ptr", "failure", "handler",
+                 "identity", "phase", "pipe", "settings", "transport_ptr")
+
+    def __init__(self, settings: ConnectionSettings, authenticator, handler, now: float, *,
+                 cert_identity: str | None = None, admit=None) -> None:
+        self.settings = settings
+        self.cert_identity = cert_identity  # from the verified TLS client certificate
+        self.admit = admit  # Identity -> None, or the reason to refuse it
+        self._refusal: tuple[str, str] | None = None
+        self.authenticator = authenticator
+        self.handler = handler
+        self.phase = Phase.HEADER
+        self.identity = ANONYMOUS
+        self.failure: str | None = None  # why we closed, for logs and stats
+        self._in = b""
+        self._out = b""
+        self._sasl: SaslServer | None = None
+        self._handshake_deadline = now + settings.handshake_timeout if settings.handshake_timeout else None
+        self._header_answered = False  # the client's AMQP header went to proton
+        self._first_frame_checked = False
+        self.pipe: engine.ProtonPipe | None = None
+        self.transport_ptr = None  # proton's pn_transport_t, released with the pipe
+        self.connection_ptr = None  # proton's pn_connection_t, released with the pipe
+
+    @property
+    def transport(self) -> Transport | None:
+        """A transient wrapper of the proton transport (inspection, rare calls)."""
+        return engine.transient(Transport, self.transport_ptr) if self.transport_ptr is not None else None
+
+    @property
+    def connection(self) -> Connection | None:
+        """A transient wrapper of the proton connection (inspection, rare calls)."""
+        return engine.transient(Connection, self.connection_ptr) if self.connection_ptr is not None else None
+
+    @property
+    def remote_container(self) -> str:
+        if self.connection_ptr is None:
+            return ""
+        return pn_connection_remote_container(self.connection_ptr) or ""
+
+    # -- input -------------------------------------------------------------
+    def receive(self, data: bytes) -> None:
+        if self.phase is Phase.CLOSED:
+            return
+        if self.phase is Phase.AMQP:
+            self._push_amqp(data)
+            return
+        self._in += data
+        if self.phase is Phase.HEADER:
+            self._read_header()
+        if self.phase is Phase.SASL:
+            self._run_sasl(b"")
+
+    def _read_header(self) -> None:
+        if len(self._in) < 8:
+            if not (SASL_HEADER.startswith(self._in) or AMQP_HEADER.startswith(self._in)
+                    or TLS_HEADER.startswith(self._in)):
+                self._refuse_header("wrong protocol header")
+            return
+        header, rest = self._in[:8], self._in[8:]
+        self._in = b""
+        if header == SASL_HEADER and self.settings.sasl_mechanisms:
+            offered = self.settings.sasl_mechanisms
+            if self.cert_identity is None:
+                offered = tuple(m for m in offered if m != "EXTERNAL")
+            self._sasl = SaslServer(offered, self.authenticator, self.cert_identity)
+            self._out += self._sasl.start()
+            self.phase = Phase.SASL
+            self._in = rest
+        elif header == AMQP_HEADER and not self.settings.sasl_required:
+            self._start_amqp(header + rest)
+        elif header == AMQP_HEADER or header == TLS_HEADER:
+            self._refuse_header(f"protocol header {header!r} not accepted here")
+        else:
+            self._refuse_header("wrong protocol header")
+
+    def _refuse_header(self, reason: str) -> None:
+        # §2.2: reply with the header we support, then close the socket.
+        self._out += SASL_HEADER if self.settings.sasl_mechanisms else AMQP_HEADER
+        self._fail(reason)
+
+    def _run_sasl(self, data: bytes) -> None:
+        assert self._sasl is not None
+        try:
+            self._out += self._sasl.receive(self._in + data)
+        except SaslProtocolError as exc:
+            self._fail(f"SASL protocol error: {exc}")
+            return
+        self._in = b""
+        result = self._sasl.result
+        if isinstance(result, SaslFailure):
+            self._fail(f"SASL authentication failed: {result.reason}")
+        elif isinstance(result, SaslSuccess):
+            self.identity = Identity(result.identity, result.mechanism, result.groups)
+            refusal = self.admit(self.identity) if self.admit is not None else None
+            self.admit = None  # asked once per connection
+            if refusal:
+                self._refusal = ("amqp:resource-limit-exceeded", refusal)
+            leftover, self._sasl = self._sasl.leftover, None
+            self._start_amqp(leftover)
+
+    def _start_amqp(self, data: bytes) -> None:
+        settings = self.settings
+        transport = _lib.pn_transport()
+        pn_transport_set_server(transport)
+        pn_transport_set_max_frame(transport, settings.max_frame_size)
+        if settings.idle_timeout:
+            pn_transport_set_idle_timeout(transport, int(settings.idle_timeout * 1000))
+        connection = _lib.pn_connection()
+        pn_connection_set_container(connection, settings.container_id)
+        self.pipe = engine.ProtonPipe(transport, connection, self.handler, owned=True,
+                                      shared=self.handler.event_pump)
+        self.transport_ptr, self.connection_ptr = transport, connection
+        self.phase = Phase.AMQP
+        self.handler.on_amqp_start(self)
+        if data:
+            self._push_amqp(data)
+
+    def _push_amqp(self, data: bytes) -> None:
+        if self._refusal is not None:
+            self._refuse_after_sasl(data)
+            return
+        if not self._first_frame_checked:
+            data = self._check_first_frame(data)
+            if data is None:
+                return
+        if not self.pipe.push(data) and _lib.pn_transport_capacity(self.transport_ptr) == 0:
+            self._abort_amqp("amqp:connection:framing-error", "input not consumed")
+
+    def _check_first_frame(self, data: bytes) -> bytes | None:
+        """Answer the AMQP header at once; hold the first frame until its size is known.
+
+        §2.2: the header is answered on receipt, whatever follows it. The first
+        frame is refused above 512 bytes (§2.4.1) before proton reads any of it.
+        """
+        self._in += data
+        if not self._header_answered:
+            offset = len(AMQP_HEADER)  # the header always comes first in this phase
+            if len(self._in) < offset:
+                return None
+            self._header_answered = True
+            self.pipe.push(self._in[:offset])  # proton writes its header back now
+            self._in = self._in[offset:]
+        buffered = self._in
+        if len(buffered) < 4:
+            return None
+        (size,) = struct.unpack_from(">I", buffered)
+        self._first_frame_checked = True
+        self._in = b""
+        if size > MIN_MAX_FRAME_SIZE:
+            self._abort_amqp(
+                "amqp:connection:framing-error",
+                f"first frame of {size} bytes exceeds {MIN_MAX_FRAME_SIZE} before open (AMQP 1.0 2.4.1)",
+            )
+            self.failure = f"oversized first frame ({size} bytes)"
+            return None
+        return buffered
+
+    def _refuse_after_sasl(self, data: bytes) -> None:
+        """Wait for the AMQP header, then answer open + close(refusal); read nothing else."""
+        self._in += data
+        if len(self._in) < len(AMQP_HEADER):
+            return
+        header, self._in = self._in[: len(AMQP_HEADER)], b""
+        condition, description = self._refusal
+        self._refusal = None
+        self._header_answered = self._first_frame_checked = True
+        self.failure = f"refused: {description}"
+        self.pipe.push(header)
+        self._abort_amqp(condition, description)
+
+    def _abort_amqp(self, condition: str, description: str) -> None:
+        """Close before the peer's open: proton answers with open + close(condition).
+
+        The condition goes on the transport, which is what proton's error path
+        puts in its close frame once the input side is shut.
+        """
+        self.transport.condition = Condition(condition, description)  # written into proton
+        self.pipe.close_input()
+
+    # -- lifecycle ----------------------------------------------------------
+    def input_closed(self) -> None:
+        """The peer closed its side or the socket failed."""
+        if self.phase is Phase.AMQP:
+            self.pipe.close_input()
+            if _lib.pn_transport_pending(self.transport_ptr) == 0:
+                # proton holds a partial frame and writes nothing once the input is
+                # shut: close with framing-error so the socket is released now
+                self.close("amqp:connection:framing-error", "input ended inside a frame")
+        elif self.phase is not Phase.CLOSED:
+            self._fail(self.failure or "peer closed during handshake")
+
+    def close(self, condition: str | None = None, description: str | None = None) -> None:
+        """Close the AMQP connection (with an error condition if given)."""
+        if self.phase is Phase.AMQP and self.connection_ptr is not None:
+            if not pn_connection_state(self.connection_ptr) & PN_LOCAL_ACTIVE:
+                self.answer_open()
+            connection = self.connection
+            if condition:
+                connection.condition = Condition(condition, description)
+            connection.close()  # writes the condition set on this wrapper
+            self.pipe.pump.run()
+        else:
+            self._fail(description or condition or "closed by node")
+
+    def answer_open(self) -> None:
+        """Open our side (§2.4.1): container id, properties and capabilities from the settings."""
+        settings = self.settings
+        if not settings.properties and not settings.offered_capabilities:
+            pn_connection_open(self.connection_ptr)
+            return
+        connection = self.connection  # proton encodes these from the wrapper on open()
+        if settings.properties:
+            connection.properties = settings.properties
+        if settings.offered_capabilities:
+            connection.offered_capabilities = [symbol(c) for c in settings.offered_capabilities]
+        connection.open()
+
+    def close_connection(self) -> None:
+        """The client closed: close our side too (§2.4.3)."""
+        pn_connection_close(self.connection_ptr)
+
+    def _fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+        self.phase = Phase.CLOSED
+        self._in = b""
+
+    # -- output and timers ---------------------------------------------------
+    def take_output(self) -> bytes:
+        out = self._out
+        if out:
+            self._out = b""
+        if self.pipe is not None:
+            chunk = self.pipe.output()
+            if not out:
+                return chunk
+            out += chunk
+        return bytes(out)
+
+    @property
+    def finished(self) -> bool:
+        """True when nothing more will be written: the socket may be closed."""
+        if self._out:
+            return False
+        if self.phase is Phase.CLOSED:
+            return True
+        return self.pipe is not None and self.pipe.finished
+
+    def tick(self, now: float) -> float | None:
+        """Run timers; return the next deadline (loop time) or None."""
+        deadline = None
+        if self._handshake_deadline is not None:
+            if self._opened():
+                self._handshake_deadline = None
+            elif now >= self._handshake_deadline:
+                self._handshake_deadline = None
+                self.failure = self.failure or "handshake deadline passed"
+                if self.phase is Phase.AMQP:
+                    self._abort_amqp("amqp:connection:forced", "handshake deadline passed")
+                else:
+                    self._fail("handshake deadline passed")
+                return None
+            else:
+                deadline = self._handshake_deadline
+        if self.phase is Phase.AMQP:
+            next_tick = self.pipe.tick(now)
+            if next_tick:
+                deadline = next_tick if deadline is None else min(deadline, next_tick)
+        return deadline
+
+    def _opened(self) -> bool:
+        connection = self.connection_ptr
+        return connection is not None and bool(pn_connection_state(connection) & PN_REMOTE_ACTIVE)
+
+    def process(self) -> None:
+        if self.pipe is not None:
+            self.pipe.pump.run()

@@ -1,0 +1,26 @@
+"""Terminus fields (§3.5.3): filter names and capabilities, read and written through proton."""
+
+from __future__ import annotations
+
+from proton import Data, symbol
+
+
+def filter_names(terminus) -> set[str]:
+    """The keys of a source's filter-set (§3.5.8), e.g. ``{"selector"}``."""
+    data = terminus.filter
+    data.rewind()
+    if data.next() is None:
+        return set()
+    filters = data.get_object()
+    return {str(name) for name in filters} if isinstance(filters, dict) else {"?"}
+
+
+def set_capabilities(terminus, names: tuple[str, ...]) -> None:
+    """Replace a terminus's capabilities with ``names`` (§3.5.3, an array of symbols)."""
+    data = terminus.capabilities
+    data.clear()
+    data.put_array(False, Data.SYMBOL)
+    data.enter()
+    for name in names:
+        data.put_symbol(symbol(name))
+    data.exit()

@@ -1,0 +1,7 @@
+"""Who a client is and what it may do: SASL, SCRAM, the users file, ACLs.
+
+Owns: ``sasl`` (the SASL exchange and its frames, §5.3), ``mechanisms``
+(ANONYMOUS, PLAIN, EXTERNAL and what a step returns), ``scram``
+(SCRAM-SHA-256), ``users`` (salted verifiers on disk), ``acl`` (per-user
+address rules). May import: ``routing`` (patterns).
+"""

@@ -1,0 +1,171 @@
+"""SASL mechanisms the node verifies itself (§5.3), and what a step of one returns.
+
+``Authenticator`` checks PLAIN passwords and certificate identities against
+the users file; a mechanism answers each client response with
+``SaslSuccess``, ``SaslFailure`` (a sasl-code) or a ``Challenge``. The
+exchange itself (frames, order, outcome) is ``proxy.auth.sasl.SaslServer``;
+SCRAM-SHA-256 is ``proxy.auth.scram``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Protocol
+
+from proxy.auth.users import UsersFile
+
+log = logging.getLogger("fedgate.sasl")
+
+# sasl-code (§5.3.3.6)
+OK, AUTH, SYS, SYS_PERM, SYS_TEMP = 0, 1, 2, 3, 4
+
+
+@dataclass(frozen=True)
+class SaslSuccess:
+    identity: str
+    mechanism: str
+    groups: tuple[str, ...] = ()
+    additional_data: bytes | None = None  # sasl-outcome additional-data (§5.3.3.6)
+
+
+@dataclass(frozen=True)
+class SaslFailure:
+    code: int
+    reason: str  # for our logs; the client only learns the code
+
+
+@dataclass(frozen=True)
+class Challenge:
+    data: bytes
+
+
+Step = SaslSuccess | SaslFailure | Challenge
+
+
+class Mechanism(Protocol):
+    name: str
+
+    def start(self, initial_response: bytes | None) -> Step: ...
+
+    def respond(self, response: bytes) -> Step: ...
+
+
+class Authenticator:
+    """Holds what mechanisms need to check credentials (the users file)."""
+
+    def __init__(self, users: UsersFile | None) -> None:
+        self.users = users
+        # per-process secret for SCRAM's answers about unknown users (RFC 5802 §5.1)
+        self.secret = secrets.token_bytes(32)
+
+    def groups_of(self, name: str) -> tuple[str, ...]:
+        record = self.users.get(name) if self.users else None
+        return record.groups if record else ()
+
+    def check_plain(self, name: str, password: str) -> Step:
+        record = self.users.get(name) if self.users else None
+        if record is None:
+            return SaslFailure(AUTH, f"unknown user {name!r}")
+        if not record.check_password(password):
+            return SaslFailure(AUTH, f"wrong password for user {name!r}")
+        return SaslSuccess(name, "PLAIN", record.groups)
+
+
+class AnonymousMechanism:
+    name = "ANONYMOUS"
+
+    def start(self, initial_response: bytes | None) -> Step:
+        return SaslSuccess("anonymous", self.name)
+
+    def respond(self, response: bytes) -> Step:
+        return SaslFailure(AUTH, "ANONYMOUS takes no response")
+
+
+class PlainMechanism:
+    """RFC 4616: ``[authzid] NUL authcid NUL passwd``."""
+
+    name = "PLAIN"
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self.authenticator = authenticator
+
+    def start(self, initial_response: bytes | None) -> Step:
+        if initial_response is None:
+            return Challenge(b"")  # ask for the credentials (RFC 4616 §2)
+        return self.respond(initial_response)
+
+    def respond(self, response: bytes) -> Step:
+        parts = response.split(b"\x00")
+        if len(parts) != 3:
+            return SaslFailure(AUTH, "malformed PLAIN response")
+        try:
+            authzid, authcid, password = (p.decode("utf-8") for p in parts)
+        except UnicodeDecodeError:
+            return SaslFailure(AUTH, "PLAIN response is not UTF-8")
+        if authzid and authzid != authcid:
+            return SaslFailure(AUTH, f"user {authcid!r} may not act as {authzid!r}")
+        return self.authenticator.check_plain(authcid, password)
+
+
+class ExternalMechanism:
+    """RFC 4422 appendix A: the identity comes from the verified TLS client certificate.
+
+    The initial response is an authorization identity: empty (act as the
+    certificate's identity) or exactly that identity.
+    """
+
+    name = "EXTERNAL"
+
+    def __init__(self, authenticator: Authenticator, cert_identity: str | None) -> None:
+        self.authenticator = authenticator
+        self.cert_identity = cert_identity
+
+    def start(self, initial_response: bytes | None) -> Step:
+        identity = self.cert_identity
+        if not identity:
+            return SaslFailure(AUTH, "EXTERNAL without a verified client certificate identity")
+        if identity == RESERVED_ANONYMOUS:
+            return SaslFailure(AUTH, "certificate identity 'anonymous' is reserved")
+        if initial_response:
+            try:
+                authzid = initial_response.decode("utf-8")
+            except UnicodeDecodeError:
+                return SaslFailure(AUTH, "EXTERNAL authorization identity is not UTF-8")
+            if authzid != identity:
+                return SaslFailure(AUTH, f"certificate {identity!r} may not act as {authzid!r}")
+        return SaslSuccess(identity, self.name, self.authenticator.groups_of(identity))
+
+    def respond(self, response: bytes) -> Step:
+        return self.start(response)
+
+
+RESERVED_ANONYMOUS = "anonymous"
+
+# Short names for certificate subject attributes, as Python's ssl module spells them.
+SUBJECT_FIELDS = {
+    "CN": "commonName",
+    "UID": "userId",
+    "emailAddress": "emailAddress",
+    "E": "emailAddress",
+    "OU": "organizationalUnitName",
+    "O": "organizationName",
+    "serialNumber": "serialNumber",
+}
+
+
+def certificate_identity(peercert: dict | None, field: str = "CN") -> str | None:
+    """The value of one subject field of a verified peer certificate, or None.
+
+    ``peercert`` is ``ssl.SSLSocket.getpeercert()``: empty when the certificate
+    was not verified, so an unverified certificate never yields an identity.
+    """
+    if not peercert:
+        return None
+    wanted = SUBJECT_FIELDS.get(field, field)
+    for rdn in peercert.get("subject", ()):
+        for name, value in rdn:
+            if name == wanted and value:
+                return value
+    return None

@@ -1,0 +1,170 @@
+"""The embedded broker: AMQP events of client connections -> local queues.
+
+How this works
+--------------
+``Broker`` is node-wide: the queue registry, the routing table, and two
+"needs attention" sets. ``ClientHandler`` is one per client connection; it
+receives proton events (``on_event``) and keeps, per link, an endpoint object:
+
+* ``QueueProducer`` — the client sends to a queue (our proton Receiver).
+  Incoming transfers are copied out of proton as bytes and enqueued, never
+  decoded; unsettled ones are accepted and settled at once (§3.4.2). Credit is
+  topped up to the credit window as it is used, and never beyond what the
+  queue's depth limit leaves room for (§2.6.7: credit withheld, nothing lost).
+  Durable messages to a durable queue are journaled first and wait, unsettled
+  and counted against the window, until the journal reports them on disk
+  (``journal_progress``); later messages of the link wait behind them.
+* ``QueueConsumer`` — the client receives from a queue (our proton Sender).
+  ``LocalQueue.dispatch`` calls ``deliver`` only when the link has credit.
+  Outcomes (§3.4) come back as disposition updates and go to the queue.
+
+Work caused by one connection's input often lands on another connection
+(a producer's message goes out to a consumer). Such queues and connections are
+marked dirty; ``Broker.run_pending`` dispatches the queues and flushes the
+connections once per input chunk, so many transfers share one write.
+
+Proton objects are reached through raw pointers on the hot path (see
+``proxy.engine``); tables are keyed by those pointers, never by attributes
+hung on proton objects.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import TYPE_CHECKING, Callable
+
+from cproton import (
+    pn_link_credit,
+    pn_link_drained,
+    pn_link_get_drain,
+)
+
+from proxy.amqp import engine
+from proxy.metrics import Histogram
+from proxy.queues import durable as journal_queues
+from proxy.queues.local import LocalQueue, QueueRegistry, StoredMessage
+
+if TYPE_CHECKING:
+    from proxy.broker.handler import ClientHandler
+
+log = logging.getLogger("fedgate.broker")
+
+UNAUTHORIZED = "amqp:unauthorized-access"
+NOT_FOUND = "amqp:not-found"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+INVALID_FIELD = "amqp:invalid-field"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
+INTERNAL_ERROR = "amqp:internal-error"
+
+class Broker:
+    """Node-wide broker state shared by all client connections."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        queues: QueueRegistry,
+        resolve: Callable,
+        credit_window: int = 1000,
+        max_message_size: int = 0,
+        authorize: Callable | None = None,
+        journal=None,
+    ) -> None:
+        self.node_id = node_id
+        self.journal = journal  # proxy.journal.Journal for durable queues, or None
+        self.queues = queues
+        self.resolve = resolve
+        self.credit_window = credit_window
+        self.max_message_size = max_message_size
+        self.authorize = authorize or (lambda identity, address, direction: True)
+        self.dirty_queues: set[LocalQueue] = set()
+        self.dirty_handlers: set[ClientHandler] = set()
+        self.handlers: dict[int, ClientHandler] = {}
+        self.consumer_ids = itertools.count(1)
+        self.connection_ids = itertools.count(1)
+        # the proton events of every client connection (engine.SharedEventPump)
+        self.client_events = engine.SharedEventPump()
+        self.temp_prefix = f"tmp.{node_id}."
+        self.upstreams = None  # UpstreamRegistry, set by the node
+        self.exchanges = None  # proxy.exchanges.Exchanges, set by the node
+        # address kinds served by packages above the node (fragments):
+        # kind -> object with attach(client_handler, link, decision)
+        self.kind_handlers: dict[str, object] = {}
+        # seconds from enqueue to accepted settlement (read by the admin API)
+        self.delivery_latency = Histogram()
+
+    # -- the per-input-chunk cycle ----------------------------------------
+    def run_pending(self) -> None:
+        """Dispatch queues that changed, then flush every connection touched."""
+        # The sets are shared (upstream pools add to dirty_handlers): clear, never rebind.
+        while self.dirty_queues:
+            queues = list(self.dirty_queues)
+            self.dirty_queues.clear()
+            for queue in queues:
+                queue.dispatch()
+                if queue.expired:
+                    self._expired(queue)
+                _finish_drains(queue)
+                for browser in queue.browsers:  # after the consumers: they take first
+                    browser.serve()
+                if queue.after_dispatch is not None:
+                    queue.after_dispatch(queue)
+                if queue.producers_blocked:
+                    _replenish_producers(queue)
+        while self.dirty_handlers:
+            handlers = list(self.dirty_handlers)
+            self.dirty_handlers.clear()
+            for handler in handlers:
+                handler.flush()
+
+    def enqueue(self, queue: LocalQueue, message: StoredMessage, *, expiry: bool = True) -> None:
+        queue.enqueue(message, expiry=expiry)
+        self.dirty_queues.add(queue)
+
+    def dead_letter(self, queue: LocalQueue, message: StoredMessage) -> None:
+        target = self.queues.lookup_or_create(queue.dead_letter) if queue.dead_letter else None
+        if target is None:
+            log.warning("queue %s: dead-letter queue %s unavailable; message dropped",
+                        queue.name, queue.dead_letter)
+            return
+        copy = StoredMessage(message.payload)
+        journal_queues.dead_lettered(self.journal, target, copy)
+        # a dead-lettered copy does not expire (an expired one would again, for ever)
+        self.enqueue(target, copy, expiry=False)
+
+    def _expired(self, queue: LocalQueue) -> None:
+        """Messages past their ttl (§3.2.1): dead-lettered if the queue says so, else dropped."""
+        expired, queue.expired = queue.expired, []
+        for message in expired:
+            if queue.dead_letter:
+                queue.stats.dead_lettered += 1
+                self.dead_letter(queue, message)
+            journal_queues.dequeued(self.journal, message)  # after the dead-letter copy
+        log.debug("queue %s: %d messages expired", queue.name, len(expired))
+
+    def delete_temporary(self, queue: LocalQueue) -> None:
+        if queue.consumers or queue.producers or queue.browsers:
+            return
+        self.queues.delete(queue.name)
+        dropped = queue.purge()
+        if dropped:
+            log.info("temporary queue %s deleted with %d messages", queue.name, dropped)
+
+
+def _finish_drains(queue: LocalQueue) -> None:
+    """Consumers in drain mode that still have credit after dispatch: drained (§2.6.7)."""
+    if queue.messages:
+        return
+    for consumer in itertools.chain(queue.consumers, queue.peer_consumers):
+        ptr = consumer.link_ptr
+        if pn_link_get_drain(ptr) and pn_link_credit(ptr) > 0:
+            pn_link_drained(ptr)
+            consumer.handler.mark_dirty()
+
+
+def _replenish_producers(queue: LocalQueue) -> None:
+    queue.producers_blocked = False
+    for producer in queue.producers:
+        producer.top_up()

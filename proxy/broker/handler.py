@@ -1,0 +1,456 @@
+"""One client connection's AMQP events: sessions, attaches routed to their endpoints, flow, deliveries.
+
+How this works
+--------------
+``ClientHandler`` is one per client connection. It receives proton events
+(``on_event``) and keeps, per link, an endpoint object: ``QueueProducer`` /
+``QueueConsumer`` / ``QueueBrowser`` (``proxy.queues``), a proxy link
+(``proxy.links``) or what a package above the node attaches (fragments).
+An attach is checked (ACL, routing decision, termini) and refused with an
+AMQP error condition (``LinkRefused``) or routed to the endpoint that serves
+it. Its links are kept in a ``LinkTable`` that is also a view of the node's
+table of every link (the shared event pump routes by link pointer).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from cproton import (
+    PN_LOCAL_ACTIVE,
+    pn_delivery_link,
+    pn_delivery_settle,
+    pn_link_close,
+    pn_link_free,
+    pn_link_session,
+    pn_link_state,
+    pn_session_close,
+    pn_session_free,
+    pn_session_head,
+    pn_session_next,
+    pn_session_open,
+)
+from proton import Condition, Link, Session, Terminus
+
+from proxy.amqp import engine
+from proxy.amqp.termini import filter_names
+from proxy.broker import relay as anonymous_relay
+from proxy.links.proxy_links import ProxyConsumer, ProxyProducer
+from proxy.links.shared_consumers import attach_shared_consumer
+from proxy.queues.browsers import QueueBrowser
+from proxy.queues.endpoints import QueueConsumer, QueueProducer
+from proxy.queues.local import LocalQueue
+
+if TYPE_CHECKING:
+    from proxy.broker.broker import Broker
+
+log = logging.getLogger("fedgate.broker")
+
+UNAUTHORIZED = "amqp:unauthorized-access"
+NOT_FOUND = "amqp:not-found"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+INVALID_FIELD = "amqp:invalid-field"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
+INTERNAL_ERROR = "amqp:internal-error"
+
+def _refuse_filters(source: Terminus, what: str) -> None:
+    """Local queues apply no filters (§3.5.3 ``filter``, e.g. a JMS selector).
+
+    Answering with the client's filter would claim it is applied, and the
+    consumer would take messages it did not select.
+    """
+    names = filter_names(source)
+    if names:
+        raise LinkRefused(NOT_IMPLEMENTED,
+                          f"filters are not supported on a {what} ({', '.join(sorted(names))})")
+
+
+
+class LinkTable(dict):
+    """A client connection's links (link pointer -> endpoint).
+
+    Every change is mirrored into the node-wide table through which the shared
+    event pump hands each delivery to its endpoint (engine.SharedEventPump).
+    """
+
+    __slots__ = ("_all",)
+
+    def __init__(self, all_links: dict) -> None:
+        super().__init__()
+        self._all = all_links
+
+    def __setitem__(self, ptr, endpoint) -> None:
+        super().__setitem__(ptr, endpoint)
+        self._all[ptr] = endpoint
+
+    def __delitem__(self, ptr) -> None:
+        super().__delitem__(ptr)
+        self._all.pop(ptr, None)
+
+    def pop(self, ptr, *default):
+        self._all.pop(ptr, None)
+        return super().pop(ptr, *default)
+
+    def clear(self) -> None:
+        for ptr in self:
+            self._all.pop(ptr, None)
+        super().clear()
+
+    def _unsupported(self, *args, **kwargs):
+        raise TypeError("LinkTable changes only by [ptr] = endpoint, pop, del and clear")
+
+    update = setdefault = popitem = __ior__ = _unsupported
+
+
+class ClientHandler:
+    """Proton events of one client connection -> broker operations."""
+
+    # one per connection: slots keep an idle connection small (10,000 of them)
+    __slots__ = ("broker", "connection_id", "peer", "max_links", "server_connection",
+                 "links", "writable", "output")
+
+    def __init__(self, broker: Broker, *, peer: str = "", max_links: int = 0) -> None:
+        self.broker = broker
+        self.connection_id = next(broker.connection_ids)
+        self.peer = peer
+        self.max_links = max_links
+        self.server_connection = None  # the ServerConnection, set on_amqp_start
+        self.links = LinkTable(broker.client_events.links)  # link pointer -> endpoint
+        self.writable = True
+        self.output = None  # what writes our bytes: an object with flush() (the socket's protocol)
+
+    # -- plumbing -------------------------------------------------------------
+    def on_amqp_start(self, server_connection) -> None:
+        self.server_connection = server_connection
+        self.broker.handlers[self.connection_id] = self
+
+    @property
+    def event_pump(self) -> engine.SharedEventPump:
+        return self.broker.client_events
+
+    def on_event(self, event_type: int, event) -> None:
+        method = _CLIENT_EVENTS.get(event_type)
+        if method is not None:
+            method(self, event)
+
+    def mark_dirty(self) -> None:
+        self.broker.dirty_handlers.add(self)
+
+    def flush(self) -> None:
+        if self.output is not None:
+            self.output.flush()
+
+    def links_held(self) -> int:
+        """Links proton keeps on this connection (admin API; see engine.links_held)."""
+        server = self.server_connection
+        return engine.links_held(server.connection_ptr) if server is not None else 0
+
+    @property
+    def identity(self):
+        return self.server_connection.identity if self.server_connection else None
+
+    # -- connection and sessions -------------------------------------------
+    def _on_connection_open(self, event) -> None:
+        self.server_connection.answer_open()
+
+    def _on_connection_close(self, event) -> None:
+        self.server_connection.close_connection()
+
+    def _on_session_open(self, event) -> None:
+        # raw calls: a wrapped session keeps a Python dict in proton's record for
+        # its whole life, and most connections are one idle session (§2.5.1)
+        session = engine.pn_event_session(event)
+        limit = self.server_connection.settings.max_sessions
+        open_sessions = 0
+        if limit:
+            other = pn_session_head(self.server_connection.connection_ptr, PN_LOCAL_ACTIVE)
+            while other:
+                open_sessions += 1
+                other = pn_session_next(other, PN_LOCAL_ACTIVE)
+        pn_session_open(session)
+        if limit and open_sessions >= limit:
+            wrapped = engine.transient(Session, session)
+            wrapped.condition = Condition(RESOURCE_LIMIT, f"at most {limit} sessions per connection")
+            wrapped.close()
+
+    def _on_session_close(self, event) -> None:
+        """The client ended a session: its links end with it (§2.7.8), then it is freed."""
+        session = engine.pn_event_session(event)
+        # a session may end without detaching its links first: their endpoints
+        # are released here, or queues would keep feeding links nobody reads
+        for ptr in [ptr for ptr in self.links if pn_link_session(ptr) == session]:
+            self.links.pop(ptr).detached()
+        pn_session_close(session)
+        pn_session_free(session)  # with its links, once proton has written the end
+        self.mark_dirty()
+
+    def _on_transport_closed(self, event) -> None:
+        self.release_all()
+
+    def release_all(self) -> None:
+        """The connection is gone: every link's state goes back to the broker."""
+        endpoints = list(self.links.values())
+        self.links.clear()
+        for endpoint in endpoints:
+            endpoint.detached()
+        self.broker.handlers.pop(self.connection_id, None)
+        self.broker.dirty_handlers.discard(self)
+
+    # -- links ------------------------------------------------------------------
+    def _on_link_open(self, event) -> None:
+        link = engine.transient(Link, engine.pn_event_link(event))
+        if self.max_links and len(self.links) >= self.max_links:
+            self.refuse_link(link, RESOURCE_LIMIT, f"at most {self.max_links} links per connection")
+            return
+        try:
+            if link.is_sender:
+                self._attach_consumer(link)
+            else:
+                self._attach_producer(link)
+        except LinkRefused as refused:
+            self.refuse_link(link, refused.condition, refused.description)
+        except UnicodeDecodeError:  # proton's string getters decode what the peer sent
+            self.refuse_link(link, INVALID_FIELD, "link address is not valid UTF-8")
+
+    def check_access(self, address: str | None, direction: str) -> None:
+        """The authorize hook ([[acl]]); address None is a dynamic node. Denials are logged."""
+        identity = self.identity
+        if self.broker.authorize(identity, address, direction):
+            return
+        user = getattr(identity, "user", "anonymous")
+        what = "a dynamic node" if address is None else repr(address)
+        log.warning("access denied: user %s from %s: %s %s", user, self.peer, direction, what)
+        raise LinkRefused(UNAUTHORIZED, f"user {user!r} may not {direction} ({what})")
+
+    def _resolve(self, address: str | None, direction: str):
+        """Authorize and route an attach; returns the routing decision."""
+        if not address:
+            raise LinkRefused(INVALID_FIELD, f"{direction} link needs an address")
+        self.check_access(address, direction)
+        decision = self.broker.resolve(address)
+        if decision.kind == "deny":
+            raise LinkRefused(UNAUTHORIZED, f"address {address!r} denied: {decision.reason}")
+        if decision.kind not in ("local", "proxy") and decision.kind not in self.broker.kind_handlers:
+            raise LinkRefused(NOT_IMPLEMENTED, f"{decision.kind} addresses are not served yet: {decision.reason}")
+        return decision
+
+    def _local_queue(self, address: str) -> LocalQueue:
+        queue = self.broker.queues.lookup_or_create(address)
+        if queue is None:
+            raise LinkRefused(NOT_FOUND, f"no queue {address!r} (auto-create is off)")
+        return queue
+
+    def _attach_consumer(self, link: Link) -> None:
+        remote = link.remote_source
+        if remote.dynamic:
+            self.check_access(None, "receive")
+            _refuse_filters(remote, "temporary queue")
+            queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
+            self.attach_queue_consumer(link, queue, owns_queue=True)
+            return
+        exchanges = self.broker.exchanges
+        if exchanges is not None and exchanges.get(remote.address) is not None:
+            raise LinkRefused("amqp:not-allowed", f"{remote.address!r} is an exchange: "
+                                                  "receive from a queue bound to it")
+        decision = self._resolve(remote.address, "receive")
+        extension = self.broker.kind_handlers.get(decision.kind)
+        if decision.kind == "proxy":  # the primary answers for filters and browsing
+            upstream = self.broker.upstreams.for_decision(decision)
+            self.attach_proxy_consumer(link, upstream, decision.remote_address, rule=decision.rule)
+            return
+        _refuse_filters(remote, f"{decision.kind} queue")
+        if remote.distribution_mode == Terminus.DIST_MODE_COPY:
+            if extension is not None:
+                raise LinkRefused(NOT_IMPLEMENTED, f"{remote.address!r} is a {decision.kind} "
+                                                   "queue: it cannot be browsed (distribution-mode copy)")
+            self.attach_queue_browser(link, self._local_queue(remote.address))
+        elif extension is not None:
+            extension.attach(self, link, decision)
+        else:
+            self.attach_queue_consumer(link, self._local_queue(remote.address))
+
+    def _attach_producer(self, link: Link) -> None:
+        remote = link.remote_target
+        if remote.type == Terminus.COORDINATOR:  # §4.2: a transaction controller's link
+            raise LinkRefused(NOT_IMPLEMENTED, "transactions are not supported")
+        if remote.dynamic:
+            self.check_access(None, "send")
+            queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
+            self.attach_queue_producer(link, queue)
+            return
+        exchanges = self.broker.exchanges
+        if not remote.address and exchanges is not None:  # each message says where (its to)
+            self._open_client_link(link, False)
+            anonymous_relay.attach(self, link, exchanges)
+            return
+        exchange = exchanges.get(remote.address) if exchanges is not None else None
+        if exchange is not None:  # an exchange's name wins over [[rules]] (proxy.exchanges)
+            self.check_access(remote.address, "send")
+            self._open_client_link(link, False)
+            exchanges.attach_producer(self, link, exchange)
+            return
+        decision = self._resolve(remote.address, "send")
+        extension = self.broker.kind_handlers.get(decision.kind)
+        if extension is not None:
+            extension.attach(self, link, decision)
+        elif decision.kind == "proxy":
+            upstream = self.broker.upstreams.for_decision(decision)
+            self.attach_proxy_producer(link, upstream, decision.remote_address)
+        else:
+            self.attach_queue_producer(link, self._local_queue(remote.address))
+
+    # -- endpoint builders (also used by packages serving other kinds) -----------
+    def attach_queue_consumer(self, link: Link, queue: LocalQueue, *, owns_queue: bool = False,
+                              peer: bool = False) -> "QueueConsumer":
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        self._open_client_link(link, presettled, address=queue.name)
+        consumer = QueueConsumer(self, link, queue, presettled=presettled, owns_queue=owns_queue)
+        self.links[consumer.link_ptr] = consumer
+        queue.add_consumer(consumer, peer=peer)
+        self.broker.dirty_queues.add(queue)
+        return consumer
+
+    def attach_queue_browser(self, link: Link, queue: LocalQueue) -> QueueBrowser:
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        self._open_client_link(link, presettled, address=queue.name)
+        browser = QueueBrowser(self, link, queue, presettled=presettled)
+        self.links[browser.link_ptr] = browser
+        queue.browsers.append(browser)
+        self.broker.dirty_queues.add(queue)
+        return browser
+
+    def attach_queue_producer(self, link: Link, queue: LocalQueue) -> "QueueProducer":
+        self._open_client_link(link, False, address=queue.name)
+        producer = QueueProducer(self, link, queue, self.broker.credit_window)
+        self.links[producer.link_ptr] = producer
+        queue.producers.append(producer)
+        producer.top_up()
+        return producer
+
+    def attach_proxy_consumer(self, link: Link, upstream, remote_address: str,
+                              capabilities: tuple[str, ...] = (), rule=None) -> ProxyConsumer:
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        self._open_client_link(link, presettled)
+        recheck = rule.upstream.recheck_interval if rule is not None else 0.0
+        remote = link.remote_source
+        private = remote.distribution_mode == Terminus.DIST_MODE_COPY or filter_names(remote)
+        if rule is not None and rule.mirror_auto_delete and not private:
+            # one upstream consumer, shared (a browser or a filter needs a link of its own)
+            endpoint = attach_shared_consumer(self, link, upstream, remote_address,
+                                              presettled=presettled, recheck_interval=recheck)
+        else:
+            endpoint = ProxyConsumer(self, link, upstream, remote_address, presettled=presettled,
+                                     capabilities=capabilities, recheck_interval=recheck,
+                                     check_source=bool(private))
+        self.links[endpoint.link_ptr] = endpoint
+        return endpoint
+
+    def attach_proxy_producer(self, link: Link, upstream, remote_address: str,
+                              capabilities: tuple[str, ...] = ()) -> ProxyProducer:
+        self._open_client_link(link, False)
+        endpoint = ProxyProducer(self, link, upstream, remote_address, capabilities=capabilities)
+        self.links[endpoint.link_ptr] = endpoint
+        return endpoint
+
+    def _open_client_link(self, link: Link, presettled: bool, address: str | None = None) -> None:
+        """Answer the client's attach with matching termini (§2.6.3)."""
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        if address is not None:
+            (link.source if link.is_sender else link.target).address = address
+        if link.is_sender:
+            link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
+        else:
+            link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = Link.RCV_FIRST
+        link.open()
+        self.mark_dirty()
+
+    def refuse_link(self, link: Link, condition: str, description: str) -> None:
+        """Refuse an attach: answer with a null terminus, then detach with the error (§2.6.3)."""
+        try:
+            name = link.name
+        except UnicodeDecodeError:
+            name = "<not UTF-8>"
+        log.info("connection %s (%s, user %s): link %r refused: %s %s", self.connection_id,
+                 self.peer, getattr(self.identity, "user", "?"), name, condition, description)
+        if link.is_sender:
+            link.source.type = Terminus.UNSPECIFIED
+            link.target.copy(link.remote_target)
+        else:
+            link.target.type = Terminus.UNSPECIFIED
+            link.source.copy(link.remote_source)
+        link.open()
+        link.condition = Condition(condition, description)
+        link.close()
+        self.mark_dirty()
+
+    def refuse_oversized(self, link: Link) -> None:
+        """A transfer over ``[limits] max_message_size``: detach the sender's link."""
+        limit = self.broker.max_message_size
+        self.close_link(link, MESSAGE_SIZE_EXCEEDED, f"message larger than {limit} bytes")
+
+    def close_link(self, link: Link, condition: str, description: str,
+                   info: dict | None = None) -> None:
+        endpoint = self.links.pop(link._impl, None)
+        if endpoint is not None:
+            endpoint.detached()
+        link.condition = Condition(condition, description, info)
+        link.close()
+        self.mark_dirty()
+
+    def _on_link_close(self, event) -> None:
+        ptr = engine.pn_event_link(event)
+        endpoint = self.links.pop(ptr, None)
+        if endpoint is not None:
+            endpoint.detached()
+        if pn_link_state(ptr) & PN_LOCAL_ACTIVE:
+            pn_link_close(ptr)
+        pn_link_free(ptr)  # both ends closed: proton drops it once our detach is written
+        self.mark_dirty()
+
+    def _on_link_flow(self, event) -> None:
+        endpoint = self.links.get(engine.pn_event_link(event))
+        if endpoint is not None:
+            endpoint.on_flow()
+
+    def _on_delivery(self, event) -> None:
+        delivery = engine.pn_event_delivery(event)
+        endpoint = self.links.get(pn_delivery_link(delivery))
+        if endpoint is not None:
+            endpoint.on_delivery(delivery)
+        else:
+            pn_delivery_settle(delivery)
+
+    # -- write-side backpressure -------------------------------------------
+    def pause(self) -> None:
+        self.writable = False
+
+    def resume(self) -> None:
+        self.writable = True
+        for endpoint in list(self.links.values()):
+            endpoint.on_flow()
+
+
+# proton event type -> ClientHandler method (one table for all connections)
+_CLIENT_EVENTS = {
+    engine.PN_DELIVERY: ClientHandler._on_delivery,
+    engine.PN_LINK_FLOW: ClientHandler._on_link_flow,
+    engine.PN_LINK_REMOTE_OPEN: ClientHandler._on_link_open,
+    engine.PN_LINK_REMOTE_CLOSE: ClientHandler._on_link_close,
+    engine.PN_LINK_REMOTE_DETACH: ClientHandler._on_link_close,
+    engine.PN_SESSION_REMOTE_OPEN: ClientHandler._on_session_open,
+    engine.PN_SESSION_REMOTE_CLOSE: ClientHandler._on_session_close,
+    engine.PN_CONNECTION_REMOTE_OPEN: ClientHandler._on_connection_open,
+    engine.PN_CONNECTION_REMOTE_CLOSE: ClientHandler._on_connection_close,
+    engine.PN_TRANSPORT_CLOSED: ClientHandler._on_transport_closed,
+}
+
+
+class LinkRefused(Exception):
+    def __init__(self, condition: str, description: str) -> None:
+        super().__init__(f"{condition}: {description}")
+        self.condition = condition
+        self.description = description

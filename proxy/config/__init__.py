@@ -1,0 +1,7 @@
+"""The node's configuration: TOML into frozen dataclasses, checked key by key.
+
+Owns: ``settings`` (every section), ``exchanges`` (``[[exchanges]]`` and
+``[[bindings]]``), ``rules_store`` (routing rules kept on disk for the admin
+API), ``errors`` (``ConfigError`` naming the key). May import: ``routing``,
+``proxy.auth`` (ACL entries, SASL mechanism names).
+"""

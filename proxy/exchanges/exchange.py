@@ -1,0 +1,371 @@
+"""Local exchanges: route each message on its subject to the bound queues, local or proxied.
+
+How this works
+--------------
+``[[exchanges]]`` declares an exchange; its name is an address clients send
+to (it wins over ``[[rules]]`` for senders; a receiver on it is refused:
+receive from a queue bound to it). ``[[bindings]]`` bind addresses of this
+node to it: a binding's queue is resolved by the routing rules like a
+client's address, so it is a local queue or a proxied queue on a primary.
+
+For each message (``ExchangeProducer.on_delivery``) the node reads the
+subject, decoding only the properties section (``proxy.message_subject``),
+and picks the bindings: ``fanout`` all, ``direct`` those whose key equals the
+subject, ``topic`` those whose key pattern (``routing.compile_pattern``:
+``*`` one word, ``#`` any words, ``.`` or ``/`` between words) matches it.
+A queue bound several times gets one copy. The message bytes are forwarded
+as received.
+
+* Local queue: stored at once (durable ones once journaled,
+  ``proxy.durable_hold``); that destination has accepted.
+* Proxied queue: sent through an internal upstream sender per (primary,
+  remote address) (``proxy.remote_destinations``) on the shared pool; that
+  destination answers with the primary's outcome.
+* Fan-out once per primary: with ``upstream_fanout = {primary, address}``,
+  when two or more of a message's proxied destinations are on that primary,
+  the message crosses once, to ``address`` (``{subject}`` is replaced by the
+  subject), instead of once per queue; the primary's own exchange routes it
+  to its queues, so its bindings must mirror ours (e.g. RabbitMQ
+  ``/exchange/NAME``, which routes on the subject).
+
+End-to-end settlement (§3.4): the client's delivery is settled when every
+destination has answered (``Fanin``): ``accepted`` when all accepted;
+``rejected`` (with the first destination's error) when any rejected — the
+message is invalid there or the destination is gone (``amqp:not-found``), so
+a retry could not succeed; otherwise (released, modified, an upstream link
+closed) ``released``: the client sends it again. The destinations that did
+accept then get it again: duplicates are possible, loss is not. A message no
+binding matches is accepted and dropped (counted as ``unroutable``), as
+RabbitMQ does by default; a deny rule or an unknown queue (auto-create off)
+as destination rejects with ``amqp:unauthorized-access`` / ``amqp:not-found``.
+
+Credit: a sender gets ``[queues] credit_window`` credit, refilled as its
+deliveries settle (unsettled ones count), never beyond the room the depth
+limit leaves in the exchange's local queues (it is one of their producers):
+backpressure, nothing dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from cproton import (
+    PN_ACCEPTED,
+    PN_REJECTED,
+    PN_RELEASED,
+    pn_delivery_settle,
+    pn_delivery_settled,
+    pn_delivery_update,
+    pn_link_credit,
+    pn_link_flow,
+)
+from proton import Condition, Delivery
+
+from proxy.amqp import engine
+from proxy.amqp.engine import read_transfer
+from proxy.amqp.message_subject import read_subject
+from proxy.exchanges.remote_bindings import RemoteSubscription
+from proxy.links.remote_destinations import RemoteDestinations
+from proxy.queues.durable_hold import DurableHold
+from proxy.upstream.target import UpstreamTarget
+from routing import compile_pattern
+
+log = logging.getLogger("fedgate.exchanges")
+
+NOT_FOUND = "amqp:not-found"
+UNAUTHORIZED = "amqp:unauthorized-access"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+INTERNAL_ERROR = "amqp:internal-error"
+
+
+@dataclass
+class ExchangeStats:
+    received: int = 0
+    routed: int = 0  # copies handed to destinations
+    unroutable: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    released: int = 0
+    fanned_out: int = 0  # messages sent once to an upstream_fanout address
+
+
+@dataclass
+class Binding:
+    queue: str
+    key: str | None
+
+    def __post_init__(self) -> None:
+        self.pattern = compile_pattern(self.key) if self.key else None
+
+
+@dataclass(eq=False)
+class Exchange:
+    name: str
+    type: str
+    bindings: list[Binding] = field(default_factory=list)
+    fanout: object = None  # exchange_config.UpstreamFanout
+    fanout_key: tuple | None = None
+    stats: ExchangeStats = field(default_factory=ExchangeStats)
+
+    def route(self, subject: str | None) -> list[str]:
+        """The queues (addresses) a message with this subject goes to, each once, in binding order."""
+        if self.type == "fanout":
+            matched = [b.queue for b in self.bindings]
+        else:
+            key = subject or ""  # no subject: the empty routing key (RabbitMQ's too)
+            if self.type == "direct":
+                matched = [b.queue for b in self.bindings if b.key == key]
+            else:
+                matched = [b.queue for b in self.bindings if b.pattern.match(key) is not None]
+        return list(dict.fromkeys(matched))
+
+
+class Fanin:
+    """One client delivery waiting for all its destinations (§3.4)."""
+
+    __slots__ = ("producer", "delivery", "remaining", "rejected", "released")
+
+    def __init__(self, producer, delivery) -> None:
+        self.producer = producer
+        self.delivery = delivery  # None: pre-settled by the client
+        self.remaining = 0
+        self.rejected: Condition | None = None
+        self.released = False
+
+    def done(self, state, condition=None) -> None:
+        if state == PN_REJECTED:
+            if self.rejected is None:
+                self.rejected = condition or Condition(INTERNAL_ERROR, "rejected by a destination")
+        elif state != PN_ACCEPTED:
+            self.released = True
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.producer.settle(self)
+
+
+class ExchangeProducer(engine.ClientLinkEndpoint):
+    """Client -> exchange. Our side is a proton Receiver."""
+
+    def __init__(self, handler, link, exchange: Exchange | None, exchanges: "Exchanges",
+                 stats: ExchangeStats | None = None) -> None:
+        self.handler = handler
+        self.link_ptr = engine.hold(link._impl)
+        self.exchange = exchange
+        self.exchanges = exchanges
+        self.address = exchange.name if exchange is not None else None
+        self.stats = exchange.stats if exchange is not None else stats
+        self.window = handler.broker.credit_window
+        self.unsettled = 0  # client deliveries waiting for their destinations
+        self.received = 0
+        self.attached = True
+        self.queues: set = set()  # local queues whose producers list has us
+
+    @property
+    def outstanding_credit(self) -> int:
+        return pn_link_credit(self.link_ptr) if self.attached else 0
+
+    def top_up(self) -> None:
+        if not self.attached:
+            return
+        ptr = self.link_ptr
+        want = self.window - pn_link_credit(ptr) - self.unsettled
+        if want <= 0:
+            return
+        queues = self.exchanges.local_queues(self.exchange)
+        for queue in self.queues - queues:
+            if self in queue.producers:
+                queue.producers.remove(self)
+        for queue in queues - self.queues:
+            queue.producers.append(self)
+        self.queues = queues
+        for queue in queues:
+            want = queue.credit_within_room(want)
+        if want:
+            pn_link_flow(ptr, want)
+            self.handler.mark_dirty()
+
+    def on_delivery(self, delivery) -> None:
+        payload = read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
+        if payload is None:
+            return
+        if payload is False:
+            self.handler.refuse_oversized(self.link)
+            return
+        self.received += 1
+        if pn_delivery_settled(delivery):  # pre-settled: nobody waits for the outcome
+            pn_delivery_settle(delivery)
+            delivery = None
+        self.unsettled += 1
+        self.route(payload, Fanin(self, delivery))
+        if pn_link_credit(self.link_ptr) <= self.window // 2:
+            self.top_up()
+
+    def route(self, payload: bytes, fanin: Fanin) -> None:
+        self.exchanges.publish(self.exchange, payload, fanin)
+
+    def settle(self, fanin: Fanin) -> None:
+        """Every destination answered: the client gets the combined outcome."""
+        self.unsettled -= 1
+        stats = self.stats
+        delivery = fanin.delivery
+        if fanin.rejected is not None:
+            stats.rejected += 1
+            state = PN_REJECTED
+        elif fanin.released:
+            stats.released += 1
+            state = PN_RELEASED
+        else:
+            stats.accepted += 1
+            state = PN_ACCEPTED
+        if delivery is not None and self.attached:
+            if state == PN_REJECTED:
+                wrapped = Delivery.wrap(delivery)
+                wrapped.local.condition = fanin.rejected
+                wrapped.update(state)  # carries the condition (§3.4.3)
+            else:
+                pn_delivery_update(delivery, state)
+            pn_delivery_settle(delivery)
+            self.handler.mark_dirty()
+        self.top_up()
+
+    def on_flow(self) -> None:
+        pass
+
+    def detached(self) -> None:
+        self.attached = False
+        for queue in self.queues:
+            if self in queue.producers:
+                queue.producers.remove(self)
+        self.queues = set()
+
+
+class Exchanges:
+    """The node's exchanges and bindings (config ``[[exchanges]]``/``[[bindings]]``)."""
+
+    def __init__(self, config, broker, upstreams, queue_options) -> None:
+        self.broker = broker
+        self.upstreams = upstreams
+        self.queue_options = queue_options
+        self.destinations = RemoteDestinations()
+        self.hold = DurableHold(broker)
+        self.exchanges: dict[str, Exchange] = {}
+        self.relay_stats = ExchangeStats()  # the anonymous relay (proxy.anonymous_relay)
+        self.relay_limit = 0  # [limits] max_relay_destinations, set by the node; 0 = none
+        self.subscriptions: list[RemoteSubscription] = []
+        self._sources = []
+        for decl in config.exchanges:
+            exchange = Exchange(decl.name, decl.type, fanout=decl.upstream_fanout)
+            if decl.upstream_fanout is not None:
+                exchange.fanout_key = UpstreamTarget.from_url(decl.upstream_fanout.url).key
+            self.exchanges[decl.name] = exchange
+        for binding in config.bindings:
+            if binding.exchange is not None:
+                self.exchanges[binding.exchange].bindings.append(Binding(binding.queue, binding.key))
+            else:
+                self._sources.append(binding)
+
+    # -- node lifecycle -----------------------------------------------------------
+    def start(self) -> None:
+        """Declare bound local queues; attach the remote sources (needs the running loop)."""
+        for exchange in self.exchanges.values():
+            for binding in exchange.bindings:
+                if self.broker.resolve(binding.queue).kind == "local":
+                    self.broker.queues.declare(binding.queue, **self.queue_options(binding.queue))
+        for binding in self._sources:
+            queue = self.broker.queues.declare(binding.queue, **self.queue_options(binding.queue))
+            source = binding.source
+            upstream = self.upstreams.for_url(source.url, source.upstream)
+            self.subscriptions.append(RemoteSubscription(self.broker, queue, source, upstream, self.hold))
+        self.broker.run_pending()
+
+    def close(self) -> None:
+        for subscription in self.subscriptions:
+            subscription.close()
+        self.destinations.close()
+
+    def describe(self) -> dict:
+        return {
+            "exchanges": [{"name": e.name, "type": e.type, "bindings": len(e.bindings),
+                           **vars(e.stats)} for e in self.exchanges.values()],
+            "sources": [s.describe() for s in self.subscriptions],
+            "anonymous_relay": vars(self.relay_stats),
+        }
+
+    # -- attach --------------------------------------------------------------------
+    def get(self, address: str | None) -> Exchange | None:
+        return self.exchanges.get(address) if address else None
+
+    def attach_producer(self, handler, link, exchange: Exchange) -> ExchangeProducer:
+        producer = ExchangeProducer(handler, link, exchange, self)
+        handler.links[producer.link_ptr] = producer
+        producer.top_up()
+        return producer
+
+    def local_queues(self, exchange: Exchange) -> set:
+        queues = set()
+        for binding in exchange.bindings:
+            if self.broker.resolve(binding.queue).kind == "local":
+                queue = self.broker.queues.get(binding.queue)
+                if queue is not None:
+                    queues.add(queue)
+        return queues
+
+    # -- routing ---------------------------------------------------------------------
+    def publish(self, exchange: Exchange, payload: bytes, fanin: Fanin) -> None:
+        stats = exchange.stats
+        stats.received += 1
+        subject = None if exchange.type == "fanout" else read_subject(payload)
+        addresses = exchange.route(subject)
+        if not addresses:
+            stats.unroutable += 1
+            fanin.remaining = 1
+            fanin.done(PN_ACCEPTED)  # RabbitMQ's default: accepted and dropped
+            return
+        local, remote, refused = [], [], []
+        for address in addresses:
+            kind, target = self.destination(address, "queues cannot be bound to an exchange")
+            (local if kind == "local" else remote if kind == "remote" else refused).append(target)
+        remote = self._fan_out_once(exchange, subject, remote)
+        fanin.remaining = len(local) + len(remote) + len(refused)
+        stats.routed += fanin.remaining
+        for condition in refused:
+            fanin.done(PN_REJECTED, condition)
+        for queue in local:
+            self.store(queue, payload, fanin)
+        for upstream, address in remote:
+            self.destinations.get(upstream, address).send(payload, fanin.done)
+
+    def destination(self, address: str, unsupported: str):
+        """Where a message for ``address`` goes: ("local", queue), ("remote", (upstream,
+        remote address)) or ("refused", Condition); ``unsupported`` ends the reason
+        given for address kinds that cannot be reached this way."""
+        broker = self.broker
+        decision = broker.resolve(address)
+        if decision.kind == "local":
+            queue = broker.queues.lookup_or_create(address)
+            if queue is None:
+                return "refused", Condition(NOT_FOUND, f"no queue {address!r} (auto-create is off)")
+            return "local", queue
+        if decision.kind == "proxy":
+            return "remote", (broker.upstreams.for_decision(decision), decision.remote_address)
+        if decision.kind == "deny":
+            return "refused", Condition(UNAUTHORIZED, f"address {address!r} denied")
+        return "refused", Condition(NOT_IMPLEMENTED, f"{decision.kind} {unsupported}")
+
+    def store(self, queue, payload: bytes, fanin: Fanin) -> None:
+        """Into a local queue (journaled first when durable); ``fanin`` learns the outcome."""
+        self.hold.put(queue, payload, lambda error: fanin.done(
+            PN_ACCEPTED if error is None else PN_REJECTED,
+            None if error is None else Condition(INTERNAL_ERROR, error)))
+
+    def _fan_out_once(self, exchange: Exchange, subject, remote: list) -> list:
+        """Several destinations on the fan-out primary: one transfer to its address instead."""
+        if exchange.fanout is None or len(remote) < 2:
+            return remote
+        on_primary = [item for item in remote if item[0].target.key == exchange.fanout_key]
+        if len(on_primary) < 2:
+            return remote
+        exchange.stats.fanned_out += 1
+        others = [item for item in remote if item[0].target.key != exchange.fanout_key]
+        return others + [(on_primary[0][0], exchange.fanout.expand(subject))]

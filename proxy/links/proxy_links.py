@@ -1,0 +1,480 @@
+"""Proxy links: a client link on the node bridged to a link on a primary.
+
+How this works
+--------------
+Each proxied client link gets one upstream link of the opposite role on a
+shared pool connection (``proxy.upstream``). Messages cross as encoded bytes,
+never decoded. The client's link is attached at once and stays attached while
+the primary is unreachable; the upstream link follows the pool member's state
+(``upstream_up`` / ``upstream_down``).
+
+``ProxyConsumer`` (client receives; upstream is our Receiver)
+    Credit passes through: the upstream link is granted only the credit the
+    client has (minus messages held), so nothing is fetched that no client can
+    take (§2.6.7; the seed's "stuck messages"). Drain is passed upstream and the
+    client is drained when the primary answers; a primary known not to answer a
+    drain (``proxy.primaries``) is never sent one: the node answers the client
+    after giving the primary ``DRAIN_GRACE`` to send what it has. A browser or
+    a filter the client asks for must be in the primary's answer, or the client
+    link is closed (``unhonoured_source``). The client's outcome is applied
+    upstream, and only then is the upstream delivery settled (§3.4). A client
+    that detaches or drops has its unsettled deliveries released upstream.
+
+``ProxyProducer`` (client sends; upstream is our Sender)
+    The client gets credit only as the primary grants it. Each client delivery
+    is forwarded and settled with the primary's outcome (end-to-end
+    at-least-once). Deliveries in flight when the upstream connection breaks are
+    kept and sent again, so the client sees the real outcome rather than a
+    spurious release; duplicates are possible, loss is not. They are sent again
+    alone, as suspects (``proxy.suspects``): a message the primary cannot take
+    is rejected to its client after ``max_send_failures`` instead of ending the
+    shared connection for everyone at every replay. The link sends nothing
+    else until its suspects are settled, so its order holds.
+
+An upstream detach with an error (``amqp:not-found`` ...) closes the client
+link with the same condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+from collections import deque
+
+from cproton import (
+    PN_ACCEPTED,
+    PN_REJECTED,
+    PN_RELEASED,
+    pn_delivery_settle,
+    pn_delivery_settled,
+    pn_delivery_update,
+    pn_link_credit,
+    pn_link_drained,
+    pn_link_flow,
+    pn_link_get_drain,
+    pn_link_set_drain,
+)
+from proton import Delivery, Link, Terminus
+
+from proxy.amqp.engine import ClientLinkEndpoint, hold, read_transfer, send_message
+from proxy.amqp.outcomes import copy_outcome, outcome_of, relay_outcome
+from proxy.amqp.termini import filter_names, set_capabilities
+from proxy.upstream.owner import UpstreamLinkOwner
+
+log = logging.getLogger("fedgate.proxy")
+
+# seconds a primary that cannot drain has to send what it has before the node
+# answers a client's drain itself (proxy.primaries)
+DRAIN_GRACE = 0.1
+NOT_IMPLEMENTED = "amqp:not-implemented"
+_NONE_HELD = ()  # ProxyConsumer.held while nothing is held
+_NONE_UNSETTLED: dict = {}  # ProxyConsumer.unsettled until its first delivery (never written to)
+_link_names = itertools.count(1)
+
+
+def unhonoured_source(asked, answered, echo_untrusted: str | None = None) -> str | None:
+    """Why the primary's source does not do what the client asked, or None (§3.5.3).
+
+    A browser (distribution-mode ``copy``) or a filter (a JMS selector) the
+    primary leaves out of its answer is not applied: the client would take
+    messages it meant to look at, or messages it did not select.
+    ``echo_untrusted`` says why this primary's answer proves nothing
+    (``proxy.primaries``). A null source (the attach refused, a detach follows)
+    is left to the detach's condition.
+    """
+    copy = asked.distribution_mode == Terminus.DIST_MODE_COPY
+    wanted = filter_names(asked)
+    if not copy and not wanted:
+        return None  # nearly every link: nothing to check
+    if answered.type != Terminus.SOURCE:
+        return None
+    if echo_untrusted is not None:
+        return echo_untrusted
+    if copy and answered.distribution_mode != Terminus.DIST_MODE_COPY:
+        return "the primary does not browse this address (distribution-mode copy)"
+    missing = wanted - filter_names(answered)
+    if missing:
+        return f"the primary does not apply the filter ({', '.join(sorted(missing))})"
+    return None
+
+
+class _ProxyEndpoint(ClientLinkEndpoint, UpstreamLinkOwner):
+    """What both directions share: client link, pool member, upstream link."""
+
+    sender_upstream = False  # role of our upstream link
+
+    def __init__(self, handler, client_link: Link, upstream, remote_address: str,
+                 capabilities: tuple[str, ...] = ()) -> None:
+        self.handler = handler
+        self.capabilities = capabilities  # added to the upstream terminus (e.g. fragment links)
+        self.link_ptr = hold(client_link._impl)
+        self.upstream = upstream
+        self.remote_address = remote_address
+        self.address = remote_address
+        self.tags = itertools.count(1)
+        self.closed = False
+        self.member = upstream.add(self)
+
+    # -- upstream lifecycle ------------------------------------------------------
+    def upstream_up(self, member) -> None:
+        if self.closed:
+            return
+        self.member = member
+        name = f"fedgate-{next(_link_names)}-{self.link.name}"
+        link = self.new_upstream_link(member, name, sender=self.sender_upstream)
+        self.configure_link(link)
+        self.attach_upstream_link(link)
+
+    def configure_link(self, link: Link) -> None:
+        """Termini and settle modes of our upstream link (also the suspect sender's)."""
+        self.configure_upstream(link)
+        if self.capabilities:
+            set_capabilities(link.target if self.sender_upstream else link.source, self.capabilities)
+
+    def on_upstream_attached(self) -> None:
+        self.up_attached = True
+        self.on_upstream_flow()
+
+    def upstream_down(self) -> None:
+        self.forget_upstream_link()
+
+    def on_upstream_detached(self, condition) -> None:
+        """The primary detached our link: the client learns the same condition."""
+        self.forget_upstream_link()
+        if self.closed:
+            return
+        name = condition.name if condition else "amqp:link:detach-forced"
+        description = condition.description if condition else "detached by the primary"
+        log.info("proxy link %s -> %s detached by primary: %s %s", self.link.name,
+                 self.remote_address, name, description)
+        self.handler.close_link(self.link, name, description or "")
+
+    def on_flow(self) -> None:  # client flow
+        pass
+
+
+class ProxyConsumer(_ProxyEndpoint):
+    """Client receives from an address on a primary."""
+
+    sender_upstream = False
+
+    recheck_interval = 0.0  # seconds idle before the remote source is re-checked; 0: never
+    drain_timer = None  # a drain the node answers itself (a primary that cannot drain)
+    check_source = False  # whether the primary's answer must keep a browse or a filter
+
+    def __init__(self, handler, client_link, upstream, remote_address, *, presettled: bool,
+                 capabilities: tuple[str, ...] = (), recheck_interval: float = 0.0,
+                 check_source: bool = False) -> None:
+        self.presettled = presettled
+        if check_source:  # the client asked for a browser or a filter: see on_upstream_attached
+            self.check_source = True
+        # client delivery -> upstream delivery (None once upstream is gone); a dict of its
+        # own from the first message on (most proxy consumers of a concentrator are idle)
+        self.unsettled: dict = _NONE_UNSETTLED
+        # (payload, upstream delivery) waiting for client credit; a deque only once needed
+        # (an empty deque is ~600 bytes, and most proxy consumers are idle)
+        self.held = _NONE_HELD
+        self.draining = False
+        self.sent = 0
+        super().__init__(handler, client_link, upstream, remote_address, capabilities)
+        if recheck_interval > 0 and not self.closed:
+            self.recheck_interval = recheck_interval
+            upstream.watch(self)
+
+    # -- idle re-check (proxy.upstream.Upstream.watch) ------------------------------
+    @property
+    def activity(self) -> int:
+        return self.sent
+
+    def recheck_ready(self) -> bool:
+        return self.up_attached and not self.unsettled and not self.held
+
+    def probe_source(self):
+        return self.link.remote_source
+
+    def remote_gone(self, condition) -> None:
+        """A re-check found the remote source gone: the client learns the primary's condition."""
+        if not self.closed:
+            self.handler.close_link(self.link, condition.name, condition.description or "")
+
+    def on_upstream_attached(self) -> None:
+        unhonoured = unhonoured_source(self.link.remote_source, self.up_link.remote_source,
+                                       self.member.source_echo_untrusted) \
+            if self.check_source else None
+        if unhonoured is not None:
+            log.info("proxy link %s -> %s refused: %s", self.link.name, self.remote_address,
+                     unhonoured)
+            self.handler.close_link(self.link, NOT_IMPLEMENTED, unhonoured)
+            return
+        super().on_upstream_attached()
+
+    def configure_upstream(self, link: Link) -> None:
+        # transparent: the client's termini (durability, expiry, filters,
+        # distribution mode, capabilities) go upstream as they are, only the
+        # address is mapped; on_upstream_attached checks what the primary kept
+        link.source.copy(self.link.remote_source)
+        link.source.address = self.remote_address
+        link.target.copy(self.link.remote_target)
+        if self.presettled:
+            link.snd_settle_mode = Link.SND_SETTLED
+        link.rcv_settle_mode = Link.RCV_FIRST
+
+    def upstream_down(self) -> None:
+        super().upstream_down()
+        self.draining = False
+        if self.drain_timer is not None:
+            self.drain_timer.cancel()
+            self.drain_timer = None
+        # upstream deliveries died with the connection: the primary redelivers them
+        self.held = _NONE_HELD
+        for delivery in self.unsettled:
+            self.unsettled[delivery] = None
+
+    # -- credit --------------------------------------------------------------------
+    def on_flow(self) -> None:
+        self._deliver_held()
+        self.sync_credit()
+
+    def sync_credit(self) -> None:
+        up = self.up_ptr
+        if up is None or not self.up_attached:
+            return
+        client_credit = pn_link_credit(self.link_ptr) if self.handler.writable else 0
+        up_credit = pn_link_credit(up)
+        want = client_credit - up_credit - len(self.held)
+        changed = False
+        # Top up in batches: once the upstream credit fell to half of what the client
+        # has (or ran out), not on every client flow. It never exceeds the client's
+        # credit, and the primary gets one flow frame per half window instead of one
+        # per message (clients that refill credit per message).
+        if want > 0 and (want >= up_credit or want * 2 >= client_credit):
+            pn_link_flow(up, want)
+            changed = True
+        if pn_link_get_drain(self.link_ptr) and not self.draining:
+            self.draining = True
+            if self.member.drain_unanswered is None:
+                pn_link_set_drain(up, True)
+                pn_link_flow(up, 0)  # send a flow with drain set
+                changed = True
+            else:
+                # a primary that cannot drain (proxy.primaries): it gets DRAIN_GRACE to
+                # send what it has for the credit it holds, then the drain is answered
+                # here; what comes later waits in ``held`` for the client's next credit
+                self.drain_timer = asyncio.get_running_loop().call_later(DRAIN_GRACE,
+                                                                         self._drain_here)
+        if changed:
+            self.member.mark_dirty()
+
+    def _drain_here(self) -> None:
+        self.drain_timer = None
+        if self.closed or not self.draining:
+            return
+        self.draining = False
+        if pn_link_get_drain(self.link_ptr) and not self.held and pn_link_credit(self.link_ptr) > 0:
+            pn_link_drained(self.link_ptr)
+            self.handler.mark_dirty()
+            self.upstream.run_pending()
+
+    def on_upstream_flow(self) -> None:
+        up = self.up_ptr
+        if up is None:
+            return
+        if self.draining and pn_link_credit(up) == 0:
+            self.draining = False
+            pn_link_set_drain(up, False)
+            if pn_link_get_drain(self.link_ptr) and not self.held:
+                pn_link_drained(self.link_ptr)
+                self.handler.mark_dirty()
+        self.sync_credit()
+
+    # -- messages --------------------------------------------------------------------
+    def on_upstream_delivery(self, delivery) -> None:
+        payload = read_transfer(self.up_ptr, delivery, self.handler.broker.max_message_size)
+        if payload is None:
+            return
+        if payload is False:
+            pn_delivery_update(delivery, PN_REJECTED)
+            pn_delivery_settle(delivery)
+            return
+        self.member.received += 1
+        if pn_link_credit(self.link_ptr) > 0 and not self.held:
+            self._forward(payload, delivery)
+        else:
+            if not self.held:
+                self.held = deque()
+            self.held.append((payload, delivery))
+
+    def _deliver_held(self) -> None:
+        held = self.held
+        while held and pn_link_credit(self.link_ptr) > 0:
+            self._forward(*held.popleft())
+
+    def _forward(self, payload: bytes, up_delivery) -> None:
+        delivery = send_message(self.link_ptr, str(next(self.tags)).encode(), payload)
+        self.sent += 1
+        if self.presettled or pn_delivery_settled(up_delivery):
+            pn_delivery_settle(delivery)
+            if not pn_delivery_settled(up_delivery):
+                pn_delivery_update(up_delivery, PN_ACCEPTED)
+            pn_delivery_settle(up_delivery)
+            self.member.mark_dirty()
+        else:
+            if self.unsettled is _NONE_UNSETTLED:
+                self.unsettled = {}
+            self.unsettled[delivery] = up_delivery
+        self.handler.mark_dirty()
+
+    def on_delivery(self, delivery) -> None:
+        """The client's disposition: apply it upstream, then settle both (§3.4)."""
+        state = outcome_of(delivery)
+        if state is None:
+            return  # no outcome yet (§3.4.1: received is not terminal)
+        up = self.unsettled.pop(delivery, None)
+        if up is not None:
+            relay_outcome(state, delivery, up, self.member.modified_unsupported)
+            self.member.mark_dirty()
+        pn_delivery_settle(delivery)
+
+    def detached(self) -> None:
+        """Client link gone: release what it held upstream (§3.4.4), close our link."""
+        self.closed = True
+        if self.drain_timer is not None:
+            self.drain_timer.cancel()
+            self.drain_timer = None
+        for up in self.unsettled.values():
+            if up is not None:
+                pn_delivery_update(up, PN_RELEASED)
+                pn_delivery_settle(up)
+        self.unsettled.clear()
+        for _, up in self.held:
+            pn_delivery_update(up, PN_RELEASED)
+            pn_delivery_settle(up)
+        self.held = _NONE_HELD
+        self.release_upstream()
+
+
+class ProxyProducer(_ProxyEndpoint):
+    """Client sends to an address on a primary."""
+
+    sender_upstream = True
+
+    def __init__(self, handler, client_link, upstream, remote_address,
+                 capabilities: tuple[str, ...] = ()) -> None:
+        self.pending: deque = deque()  # (payload, client delivery | None) not yet sent upstream
+        self.inflight: dict = {}  # upstream delivery -> (payload, client delivery | None)
+        self.suspects = 0  # deliveries being sent again alone (proxy.suspects)
+        self.received = 0
+        super().__init__(handler, client_link, upstream, remote_address, capabilities)
+
+    def configure_upstream(self, link: Link) -> None:
+        link.target.copy(self.link.remote_target)  # durability etc. as the client asked
+        link.target.address = self.remote_address
+        link.source.copy(self.link.remote_source)
+        link.snd_settle_mode = Link.SND_UNSETTLED
+        link.rcv_settle_mode = Link.RCV_FIRST
+
+    def upstream_down(self) -> None:
+        member = self.member
+        super().upstream_down()
+        if self.inflight:
+            # sent again alone, in the original order, before anything else (proxy.suspects)
+            suspects = self.upstream.suspects
+            for payload, client_delivery in self.inflight.values():
+                self.suspects += 1
+                suspects.add(self, self.remote_address, payload,
+                             functools.partial(self._suspect_settled, client_delivery), member)
+            self.inflight.clear()
+
+    def _suspect_settled(self, client_delivery, state: int, up_delivery, condition) -> None:
+        """A suspect's outcome: the primary's, or rejected with ``condition`` at the limit."""
+        self.suspects -= 1
+        if not self.closed:
+            if up_delivery is not None and state:
+                copy_outcome(up_delivery, client_delivery, state)
+            elif up_delivery is not None:
+                pn_delivery_update(client_delivery, PN_ACCEPTED)
+            else:
+                wrapped = Delivery.wrap(client_delivery)
+                wrapped.local.condition = condition
+                wrapped.update(PN_REJECTED)
+            pn_delivery_settle(client_delivery)
+            self.handler.mark_dirty()
+            if not self.suspects:
+                self._send_pending()
+                self.sync_credit()
+
+    def on_upstream_flow(self) -> None:
+        self._send_pending()
+        self.sync_credit()
+
+    def sync_credit(self) -> None:
+        """Give the client the credit the primary gave us, minus what is queued."""
+        if self.closed:
+            return
+        up_credit = pn_link_credit(self.up_ptr) if self.up_ptr is not None and self.up_attached else 0
+        want = up_credit - len(self.pending) - pn_link_credit(self.link_ptr)
+        if want > 0:
+            pn_link_flow(self.link_ptr, want)
+            self.handler.mark_dirty()
+
+    def on_delivery(self, delivery) -> None:
+        payload = read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
+        if payload is None:
+            return
+        if payload is False:
+            self.handler.refuse_oversized(self.link)
+            return
+        self.received += 1
+        if pn_delivery_settled(delivery):  # pre-settled by the client: at-most-once
+            pn_delivery_settle(delivery)
+            delivery = None
+        self.pending.append((payload, delivery))
+        self._send_pending()
+
+    def _send_pending(self) -> None:
+        up = self.up_ptr
+        if up is None or not self.up_attached or self.suspects:
+            return
+        pending = self.pending
+        sent = 0
+        while pending and pn_link_credit(up) > 0:
+            item = pending.popleft()
+            payload, client_delivery = item
+            up_delivery = send_message(up, str(next(self.tags)).encode(), payload)
+            if client_delivery is None:
+                pn_delivery_settle(up_delivery)
+            else:
+                self.inflight[up_delivery] = item
+            sent += 1
+        if sent:
+            self.member.sent += sent
+            self.member.mark_dirty()
+
+    def on_upstream_delivery(self, delivery) -> None:
+        """The primary's outcome: pass it to the client, then settle both."""
+        state = outcome_of(delivery)
+        if state is None:
+            return  # no outcome yet (§3.4.1: received is not terminal)
+        item = self.inflight.pop(delivery, None)
+        pn_delivery_settle(delivery)
+        if item is None:
+            return
+        client_delivery = item[1]
+        if client_delivery is not None and not self.closed:
+            if state:
+                copy_outcome(delivery, client_delivery, state)
+            else:
+                pn_delivery_update(client_delivery, PN_ACCEPTED)
+            pn_delivery_settle(client_delivery)
+            self.handler.mark_dirty()
+
+    def detached(self) -> None:
+        """Client link gone: its unsettled sends have no one to report to."""
+        self.closed = True
+        self.pending.clear()
+        if self.suspects:
+            self.upstream.suspects.cancel(self)
+            self.suspects = 0
+        self.release_upstream()

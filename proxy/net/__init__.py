@@ -1,0 +1,6 @@
+"""The byte plumbing: listening sockets and the asyncio side of a connection.
+
+Owns: ``tcp_server`` (plain-TCP listener with a lean per-connection transport)
+and ``engine_protocol`` (moves bytes and timers for any sans-I/O connection
+object). Knows nothing of AMQP. May import: nothing of ``proxy``.
+"""

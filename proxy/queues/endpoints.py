@@ -1,0 +1,298 @@
+"""Client links on local queues: ``QueueProducer`` (client sends) and ``QueueConsumer`` (client receives).
+
+How this works
+--------------
+* ``QueueProducer`` — the client sends to a queue (our proton Receiver).
+  Incoming transfers are copied out of proton as bytes and enqueued, never
+  decoded; unsettled ones are accepted and settled at once (§3.4.2). Credit is
+  topped up to the credit window as it is used, and never beyond what the
+  queue's depth limit leaves room for (§2.6.7: credit withheld, nothing lost).
+  Durable messages to a durable queue are journaled first and wait, unsettled
+  and counted against the window, until the journal reports them on disk
+  (``journal_progress``); later messages of the link wait behind them.
+* ``QueueConsumer`` — the client receives from a queue (our proton Sender).
+  ``LocalQueue.dispatch`` calls ``deliver`` only when the link has credit.
+  Outcomes (§3.4) come back as disposition updates and go to the queue.
+
+Each endpoint reaches the node through its ``handler`` (``proxy.broker``):
+``handler.broker`` for the journal, dead-lettering and latency figures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from time import monotonic
+
+from cproton import (
+    PN_ACCEPTED,
+    PN_MODIFIED,
+    PN_REJECTED,
+    PN_RELEASED,
+    pn_delivery_settle,
+    pn_delivery_settled,
+    pn_delivery_update,
+    pn_link_credit,
+    pn_link_flow,
+)
+from proton import Condition, Delivery, Link
+
+from proxy.amqp import engine
+from proxy.amqp.outcomes import outcome_of
+from proxy.journal.journal import JournalError
+from proxy.queues import durable as journal_queues
+from proxy.queues.local import LocalQueue, StoredMessage
+
+log = logging.getLogger("fedgate.broker")
+
+UNAUTHORIZED = "amqp:unauthorized-access"
+NOT_FOUND = "amqp:not-found"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+INVALID_FIELD = "amqp:invalid-field"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
+INTERNAL_ERROR = "amqp:internal-error"
+
+def _settle_at_home(message: StoredMessage, state, client_delivery) -> None:
+    """A stolen message's outcome goes to the fragment it came from (fragments.steal).
+
+    ``state`` None means the consumer is gone: the home fragment gets it back.
+    """
+    stealer, home_delivery = message.origin
+    stealer.settle_at_home(home_delivery, state, client_delivery)
+
+
+
+class QueueProducer(engine.ClientLinkEndpoint):
+    """Client -> local queue. Our side is a proton Receiver."""
+
+    __slots__ = ("handler", "link_ptr", "queue", "window", "address", "received",
+                 "awaiting", "attached")
+
+    def __init__(self, handler, link: Link, queue: LocalQueue, window: int) -> None:
+        self.handler = handler
+        self.link_ptr = engine.hold(link._impl)
+        self.queue = queue
+        self.window = window
+        self.address = queue.name
+        self.received = 0
+        # (journal batch, delivery or None, message): held until the journal says
+        # durable; settled and enqueued in arrival order (proxy.journal)
+        self.awaiting: deque = deque()
+        self.attached = True
+
+    @property
+    def outstanding_credit(self) -> int:
+        return pn_link_credit(self.link_ptr)
+
+    def top_up(self) -> None:
+        """Grant credit up to the window, within the queue's room (§2.6.7)."""
+        ptr = self.link_ptr
+        credit = pn_link_credit(ptr)
+        want = self.window - credit - len(self.awaiting)  # unsettled until durable count too
+        if want <= 0:
+            return
+        want = self.queue.credit_within_room(want)
+        if want:
+            pn_link_flow(ptr, want)
+            self.handler.mark_dirty()
+
+    def on_delivery(self, delivery) -> None:
+        payload = engine.read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
+        if payload is None:
+            return  # the rest of a multi-frame transfer is still to come, or it was aborted
+        if payload is False:
+            self._too_large(delivery)
+            return
+        ptr = self.link_ptr
+        self.received += 1
+        message = StoredMessage(payload)
+        journal = self.handler.broker.journal
+        if journal is None or not (self.awaiting or self.queue.durable) \
+                or not self._hold(journal, delivery, message):
+            if not pn_delivery_settled(delivery):
+                pn_delivery_update(delivery, PN_ACCEPTED)
+            pn_delivery_settle(delivery)
+            self.handler.broker.enqueue(self.queue, message)
+        if pn_link_credit(ptr) <= self.window // 2:
+            self.top_up()
+
+    def _hold(self, journal, delivery, message: StoredMessage) -> bool:
+        """Journal a durable message; it (and later ones, to keep order) waits for the disk."""
+        queue = self.queue
+        if journal_queues.wants_journal(queue, message.payload):
+            try:  # the journal failed earlier, or cannot take this queue name
+                message.journal_id, batch = journal.enqueue(queue.name, message.payload)
+            except JournalError as exc:
+                self._reject(delivery, str(exc))
+                return True
+            if not self.awaiting:
+                journal.wait(self)
+        elif self.awaiting:
+            batch = self.awaiting[-1][0]
+        else:
+            return False
+        if pn_delivery_settled(delivery):  # pre-settled: nothing to answer
+            pn_delivery_settle(delivery)
+            delivery = None
+        self.awaiting.append((batch, delivery, message))
+        queue.incoming += 1
+        return True
+
+    def journal_progress(self, durable_batch: int, error) -> bool:
+        """The journal made batches durable: accept + enqueue what waited (§3.4.2)."""
+        awaiting = self.awaiting
+        queue = self.queue
+        broker = self.handler.broker
+        while awaiting and (awaiting[0][0] <= durable_batch or error is not None):
+            batch, delivery, message = awaiting.popleft()
+            queue.incoming -= 1
+            if batch > durable_batch and message.journal_id:
+                if delivery is not None:  # the journal failed before this one was on disk
+                    self._reject(delivery, f"journal write failed: {error}")
+                continue
+            if delivery is not None:
+                pn_delivery_update(delivery, PN_ACCEPTED)
+                pn_delivery_settle(delivery)
+            broker.enqueue(queue, message)
+        if self.attached:
+            self.handler.mark_dirty()
+            self.top_up()
+        return bool(awaiting)
+
+    def _reject(self, delivery, description: str) -> None:
+        if pn_delivery_settled(delivery):
+            pn_delivery_settle(delivery)
+            return
+        wrapped = Delivery.wrap(delivery)
+        wrapped.local.condition = Condition(INTERNAL_ERROR, description)
+        wrapped.update(Delivery.REJECTED)
+        wrapped.settle()
+        self.handler.mark_dirty()
+
+    def on_flow(self) -> None:
+        pass  # the client's flow frames change nothing for a sender into a queue
+
+    def _too_large(self, delivery) -> None:
+        self.handler.refuse_oversized(self.link)
+
+    def detached(self) -> None:
+        queue = self.queue
+        self.attached = False
+        if self.awaiting:  # still enqueued once durable; the deliveries are gone with the link
+            self.awaiting = deque((batch, None, message) for batch, _, message in self.awaiting)
+        if self in queue.producers:
+            queue.producers.remove(self)
+        if queue.temporary:
+            self.handler.broker.delete_temporary(queue)
+
+
+class QueueConsumer(engine.ClientLinkEndpoint):
+    """Local queue -> client. Our side is a proton Sender."""
+
+    __slots__ = (
+        "handler", "link_ptr", "queue", "consumer_id", "presettled",
+        "unsettled", "tags", "owns_queue", "address", "sent",
+    )
+
+    def __init__(self, handler, link: Link, queue: LocalQueue, *,
+                 presettled: bool, owns_queue: bool) -> None:
+        self.handler = handler
+        self.link_ptr = engine.hold(link._impl)
+        self.queue = queue
+        self.consumer_id = next(handler.broker.consumer_ids)
+        self.presettled = presettled
+        self.unsettled: dict = {}
+        self.tags = itertools.count(1)
+        self.owns_queue = owns_queue
+        self.address = queue.name
+        self.sent = 0
+
+    @property
+    def credit(self) -> int:
+        if not self.handler.writable:
+            return 0
+        return pn_link_credit(self.link_ptr)
+
+    def deliver(self, message: StoredMessage) -> None:
+        ptr = self.link_ptr
+        delivery = engine.send_message(ptr, str(next(self.tags)).encode(), message.payload)
+        self.sent += 1
+        if message.origin is not None:  # stolen: its home fragment settles it
+            if self.presettled:
+                pn_delivery_settle(delivery)
+                _settle_at_home(message, PN_ACCEPTED, None)
+            else:
+                self.unsettled[delivery] = message
+        elif self.presettled:
+            pn_delivery_settle(delivery)
+            self.queue.settled_accepted()
+            journal_queues.dequeued(self.handler.broker.journal, message)
+            self.handler.broker.delivery_latency.observe(monotonic() - message.enqueued_at)
+        else:
+            self.unsettled[delivery] = message
+        self.handler.mark_dirty()
+
+    def on_delivery(self, delivery) -> None:
+        state = outcome_of(delivery)
+        if state is None:
+            return  # no outcome yet (§3.4.1: received is not terminal)
+        message = self.unsettled.pop(delivery, None)
+        if message is not None and message.origin is not None:
+            _settle_at_home(message, state, delivery)
+            pn_delivery_settle(delivery)
+            return
+        pn_delivery_settle(delivery)
+        if message is None:
+            return
+        queue = self.queue
+        broker = self.handler.broker
+        if state == PN_ACCEPTED or not state:
+            # settled without an outcome: the source's default, accepted here
+            queue.settled_accepted()
+            journal_queues.dequeued(broker.journal, message)
+            broker.delivery_latency.observe(monotonic() - message.enqueued_at)
+            if queue.producers_blocked:
+                broker.dirty_queues.add(queue)
+            return
+        if state == PN_RELEASED:
+            queue.settled_released(message)
+        elif state == PN_MODIFIED:
+            remote = Delivery.wrap(delivery).remote
+            queue.settled_modified(
+                message,
+                delivery_failed=bool(remote.failed),
+                undeliverable_here=bool(remote.undeliverable),
+                consumer_id=self.consumer_id,
+                annotations=remote.annotations or None,
+            )
+        elif state == PN_REJECTED:
+            dead = queue.settled_rejected(message)
+            if dead is not None:
+                broker.dead_letter(queue, dead)
+            journal_queues.dequeued(broker.journal, message)  # after the dead-letter copy
+        else:
+            queue.settled_released(message)
+        broker.dirty_queues.add(queue)
+
+    def on_flow(self) -> None:
+        self.handler.broker.dirty_queues.add(self.queue)
+
+    def detached(self) -> None:
+        queue = self.queue
+        queue.remove_consumer(self)
+        if self.unsettled:
+            # §3.4: unsettled deliveries of a departed receiver go back to the
+            # queue; stolen ones go back to their home fragment
+            local = []
+            for message in self.unsettled.values():
+                if message.origin is not None:
+                    _settle_at_home(message, None, None)
+                else:
+                    local.append(message)
+            queue.orphaned(local)
+            self.unsettled.clear()
+            self.handler.broker.dirty_queues.add(queue)
+        if queue.temporary and self.owns_queue:
+            self.handler.broker.delete_temporary(queue)

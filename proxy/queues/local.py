@@ -1,0 +1,365 @@
+"""Local queues: the embedded broker's storage and dispatch, as plain data.
+
+How this works
+--------------
+A ``LocalQueue`` holds encoded messages (``StoredMessage``: the bytes exactly
+as the producer sent them) in a deque, plus the consumers attached to it.
+Nothing here touches proton or sockets: the broker layer (``proxy.broker``)
+turns AMQP events into calls on this module and turns ``Consumer.deliver``
+callbacks back into proton transfers.
+
+* Enqueue appends at the tail; released / modified / orphaned messages go back
+  to the head (AMQP 1.0 §3.4.4 released, §3.4.5 modified).
+* A message whose header has a ttl (§3.2.1) expires that long after it was
+  stored. Expired messages are taken out when they reach the head of the
+  queue (``dispatch``; the broker drops or dead-letters them), so the depth
+  counts them until then; browsers never see them.
+* ``dispatch()`` hands head messages to consumers with credit, round-robin,
+  skipping consumers a message is marked undeliverable-here for. It never
+  sends without credit: ``Consumer.credit`` is the link credit proton reports.
+* Producer credit is computed from the depth limit: ``room()`` is how many more
+  messages may be granted to senders so that the depth limit is never passed
+  (§2.6.7 flow control: credit withheld = backpressure, nothing dropped).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from time import monotonic
+from typing import Callable, Iterable, Protocol
+
+from proxy.amqp import message_header
+
+log = logging.getLogger("fedgate.queues")
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """One message as stored: encoded bytes plus the little state we track."""
+
+    payload: bytes
+    # Consumers (by id) this message must not be offered to again
+    # (modified with undeliverable-here, §3.4.5).
+    excluded: frozenset[int] = frozenset()
+    # Id of its ENQUEUE record in the journal (proxy.journal); 0 = not journaled.
+    journal_id: int = 0
+    # time.monotonic() when first stored: delivery latency is measured from here
+    enqueued_at: float = field(default_factory=monotonic)
+    # A message stolen from a peer fragment: (stealer, its upstream delivery).
+    # Its outcome is settled at its home fragment, not in a local queue.
+    origin: tuple | None = None
+    # Its place in the order of enqueues (set by LocalQueue.enqueue); browsers keep
+    # the last one they were sent
+    seq: int = 0
+    # time.monotonic() after which it is expired (its header's ttl); 0 = never
+    expires_at: float = 0.0
+
+
+class Consumer(Protocol):
+    """What a queue needs from a consumer link (implemented by the broker)."""
+
+    consumer_id: int
+
+    @property
+    def credit(self) -> int: ...
+
+    def deliver(self, message: StoredMessage) -> None: ...
+
+
+@dataclass
+class QueueStats:
+    enqueued: int = 0
+    delivered: int = 0
+    acknowledged: int = 0
+    released: int = 0
+    modified: int = 0
+    rejected: int = 0
+    dead_lettered: int = 0
+    expired: int = 0
+
+
+@dataclass(eq=False)  # identity semantics: queues live in sets
+class LocalQueue:
+    name: str
+    max_depth: int = 0  # 0 = unlimited
+    dead_letter: str | None = None
+    temporary: bool = False
+    durable: bool = False  # durable messages are journaled (proxy.journal_queues)
+    messages: deque[StoredMessage] = field(default_factory=deque)
+    consumers: list[Consumer] = field(default_factory=list)
+    producers: list = field(default_factory=list)  # links sending into this queue
+    producers_blocked: bool = False  # a producer was granted less than its window
+    stats: QueueStats = field(default_factory=QueueStats)
+    # messages handed to consumers and not yet settled by them
+    unacked: int = 0
+    # messages received but waiting for the journal before they are enqueued
+    incoming: int = 0
+    _next: int = 0  # round-robin position in consumers
+    # Fragment peers stealing from this queue: served only when no local
+    # consumer can take the message (local consumers first, seed design).
+    peer_consumers: list = field(default_factory=list)
+    delivered_to_peers: int = 0  # messages stolen from this queue by peers
+    # Called by the broker after each dispatch (fragments: decide to steal).
+    after_dispatch: object = None
+    # Links browsing the queue (distribution-mode copy): sent copies, take nothing
+    browsers: list = field(default_factory=list)
+    _seq: int = 0  # the last StoredMessage.seq given
+    # messages that expired at the head, for the broker to journal / dead-letter
+    expired: list = field(default_factory=list)
+
+    # -- producer side -----------------------------------------------------
+    def enqueue(self, message: StoredMessage, *, expiry: bool = True) -> None:
+        """Store at the tail. With ``expiry`` the header's ttl (§3.2.1) starts now."""
+        self._seq += 1
+        message.seq = self._seq
+        if expiry:
+            ttl = message_header.ttl_ms(message.payload)
+            if ttl:
+                message.expires_at = monotonic() + ttl / 1000.0
+        self.messages.append(message)
+        self.stats.enqueued += 1
+
+    def room(self) -> int | None:
+        """How many more messages may arrive before the depth limit; None = no limit."""
+        if not self.max_depth:
+            return None
+        return max(0, self.max_depth - len(self.messages) - self.unacked - self.incoming)
+
+    def credit_within_room(self, want: int) -> int:
+        """How much of ``want`` more producer credit the depth limit allows (§2.6.7).
+
+        Credit already granted to any producer counts as used room; a producer
+        granted less than it wanted marks the queue so it is topped up later.
+        """
+        room = self.room()
+        if room is None:
+            return want
+        room -= sum(p.outstanding_credit for p in self.producers)
+        if room < want:
+            self.producers_blocked = True
+            return max(0, room)
+        return want
+
+    @property
+    def depth(self) -> int:
+        return len(self.messages)
+
+    # -- consumer side -----------------------------------------------------
+    def add_consumer(self, consumer: Consumer, *, peer: bool = False) -> None:
+        (self.peer_consumers if peer else self.consumers).append(consumer)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.peer_consumers:
+            self.peer_consumers.remove(consumer)
+            return
+        try:
+            index = self.consumers.index(consumer)
+        except ValueError:
+            return
+        del self.consumers[index]
+        if index < self._next:
+            self._next -= 1
+        if self._next >= len(self.consumers):
+            self._next = 0
+
+    def dispatch(self) -> int:
+        """Give head messages to consumers with credit, round-robin. Returns how many.
+
+        Expired messages that reach the head are taken out first, consumers or
+        not (into ``expired``).
+        """
+        messages = self.messages
+        consumers = self.consumers
+        peers = self.peer_consumers
+        sent = 0
+        now = 0.0
+        while messages:
+            message = messages[0]
+            if message.expires_at:
+                now = now or monotonic()
+                if message.expires_at <= now:
+                    messages.popleft()
+                    self.stats.expired += 1
+                    self.expired.append(message)
+                    continue
+            if not (consumers or peers):
+                break
+            consumer = self._pick(message)
+            if consumer is None:
+                consumer = self._pick_peer(message) if peers else None
+                if consumer is None:
+                    break
+                self.delivered_to_peers += 1
+            messages.popleft()
+            self.unacked += 1
+            sent += 1
+            consumer.deliver(message)
+        self.stats.delivered += sent
+        return sent
+
+    def _pick(self, message: StoredMessage) -> Consumer | None:
+        consumers = self.consumers
+        count = len(consumers)
+        start = self._next
+        excluded = message.excluded
+        for offset in range(count):
+            index = (start + offset) % count
+            consumer = consumers[index]
+            if consumer.credit > 0 and consumer.consumer_id not in excluded:
+                self._next = (index + 1) % count
+                return consumer
+        return None
+
+    def _pick_peer(self, message: StoredMessage) -> Consumer | None:
+        for consumer in self.peer_consumers:
+            if consumer.credit > 0 and consumer.consumer_id not in message.excluded:
+                return consumer
+        return None
+
+    def browse(self, after: int, limit: int) -> list[StoredMessage]:
+        """Up to ``limit`` waiting messages enqueued after ``seq`` ``after``, in queue order.
+
+        For browsers (§3.5.3 distribution-mode ``copy``): they see what waits in
+        the queue, not what is out with a consumer, and each message once. The
+        queue is in enqueue order except for messages that came back to its head
+        (released, modified): the first candidate is found by bisection, and a
+        message that returned after a browser went past its place is not shown
+        to that browser again.
+        """
+        messages = self.messages
+        if limit <= 0 or not messages:
+            return []
+        low, high = 0, len(messages)
+        while low < high:
+            middle = (low + high) // 2
+            if messages[middle].seq <= after:
+                low = middle + 1
+            else:
+                high = middle
+        found = []
+        now = monotonic()
+        for message in itertools.islice(messages, low, None):
+            if message.seq > after and not (message.expires_at and message.expires_at <= now):
+                found.append(message)
+                if len(found) == limit:
+                    break
+        return found
+
+    def local_credit(self) -> int:
+        """Credit held by local (non-peer) consumers."""
+        return sum(c.credit for c in self.consumers)
+
+    # -- outcomes (§3.4) ---------------------------------------------------
+    def settled_accepted(self) -> None:
+        self.unacked -= 1
+        self.stats.acknowledged += 1
+
+    def settled_released(self, message: StoredMessage) -> None:
+        """Released (§3.4.4): back to the head, delivery-count unchanged."""
+        self.unacked -= 1
+        self.stats.released += 1
+        self.messages.appendleft(message)
+
+    def settled_modified(
+        self,
+        message: StoredMessage,
+        *,
+        delivery_failed: bool,
+        undeliverable_here: bool,
+        consumer_id: int,
+        annotations: dict | None = None,
+    ) -> None:
+        """Modified (§3.4.5): back to the head, count+1 if failed, maybe excluded."""
+        self.unacked -= 1
+        self.stats.modified += 1
+        if delivery_failed or annotations:
+            message.payload = message_header.modify(
+                message.payload, increment_count=delivery_failed, annotations=annotations
+            )
+        if undeliverable_here:
+            message.excluded = message.excluded | {consumer_id}
+        self.messages.appendleft(message)
+
+    def settled_rejected(self, message: StoredMessage) -> StoredMessage | None:
+        """Rejected (§3.4.3): returns the message to dead-letter, or None to drop it."""
+        self.unacked -= 1
+        self.stats.rejected += 1
+        if self.dead_letter:
+            self.stats.dead_lettered += 1
+            return message
+        return None
+
+    def orphaned(self, messages: Iterable[StoredMessage]) -> None:
+        """Unsettled messages of a consumer that went away: back to the head, in order.
+
+        The delivery-count goes up: the consumer may have processed them (§3.2.1).
+        """
+        returned = list(messages)
+        for message in reversed(returned):
+            self.unacked -= 1
+            message.payload = message_header.modify(message.payload, increment_count=True)
+            self.messages.appendleft(message)
+        self.stats.released += len(returned)
+
+    def purge(self) -> int:
+        count = len(self.messages)
+        self.messages.clear()
+        return count
+
+
+class QueueRegistry:
+    """All local queues of a node, by name; creates them on first use if allowed."""
+
+    def __init__(
+        self,
+        *,
+        auto_create: bool = True,
+        defaults: Callable[[str], dict] | None = None,
+    ) -> None:
+        self.auto_create = auto_create
+        self._defaults = defaults or (lambda name: {})
+        self.queues: dict[str, LocalQueue] = {}
+        self._temp_ids = itertools.count(1)
+        # stats of deleted queues, so node-wide totals never go down
+        self.retired = QueueStats()
+
+    def get(self, name: str) -> LocalQueue | None:
+        return self.queues.get(name)
+
+    def declare(self, name: str, **options) -> LocalQueue:
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = LocalQueue(name=name, **options)
+            self.queues[name] = queue
+            log.debug("queue %s declared", name)
+        return queue
+
+    def lookup_or_create(self, name: str) -> LocalQueue | None:
+        queue = self.queues.get(name)
+        if queue is None and self.auto_create:
+            queue = self.declare(name, **self._defaults(name))
+        return queue
+
+    def create_temporary(self, prefix: str) -> LocalQueue:
+        name = f"{prefix}{next(self._temp_ids)}"
+        while name in self.queues:
+            name = f"{prefix}{next(self._temp_ids)}"
+        return self.declare(name, temporary=True)
+
+    def delete(self, name: str) -> LocalQueue | None:
+        queue = self.queues.pop(name, None)
+        if queue is not None:
+            for key, value in vars(queue.stats).items():
+                setattr(self.retired, key, getattr(self.retired, key) + value)
+        return queue
+
+    def totals(self) -> QueueStats:
+        """Message counters summed over every queue, deleted ones included."""
+        total = QueueStats(**vars(self.retired))
+        for queue in self.queues.values():
+            for key, value in vars(queue.stats).items():
+                setattr(total, key, getattr(total, key) + value)
+        return total

@@ -1,0 +1,274 @@
+"""Suspect deliveries: messages in flight when their upstream connection or session ended.
+
+How this works
+--------------
+A link that sends to a primary (a proxy producer, an exchange's destination,
+the anonymous relay) keeps each message unsettled until the primary's outcome
+comes (§3.4). When the connection or session carrying it ends first, the
+message is sent again after reconnecting: the client gets the real outcome,
+duplicates are possible, loss is not. But a message the primary cannot take
+(RabbitMQ 3.10 drops the connection for an ``amqp-value`` body of
+``[1, null]``) would end the shared connection again at every replay, and
+every other client's deliveries with it.
+
+So a replay is a *suspect*. It carries ``failures``: how many times the
+connection or session carrying it ended while it was in flight (1 when it
+arrives here). The pool's ``SuspectSender`` sends suspects to the primary
+*alone*: one at a time, on a connection of their own (the pool's ``alone``
+member), so a bad one ends only that connection and bystanders see nothing.
+
+When that connection or session (or the link) ends with a suspect in flight,
+the failure is the message's own only if none of the pool's other
+connections went down from the send until ``grace`` seconds later (a network
+fault takes them all, a bad message only its own; ``grace`` covers the
+heartbeat that detects a silent peer). Then ``failures`` goes up, and at the
+pool's ``max_send_failures`` the message is settled ``rejected`` to its
+sender, with the primary's error condition when it gave one and
+``amqp:internal-error`` naming what happened otherwise; it is never sent
+again. Until then it is sent again, alone.
+
+The owner of a suspect (``owner``) sends nothing else meanwhile, so each
+producer's order holds; ``cancel(owner)`` forgets the suspects of an owner
+whose client went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from cproton import (
+    PN_REJECTED,
+    pn_delivery_remote_state,
+    pn_delivery_settle,
+    pn_delivery_settled,
+    pn_link_close,
+    pn_link_credit,
+)
+from proton import Condition, Link
+
+from proxy.amqp.engine import send_message
+from proxy.upstream.member import MemberState
+from proxy.upstream.owner import UpstreamLinkOwner
+
+log = logging.getLogger("fedgate.suspects")
+
+INTERNAL_ERROR = "amqp:internal-error"
+_names = itertools.count(1)
+
+
+@dataclass(eq=False, slots=True)
+class Suspect:
+    """One message to send alone; ``done(state, upstream delivery | None, condition)`` once."""
+
+    owner: object  # offers configure_link(link): the termini of its own upstream link
+    address: str
+    payload: bytes
+    done: Callable | None
+    failures: int = 1
+    reason: str = ""  # what ended its connection, session or link the last time
+    condition: Condition | None = None  # the primary's condition, when it gave one
+
+
+class SuspectSender(UpstreamLinkOwner):
+    """The suspects of one pool, sent one at a time on the pool's ``alone`` member."""
+
+    sender_upstream = True
+    closed = False
+
+    def __init__(self, upstream, *, limit: int, grace: float) -> None:
+        self.upstream = upstream
+        self.limit = limit
+        self.grace = grace
+        self.queue: deque[Suspect] = deque()
+        self.current: Suspect | None = None  # sent, no outcome yet
+        self.current_delivery = None
+        self.sent_at = 0  # upstream.disruptions when the current suspect was sent
+        self.others_up = False  # another connection of the pool was up when it was sent
+        self.verdict: asyncio.TimerHandle | None = None  # waiting to judge a failure
+        self.link_owner = None  # whose termini our upstream link has (Suspect.owner)
+        self.active = False  # an endpoint of the alone member
+        self.sent = 0
+        self.delivered = 0  # suspects that got the primary's outcome
+        self.rejected = 0  # suspects rejected here at the limit
+
+    # -- owners ---------------------------------------------------------------------
+    def add(self, owner, address: str, payload: bytes, done: Callable, member) -> None:
+        """A delivery that was in flight on ``member`` when it went down."""
+        reason = member.last_error or "connection lost"
+        self.queue.append(Suspect(owner, address, payload, done, 1, reason, member.last_condition))
+        if not self.active:
+            self.active = True
+            self.member = self.upstream.add_alone(self)
+        else:
+            self._next()
+
+    def cancel(self, owner) -> list[Suspect]:
+        """Forget ``owner``'s suspects (its client went away); return those not sent yet."""
+        kept, dropped = deque(), []
+        for suspect in self.queue:
+            (dropped if suspect.owner is owner else kept).append(suspect)
+        self.queue = kept
+        if self.current is not None and self.current.owner is owner:
+            self.current.done = None  # in flight: its outcome goes nowhere
+        return dropped
+
+    def pending(self, owner) -> int:
+        current = 1 if self.current is not None and self.current.owner is owner else 0
+        return current + sum(1 for suspect in self.queue if suspect.owner is owner)
+
+    # -- sending --------------------------------------------------------------------
+    def _next(self) -> None:
+        if self.current is not None or self.verdict is not None:
+            return
+        if not self.queue:
+            self._idle()
+            return
+        head = self.queue[0]
+        if self.up_ptr is not None and self.link_owner is not head.owner:
+            self._drop_link()
+        if self.up_ptr is None:
+            if self.member is not None and self.member.state is MemberState.UP:
+                self._attach(head.owner)
+            return
+        if not self.up_attached or pn_link_credit(self.up_ptr) <= 0:
+            return
+        self.queue.popleft()
+        self.current = head
+        self.sent_at = self.upstream.disruptions
+        self.others_up = any(m.state is MemberState.UP for m in self.upstream.members)
+        self.current_delivery = send_message(self.up_ptr, str(next(_names)).encode(), head.payload)
+        self.sent += 1
+        self.member.sent += 1
+        self.member.mark_dirty()
+
+    def _attach(self, owner) -> None:
+        """A link with the owner's termini (a durable target stays durable: RabbitMQ refuses
+        an attach whose queue arguments differ from the queue's)."""
+        link = self.new_upstream_link(self.member, f"fedgate-alone-{next(_names)}", sender=True)
+        owner.configure_link(link)
+        link.snd_settle_mode = Link.SND_UNSETTLED
+        link.rcv_settle_mode = Link.RCV_FIRST
+        self.link_owner = owner
+        self.attach_upstream_link(link)
+
+    def _drop_link(self) -> None:
+        """Detach our link but stay on the member (the next suspect goes elsewhere)."""
+        member = self.member
+        member.unregister(self.up_ptr)
+        if not member.drop_unopened(self.up_ptr):
+            pn_link_close(self.up_ptr)
+        member.mark_dirty()
+        self.forget_upstream_link()
+        self.link_owner = None
+
+    def _idle(self) -> None:
+        """Nothing left: leave the member (it closes after its idle timeout)."""
+        if self.active:
+            self.active = False
+            self.link_owner = None
+            self.release_upstream()
+
+    def _finish(self, suspect: Suspect, state: int, delivery, condition) -> None:
+        done, suspect.done = suspect.done, None
+        if done is not None:
+            done(state, delivery, condition)
+
+    # -- pool callbacks ---------------------------------------------------------------
+    def upstream_up(self, member) -> None:
+        self.member = member
+        self._next()
+
+    def on_upstream_attached(self) -> None:
+        self.up_attached = True
+        self._next()
+
+    def on_upstream_flow(self) -> None:
+        self._next()
+
+    def on_upstream_delivery(self, delivery) -> None:
+        if delivery != self.current_delivery:
+            pn_delivery_settle(delivery)
+            return
+        state = pn_delivery_remote_state(delivery)
+        if not state and not pn_delivery_settled(delivery):
+            return  # no outcome yet (§3.4.1)
+        suspect, self.current, self.current_delivery = self.current, None, None
+        self.delivered += 1
+        self._finish(suspect, state, delivery, None)
+        pn_delivery_settle(delivery)
+        self.member.mark_dirty()
+        self._next()
+
+    def upstream_down(self) -> None:
+        self.forget_upstream_link()
+        self.link_owner = None
+        self._failed(self.member.last_error or "connection lost", self.member.last_condition)
+
+    def on_upstream_detached(self, condition) -> None:
+        """The primary detached our link: with a suspect in flight, that is a failure."""
+        self.forget_upstream_link()
+        self.link_owner = None
+        if self.current is not None:
+            reason = f"link detached: {condition.name}" if condition is not None else "link detached"
+            self._failed(reason, condition if condition is not None and condition.name else None)
+            return
+        if condition is not None and condition.name and self.queue:
+            # the owner's target itself is refused (amqp:not-found ...): its suspects get the
+            # condition, as a link of its own would
+            owner = self.queue[0].owner
+            for suspect in [s for s in self.queue if s.owner is owner]:
+                self.queue.remove(suspect)
+                self.rejected += 1
+                self._finish(suspect, PN_REJECTED, None, condition)
+        self._next()
+
+    def _failed(self, reason: str, condition) -> None:
+        suspect, self.current, self.current_delivery = self.current, None, None
+        if suspect is None:
+            return
+        if suspect.done is None:
+            return  # its owner went away: not sent again
+        suspect.reason = reason
+        if condition is not None:
+            suspect.condition = condition
+        self.queue.appendleft(suspect)  # first again, once judged
+        sent_at = self.sent_at if self.others_up else None
+        self.verdict = asyncio.get_running_loop().call_later(self.grace, self._judge, suspect, sent_at)
+
+    def _judge(self, suspect: Suspect, sent_at: int | None) -> None:
+        """Its own failure only if the pool's other connections were up and stayed up.
+
+        ``sent_at`` is None when none was up at the send (the primary restarting,
+        the network down): nothing tells the message's fault from theirs.
+        """
+        self.verdict = None
+        if sent_at is not None and self.upstream.disruptions == sent_at and suspect in self.queue:
+            suspect.failures += 1
+            if suspect.failures >= self.limit:
+                self.queue.remove(suspect)
+                self.rejected += 1
+                condition = suspect.condition or Condition(
+                    INTERNAL_ERROR,
+                    f"the primary {self.upstream.target.display} ended the connection or session "
+                    f"each time this message was in flight ({suspect.failures} times; last: "
+                    f"{suspect.reason}); it is not sent again")
+                log.warning("upstream %s: a message to %s ended its connection or session %d times "
+                            "(%s); rejected to its sender", self.upstream.target.display,
+                            suspect.address, suspect.failures, suspect.reason)
+                self._finish(suspect, PN_REJECTED, None, condition)
+        self._next()
+        self.upstream.run_pending()
+
+    def close(self) -> None:
+        if self.verdict is not None:
+            self.verdict.cancel()
+            self.verdict = None
+
+    def describe(self) -> dict:
+        return {"waiting": len(self.queue) + (self.current is not None), "sent": self.sent,
+                "delivered": self.delivered, "rejected": self.rejected}
