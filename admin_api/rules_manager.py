@@ -9,7 +9,7 @@ write and the swap happen as one step among writers (readers never wait:
 1. checked against the expected version (``If-Match``): stale -> 412;
 2. validated as a whole with ``RuleSet.build`` and this node's peers and id:
    any problem -> 422 naming the field, and nothing has changed;
-3. written to ``<data_dir>/rules.json`` atomically (``proxy.rules_store``)
+3. written to ``<data_dir>/rules.json`` atomically (``proxy.config.rules_store``)
    in a worker thread, so the node's loop keeps serving AMQP meanwhile;
 4. swapped in with ``node.routing.replace``: new attaches follow it at once;
    the node's own subscribers deal with existing links (``on_change``);

@@ -4,7 +4,7 @@ How this works
 --------------
 A rule of kind ``fragmented`` names the members; every address it matches is
 one logical queue with one fragment per member. On a node that is a member,
-the fragment is an ordinary local queue (``proxy.local_queues``) and:
+the fragment is an ordinary local queue (``proxy.queues.local``) and:
 
 * **Enqueue.** Producers on this node enqueue locally. A producer on a node
   without a fragment (or whose fragment is draining) goes to one member chosen

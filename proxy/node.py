@@ -9,7 +9,7 @@ for the close frames to go out, and aborts what is left. ``admit`` applies the
 connection-count limits (total, per source IP) before a connection gets any
 state; ``admit_user`` applies the per-user limit when SASL succeeds;
 ``release`` forgets a closed connection. ``[[acl]]`` becomes the broker's
-``authorize`` hook (``proxy.acl``).
+``authorize`` hook (``proxy.auth.acl``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Client-facing listener side: one ``AmqpProtocol`` per accepted socket.
 
-The byte and timer plumbing is ``proxy.io.EngineProtocol``; this class adds
+The byte and timer plumbing is ``proxy.net.engine_protocol.EngineProtocol``; this class adds
 what is specific to clients: admission (connection limits) before any state
 exists, a ``ClientHandler`` for the broker, and write-side backpressure
 (while the socket is paused, that connection's consumers report no credit, so

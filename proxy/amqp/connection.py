@@ -34,7 +34,7 @@ frames is acted on. EXTERNAL is offered only when the TLS layer verified a
 client certificate that yields an identity (``cert_identity``).
 
 Events are read from the collector with proton's low-level calls, and handed to
-``handler.on_event(type, event)``; see ``proxy.engine``. The proton transport
+``handler.on_event(type, event)``; see ``proxy.amqp.engine``. The proton transport
 and connection are held as raw pointers (``transport_ptr``, ``connection_ptr``,
 released with the ``ProtonPipe``): ``transport`` and ``connection`` give transient
 wrappers for the rare calls that want proton's Python API (``engine.transient``),

@@ -65,7 +65,7 @@ def relay_outcome(state: int, source, target, modified_unsupported: str | None =
     """Give ``target`` the outcome ``state`` that ``source`` got, then settle ``target``.
 
     ``modified_unsupported``: why ``target``'s peer cannot take ``modified``
-    (``proxy.primaries``); it gets ``released`` instead (§3.4.4).
+    (``proxy.upstream.primaries``); it gets ``released`` instead (§3.4.4).
     """
     if state == PN_MODIFIED and modified_unsupported is not None:
         pn_delivery_update(target, PN_RELEASED)

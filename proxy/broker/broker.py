@@ -3,20 +3,9 @@
 How this works
 --------------
 ``Broker`` is node-wide: the queue registry, the routing table, and two
-"needs attention" sets. ``ClientHandler`` is one per client connection; it
-receives proton events (``on_event``) and keeps, per link, an endpoint object:
-
-* ``QueueProducer`` — the client sends to a queue (our proton Receiver).
-  Incoming transfers are copied out of proton as bytes and enqueued, never
-  decoded; unsettled ones are accepted and settled at once (§3.4.2). Credit is
-  topped up to the credit window as it is used, and never beyond what the
-  queue's depth limit leaves room for (§2.6.7: credit withheld, nothing lost).
-  Durable messages to a durable queue are journaled first and wait, unsettled
-  and counted against the window, until the journal reports them on disk
-  (``journal_progress``); later messages of the link wait behind them.
-* ``QueueConsumer`` — the client receives from a queue (our proton Sender).
-  ``LocalQueue.dispatch`` calls ``deliver`` only when the link has credit.
-  Outcomes (§3.4) come back as disposition updates and go to the queue.
+"needs attention" sets. ``ClientHandler`` (``proxy.broker.handler``) is one
+per client connection; its links' endpoints on local queues are
+``proxy.queues.endpoints``.
 
 Work caused by one connection's input often lands on another connection
 (a producer's message goes out to a consumer). Such queues and connections are
@@ -24,7 +13,7 @@ marked dirty; ``Broker.run_pending`` dispatches the queues and flushes the
 connections once per input chunk, so many transfers share one write.
 
 Proton objects are reached through raw pointers on the hot path (see
-``proxy.engine``); tables are keyed by those pointers, never by attributes
+``proxy.amqp.engine``); tables are keyed by those pointers, never by attributes
 hung on proton objects.
 """
 
@@ -73,7 +62,7 @@ class Broker:
         journal=None,
     ) -> None:
         self.node_id = node_id
-        self.journal = journal  # proxy.journal.Journal for durable queues, or None
+        self.journal = journal  # proxy.journal.journal.Journal for durable queues, or None
         self.queues = queues
         self.resolve = resolve
         self.credit_window = credit_window
@@ -88,7 +77,7 @@ class Broker:
         self.client_events = engine.SharedEventPump()
         self.temp_prefix = f"tmp.{node_id}."
         self.upstreams = None  # UpstreamRegistry, set by the node
-        self.exchanges = None  # proxy.exchanges.Exchanges, set by the node
+        self.exchanges = None  # proxy.exchanges.exchange.Exchanges, set by the node
         # address kinds served by packages above the node (fragments):
         # kind -> object with attach(client_handler, link, decision)
         self.kind_handlers: dict[str, object] = {}

@@ -19,7 +19,7 @@ as received.
 * Local queue: stored at once (durable ones once journaled,
   ``proxy.durable_hold``); that destination has accepted.
 * Proxied queue: sent through an internal upstream sender per (primary,
-  remote address) (``proxy.remote_destinations``) on the shared pool; that
+  remote address) (``proxy.links.remote_destinations``) on the shared pool; that
   destination answers with the primary's outcome.
 * Fan-out once per primary: with ``upstream_fanout = {primary, address}``,
   when two or more of a message's proxied destinations are on that primary,

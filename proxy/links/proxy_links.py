@@ -13,7 +13,7 @@ the primary is unreachable; the upstream link follows the pool member's state
     client has (minus messages held), so nothing is fetched that no client can
     take (§2.6.7; the seed's "stuck messages"). Drain is passed upstream and the
     client is drained when the primary answers; a primary known not to answer a
-    drain (``proxy.primaries``) is never sent one: the node answers the client
+    drain (``proxy.upstream.primaries``) is never sent one: the node answers the client
     after giving the primary ``DRAIN_GRACE`` to send what it has. A browser or
     a filter the client asks for must be in the primary's answer, or the client
     link is closed (``unhonoured_source``). The client's outcome is applied
@@ -26,7 +26,7 @@ the primary is unreachable; the upstream link follows the pool member's state
     at-least-once). Deliveries in flight when the upstream connection breaks are
     kept and sent again, so the client sees the real outcome rather than a
     spurious release; duplicates are possible, loss is not. They are sent again
-    alone, as suspects (``proxy.suspects``): a message the primary cannot take
+    alone, as suspects (``proxy.upstream.suspects``): a message the primary cannot take
     is rejected to its client after ``max_send_failures`` instead of ending the
     shared connection for everyone at every replay. The link sends nothing
     else until its suspects are settled, so its order holds.
@@ -66,7 +66,7 @@ from proxy.upstream.owner import UpstreamLinkOwner
 log = logging.getLogger("fedgate.proxy")
 
 # seconds a primary that cannot drain has to send what it has before the node
-# answers a client's drain itself (proxy.primaries)
+# answers a client's drain itself (proxy.upstream.primaries)
 DRAIN_GRACE = 0.1
 NOT_IMPLEMENTED = "amqp:not-implemented"
 _NONE_HELD = ()  # ProxyConsumer.held while nothing is held
@@ -81,7 +81,7 @@ def unhonoured_source(asked, answered, echo_untrusted: str | None = None) -> str
     primary leaves out of its answer is not applied: the client would take
     messages it meant to look at, or messages it did not select.
     ``echo_untrusted`` says why this primary's answer proves nothing
-    (``proxy.primaries``). A null source (the attach refused, a detach follows)
+    (``proxy.upstream.primaries``). A null source (the attach refused, a detach follows)
     is left to the detach's condition.
     """
     copy = asked.distribution_mode == Terminus.DIST_MODE_COPY
@@ -259,7 +259,7 @@ class ProxyConsumer(_ProxyEndpoint):
                 pn_link_flow(up, 0)  # send a flow with drain set
                 changed = True
             else:
-                # a primary that cannot drain (proxy.primaries): it gets DRAIN_GRACE to
+                # a primary that cannot drain (proxy.upstream.primaries): it gets DRAIN_GRACE to
                 # send what it has for the credit it holds, then the drain is answered
                 # here; what comes later waits in ``held`` for the client's next credit
                 self.drain_timer = asyncio.get_running_loop().call_later(DRAIN_GRACE,
@@ -364,7 +364,7 @@ class ProxyProducer(_ProxyEndpoint):
                  capabilities: tuple[str, ...] = ()) -> None:
         self.pending: deque = deque()  # (payload, client delivery | None) not yet sent upstream
         self.inflight: dict = {}  # upstream delivery -> (payload, client delivery | None)
-        self.suspects = 0  # deliveries being sent again alone (proxy.suspects)
+        self.suspects = 0  # deliveries being sent again alone (proxy.upstream.suspects)
         self.received = 0
         super().__init__(handler, client_link, upstream, remote_address, capabilities)
 
@@ -379,7 +379,7 @@ class ProxyProducer(_ProxyEndpoint):
         member = self.member
         super().upstream_down()
         if self.inflight:
-            # sent again alone, in the original order, before anything else (proxy.suspects)
+            # sent again alone, in the original order, before anything else (proxy.upstream.suspects)
             suspects = self.upstream.suspects
             for payload, client_delivery in self.inflight.values():
                 self.suspects += 1

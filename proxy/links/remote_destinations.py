@@ -11,7 +11,7 @@ fan-in, ``proxy.exchanges``) that is called once with the primary's outcome
 
 * Messages wait (in order) while the link has no credit or is not attached.
 * The connection drops: in-flight messages are sent again, alone, as
-  suspects (``proxy.suspects``; at-least-once: duplicates possible, loss
+  suspects (``proxy.upstream.suspects``; at-least-once: duplicates possible, loss
   not), as ``ProxyProducer`` does; nothing else is sent until they are
   settled.
 * The primary detaches the link with an error (``amqp:not-found`` ...): every
@@ -65,7 +65,7 @@ class RemoteDestination(UpstreamLinkOwner):
         self.remote_address = address
         self.pending: deque = deque()  # (payload, done) not yet sent
         self.inflight: dict = {}  # upstream delivery -> (payload, done)
-        self.suspects = 0  # in-flight messages being sent again alone (proxy.suspects)
+        self.suspects = 0  # in-flight messages being sent again alone (proxy.upstream.suspects)
         self.sent = 0
         self.accepted = 0
         self.failed = 0
@@ -120,7 +120,7 @@ class RemoteDestination(UpstreamLinkOwner):
     def upstream_down(self) -> None:
         member = self.member
         self.forget_upstream_link()
-        if self.inflight:  # sent again alone, in the original order (proxy.suspects)
+        if self.inflight:  # sent again alone, in the original order (proxy.upstream.suspects)
             suspects = self.upstream.suspects
             for payload, done in self.inflight.values():
                 self.suspects += 1

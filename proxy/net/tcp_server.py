@@ -19,7 +19,7 @@ between (an unwatched hang-up would otherwise be reported on every poll).
 
 An accepted socket gets a protocol from the factory and a
 ``SocketTransport``, which implements the part of ``asyncio.Transport`` that
-``proxy.io.EngineProtocol`` uses, with asyncio's callback contract:
+``proxy.net.engine_protocol.EngineProtocol`` uses, with asyncio's callback contract:
 
 * ``connection_made(transport)`` once, then ``data_received(bytes)`` per read;
 * end of input: ``eof_received()``; if it returns true the socket stays open

@@ -1,36 +1,26 @@
 """One connection of an upstream pool (``PoolMember``): connect, reconnect, pace attaches, route link events.
 
-The pool as a whole is ``proxy.upstream.pool``; this note covers both.
-
 How this works
 --------------
-``Upstream`` is the pool for one primary (URL + credentials). It has
-``pool_size`` members (default 1) for the links that receive from the primary
-and, with ``split_directions`` (the default), ``pool_size`` others for the
-links that send to it; each ``PoolMember`` is one AMQP connection with one
-session carrying many links: client links proxied to that primary are
-multiplexed over it (the connection concentrator). Publishers and consumers
-get separate connections because a broker's flow control blocks a whole
-connection: RabbitMQ stops reading a publishing connection while its queues
-catch up, and consumers on that connection would stall with it (their
-dispositions and credit unread) while the backlog grows. Members are opened on
-first need and closed after ``idle_timeout`` without links, so clients coming
-and going do not open and close upstream connections.
+The pool (``proxy.upstream.pool``) gives each member the links of one side
+(receive, send, both, or ``alone`` for suspects); a member is one AMQP
+connection with one session carrying them all. Its ``state`` is a
+``MemberState`` and changes only by the moves in ``MEMBER_TRANSITIONS``:
+``down`` -> ``connecting`` (socket, SASL, open) -> ``up`` (the primary's open
+came: every owner is told ``upstream_up``) -> ``backoff`` when the socket is
+lost or the connect fails (owners are told ``upstream_down``; retried with
+capped exponential backoff and jitter while owners remain) or ``down`` when
+no owner is left.
 
-The client side of the protocol is proton's engine in client mode, including
-proton's client SASL (ANONYMOUS or PLAIN), driven sans-I/O by
-``UpstreamConnection`` and moved by ``UpstreamProtocol`` (``proxy.io``).
 Attaches are paced: at most ``MAX_ATTACHING`` per member are in flight, the
-others are opened as answers come back, so a burst of clients (or a reconnect
-with thousands of links) reaches the primary as a steady stream.
+others are opened as answers come back, so a burst of clients (or a
+reconnect with thousands of links) reaches the primary as a steady stream.
 Heartbeats: the transport's idle timeout is twice the heartbeat, so proton
 asks the primary for a frame every heartbeat and declares it dead after two
-(§2.4.5). A lost member is reconnected with capped exponential backoff and
-jitter; its proxy links are told ``upstream_down`` and later ``upstream_up``
-(they keep their client links attached meanwhile).
-
-Proxy link endpoints (``proxy.proxy_links``) implement the per-link logic;
-this module only routes upstream link events to them by link pointer.
+(§2.4.5). The primary ending the shared session re-attaches every owner's
+link on a new one; the links still waiting for an attach answer get the
+primary's condition. Link events are routed to owners by link pointer
+(``proxy.upstream.owner``); the per-link logic is theirs.
 """
 
 from __future__ import annotations
@@ -107,7 +97,7 @@ class PoolMember:
     def __init__(self, upstream: "Upstream", index: int, role: str = "both") -> None:
         self.upstream = upstream
         self.index = index
-        self.role = role  # the links it carries: receive | send | both | alone (proxy.suspects)
+        self.role = role  # the links it carries: receive | send | both | alone (proxy.upstream.suspects)
         self.state = MemberState.DOWN
         self.conn: UpstreamConnection | None = None
         self.protocol: UpstreamProtocol | None = None
@@ -128,7 +118,7 @@ class PoolMember:
         self.sent = 0  # messages sent to the primary over this connection
         self.received = 0  # messages received from the primary
         # set at open: why this primary's answers to browse / filter requests
-        # are not to be trusted (proxy.primaries), or None
+        # are not to be trusted (proxy.upstream.primaries), or None
         self.source_echo_untrusted: str | None = None
         self.drain_unanswered: str | None = None  # the same for a drain
         self.modified_unsupported: str | None = None  # the same for the modified outcome
@@ -447,7 +437,7 @@ class PoolMember:
             "last_error": self.last_error,
             "sent": self.sent,
             "received": self.received,
-            # internal senders of exchanges (proxy.remote_destinations)
+            # internal senders of exchanges (proxy.links.remote_destinations)
             "senders": [e.describe() for e in self.endpoints if getattr(e, "internal", False)],
         }
 

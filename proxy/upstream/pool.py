@@ -17,7 +17,7 @@ and going do not open and close upstream connections.
 
 The client side of the protocol is proton's engine in client mode, including
 proton's client SASL (ANONYMOUS or PLAIN), driven sans-I/O by
-``UpstreamConnection`` and moved by ``UpstreamProtocol`` (``proxy.io``).
+``UpstreamConnection`` and moved by ``UpstreamProtocol`` (``proxy.net.engine_protocol``).
 Attaches are paced: at most ``MAX_ATTACHING`` per member are in flight, the
 others are opened as answers come back, so a burst of clients (or a reconnect
 with thousands of links) reaches the primary as a steady stream.
@@ -27,7 +27,7 @@ asks the primary for a frame every heartbeat and declares it dead after two
 jitter; its proxy links are told ``upstream_down`` and later ``upstream_up``
 (they keep their client links attached meanwhile).
 
-Proxy link endpoints (``proxy.proxy_links``) implement the per-link logic;
+Proxy link endpoints (``proxy.links.proxy_links``) implement the per-link logic;
 this module only routes upstream link events to them by link pointer.
 """
 
@@ -59,7 +59,7 @@ class Upstream:
             self.members = self.receiving + self.sending
         else:
             self.sending = self.members = self.receiving
-        # suspect deliveries are sent alone on a connection of their own (proxy.suspects);
+        # suspect deliveries are sent alone on a connection of their own (proxy.upstream.suspects);
         # ``disruptions`` counts the other members' lost connections and ended sessions
         self.disruptions = 0
         self.alone = PoolMember(self, len(self.members), "alone")
@@ -70,7 +70,7 @@ class Upstream:
         self._probes: dict[tuple, RemoteProbe] = {}  # (member, address) -> probe in flight
         self.probes = 0  # probes answered
         # mirror_auto_delete: one upstream receiver per (address, presettled), shared by
-        # every client consumer of it (proxy.shared_consumers)
+        # every client consumer of it (proxy.links.shared_consumers)
         self.shared: dict[tuple, object] = {}
 
     def add(self, endpoint) -> PoolMember:

@@ -25,7 +25,7 @@ class UpstreamTarget:
     tls_cert: str | None = None
     tls_key: str | None = None
     split_directions: bool = True
-    max_send_failures: int = 2  # proxy.suspects
+    max_send_failures: int = 2  # proxy.upstream.suspects
 
     @property
     def key(self) -> tuple:
