@@ -38,7 +38,6 @@ link with the same condition.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 from collections import deque
@@ -378,14 +377,9 @@ class ProxyProducer(_ProxyEndpoint):
     def upstream_down(self) -> None:
         member = self.member
         super().upstream_down()
-        if self.inflight:
-            # sent again alone, in the original order, before anything else (proxy.upstream.suspects)
-            suspects = self.upstream.suspects
-            for payload, client_delivery in self.inflight.values():
-                self.suspects += 1
-                suspects.add(self, self.remote_address, payload,
-                             functools.partial(self._suspect_settled, client_delivery), member)
-            self.inflight.clear()
+        # sent again alone, in the original order, before anything else (proxy.upstream.suspects)
+        self.suspects += self.upstream.suspects.take(self, self.remote_address, self.inflight, member,
+                                                     self._suspect_settled)
 
     def _suspect_settled(self, client_delivery, state: int, up_delivery, condition) -> None:
         """A suspect's outcome: the primary's, or rejected with ``condition`` at the limit."""

@@ -120,14 +120,9 @@ class RemoteDestination(UpstreamLinkOwner):
     def upstream_down(self) -> None:
         member = self.member
         self.forget_upstream_link()
-        if self.inflight:  # sent again alone, in the original order (proxy.upstream.suspects)
-            suspects = self.upstream.suspects
-            for payload, done in self.inflight.values():
-                self.suspects += 1
-                suspects.add(self, self.address, payload,
-                             lambda state, delivery, condition, done=done:
-                             self._suspect_settled(done, state, delivery, condition), member)
-            self.inflight.clear()
+        # sent again alone, in the original order (proxy.upstream.suspects)
+        self.suspects += self.upstream.suspects.take(self, self.address, self.inflight, member,
+                                                     self._suspect_settled)
 
     def _suspect_settled(self, done, state: int, delivery, condition) -> None:
         self.suspects -= 1
@@ -205,9 +200,9 @@ class RemoteDestination(UpstreamLinkOwner):
         for _, done in items:
             done(PN_RELEASED, None)
         if self.suspects:
-            self.suspects = 0
             for suspect in self.upstream.suspects.cancel(self):
-                suspect.done(PN_RELEASED, None, None)
+                suspect.done(PN_RELEASED, None, None)  # released to their exchanges
+            self.suspects = 0  # the one in flight, if any, reports to no one
         self.release_upstream()
 
     def describe(self) -> dict:

@@ -35,6 +35,7 @@ whose client went away.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections import deque
@@ -97,15 +98,29 @@ class SuspectSender(UpstreamLinkOwner):
         self.rejected = 0  # suspects rejected here at the limit
 
     # -- owners ---------------------------------------------------------------------
-    def add(self, owner, address: str, payload: bytes, done: Callable, member) -> None:
-        """A delivery that was in flight on ``member`` when it went down."""
+    def take(self, owner, address: str, inflight: dict, member, settled: Callable) -> int:
+        """The deliveries ``owner`` had in flight on ``member`` when it went down.
+
+        ``inflight`` maps upstream deliveries to ``(payload, token)``; each is
+        sent again alone, in order, and ``settled(token, state, upstream
+        delivery | None, condition)`` is called once per suspect. ``inflight``
+        is emptied; the number taken is returned.
+        """
         reason = member.last_error or "connection lost"
-        self.queue.append(Suspect(owner, address, payload, done, 1, reason, member.last_condition))
+        taken = 0
+        for payload, token in inflight.values():
+            done = functools.partial(settled, token)
+            self.queue.append(Suspect(owner, address, payload, done, 1, reason, member.last_condition))
+            taken += 1
+        inflight.clear()
+        if not taken:
+            return 0
         if not self.active:
             self.active = True
             self.member = self.upstream.add_alone(self)
         else:
             self._next()
+        return taken
 
     def cancel(self, owner) -> list[Suspect]:
         """Forget ``owner``'s suspects (its client went away); return those not sent yet."""
