@@ -47,12 +47,12 @@ load-demo: venv
 # long fuzzing run (>= 100,000 malformed frames against a live node);
 # FUZZ_SEED=N and FUZZ_CASES=N override the seed and the size
 fuzz: venv
-	$(PY) -m pytest -m fuzz_long -s tests/test_fuzz.py
+	$(PY) -m pytest -m fuzz_long -s tests/faults/test_fuzz.py
 
 # soak run (opt-in): half the measured max rate through a proxy and a
 # fragmented queue for FEDGATE_SOAK_SECONDS (default 1800); RSS and fd bounds
 soak: venv
-	$(PY) -m pytest -m soak -s tests/test_soak.py
+	$(PY) -m pytest -m soak -s tests/faults/test_soak.py
 
 bench-deps: venv
 	bash .ci/install/rabbitmq.sh

@@ -227,3 +227,16 @@ def clients():
     yield run
     for client in started:
         client.kill()
+
+
+def error_of(lines):
+    return next((line["error"] for line in lines if line.get("error")), None)
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory):
+    """A CA, a server and a client certificate, and a rogue pair (tests/support/certs.py)."""
+    require(shutil.which("openssl") is not None, "openssl")
+    from certs import make_certs
+
+    return make_certs(tmp_path_factory.mktemp("certs"))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the Qpid JMS test client (tests/jms: qpid-jms-client from Maven Central)
-# used by tests/test_jms.py: classes in tests/jms/target/classes, jars in
+# used by tests/interop/test_jms.py: classes in tests/jms/target/classes, jars in
 # tests/jms/target/lib. Needs a JDK (javac) and Maven: Debian's
 # openjdk-17-jdk-headless and maven are installed when missing. Idempotent:
 # nothing is rebuilt while the classes are newer than the sources and the pom.

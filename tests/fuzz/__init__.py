@@ -3,5 +3,5 @@
 ``frames`` makes the byte streams (one per connection: a valid prefix, then
 mutated frames); ``runner`` sends them to a node from many concurrent
 connections, with a canary client and memory checks. Used by
-``tests/test_fuzz.py`` (short run in ``make test``, long one in ``make fuzz``).
+``tests/faults/test_fuzz.py`` (short run in ``make test``, long one in ``make fuzz``).
 """

@@ -1,0 +1,49 @@
+"""The web console in a real headless Chromium (Debian's, driven by playwright-core)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from admin_client import ADMIN_TOKEN, admin_node, http
+from conftest import NODE_JS, TESTS, error_of, require
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, clients, tmp_path):
+    require(NODE_JS is not None, "node (Node.js)")
+    require((TESTS / "js" / "node_modules" / "playwright-core").is_dir(),
+            "playwright-core (npm ci in tests/js)")
+    require(CHROMIUM.exists(), "chromium (.ci/install/chromium.sh)")
+    node = admin_node(start_node)
+    (sent,) = clients("proton", "send", node.url, address="orders", count=5).finish()
+    assert sent["accepted"] == 5
+
+    screenshot = tmp_path / "console.png"
+    run = subprocess.run(
+        [NODE_JS, str(TESTS / "js" / "admin_console.js"), "--url", node.admin_url + "/",
+         "--token", ADMIN_TOKEN, "--screenshot", str(screenshot), "--chromium", str(CHROMIUM),
+         "--rule-name", "ui-deny", "--rule-match", "ui.secret.#"],
+        capture_output=True, text=True, timeout=90)
+    assert run.stdout.strip(), run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["error"] is None and run.returncode == 0, result["error"]
+
+    assert result["rules"] == ["ui-deny"]
+    assert result["added"] == "rule ui-deny added (version 1)"
+    assert "rule.primary" in result["invalid_error"]  # the server's validation, shown as is
+    assert result["queues"] == ["orders"]
+    unexpected = [e for e in result["console_errors"] if "422" not in e]
+    assert unexpected == [], unexpected
+
+    status, doc = http("GET", node.admin_url + "/api/v1/rules/ui-deny")
+    assert status == 200 and doc["rule"] == {"name": "ui-deny", "match": "ui.secret.#", "kind": "deny"}
+    assert http("GET", node.admin_url + "/api/v1/rules/ui-invalid")[0] == 404
+    lines = clients("proton", "receive", node.url, address="ui.secret.plans", count=1,
+                    timeout_ms=10000).finish()
+    assert error_of(lines)["condition"] == "amqp:unauthorized-access"
+
+    png = screenshot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
