@@ -1,9 +1,10 @@
 """The fragments service: serves addresses whose rule is of kind ``fragmented``.
 
 It plugs into the node through the ``fedgate.services`` entry point (the node
-package never imports this one): at construction it registers itself as the
-broker's handler for the ``fragmented`` kind and offers ``describe_fragments``
-to the admin API. It keeps one ``FragmentGroup`` per logical queue (address)
+package never imports this one): at construction it registers itself, through the node's
+declared extension interface, as the handler of the ``fragmented`` kind
+(``node.serve_kind``) and as the ``fragments`` view the admin API reads
+(``node.add_view``). It keeps one ``FragmentGroup`` per logical queue (address)
 and follows rule changes: a group picks up new members, draining marks and
 preference order at its next attach or when the routing table changes.
 """
@@ -21,8 +22,8 @@ class FragmentService:
     def __init__(self, node) -> None:
         self.node = node
         self.groups: dict[str, FragmentGroup] = {}
-        node.broker.kind_handlers["fragmented"] = self
-        node.describe_fragments = self.describe
+        node.serve_kind("fragmented", self)
+        node.add_view("fragments", self.describe)
         node.routing.subscribe(self._rules_changed)
 
     async def start(self) -> None:

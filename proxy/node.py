@@ -18,6 +18,7 @@ import asyncio
 import logging
 import ssl
 from pathlib import Path
+from typing import Callable
 
 from proxy.amqp.connection import ConnectionSettings
 from proxy.auth.acl import Acl
@@ -155,6 +156,7 @@ class Node:
         self._user_of: dict[AmqpProtocol, str] = {}  # for the per-user limit
         self.per_ip: dict[str, int] = {}
         self.per_user: dict[str, int] = {}
+        self.views: dict[str, Callable[[], list]] = {}  # add_view (extensions)
         self.server: asyncio.base_events.Server | None = None
         self.address: tuple[str, int] | None = None
 
@@ -204,6 +206,21 @@ class Node:
                     counts[key] = left
                 else:
                     counts.pop(key, None)
+
+    # -- extensions (``fedgate.services`` plugins such as fragments) ---------------
+    # a declared interface: a service calls these from its constructor; nothing of the
+    # node is replaced or patched on from outside
+    def serve_kind(self, kind: str, handler) -> None:
+        """Attaches whose routing decision is ``kind`` go to ``handler.attach(client, link, decision)``."""
+        self.broker.kind_handlers[kind] = handler
+
+    def add_view(self, name: str, describe: Callable[[], list]) -> None:
+        """An inspection view (``describe_fragments`` reads the one named ``fragments``)."""
+        self.views[name] = describe
+
+    def describe_fragments(self) -> list[dict]:
+        describe = self.views.get("fragments")
+        return list(describe()) if describe is not None else []
 
     def describe_upstreams(self) -> list[dict]:
         return self.upstreams.describe()
