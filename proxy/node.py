@@ -28,14 +28,12 @@ from proxy.broker import relay as anonymous_relay
 from proxy.broker.broker import Broker
 from proxy.config.rules_store import RulesStore
 from proxy.config.settings import Config
-from proxy.exchanges.exchange import Exchanges
 from proxy.journal.journal import JournalError
 from proxy.links.redirects import apply_rules_change
 from proxy.net.tcp_server import TcpServer
 from proxy.queues.durable import open_journal, restore
 from proxy.queues.local import QueueRegistry
 from proxy.server import AmqpProtocol
-from proxy.upstream.pool import UpstreamRegistry
 from routing import RoutingTable
 
 log = logging.getLogger("fedgate.node")
@@ -122,18 +120,15 @@ class Node:
             credit_window=defaults.credit_window,
             max_message_size=config.limits.max_message_size,
             authorize=self._authorizer(config),
+            exchange_config=config,
+            queue_options=queue_options,
+            relay_limit=config.limits.max_relay_destinations,
         )
         self.run_pending = self.broker.run_pending  # shared by every client connection
-        self.upstreams = UpstreamRegistry(
-            node_id=self.node_id, dirty=self.broker.dirty_handlers,
-            run_pending=self.broker.run_pending,
-        )
-        self.broker.upstreams = self.upstreams
+        self.upstreams = self.broker.upstreams
         self.routing.subscribe(
             lambda old, new, version: apply_rules_change(self.broker, old, new))
-        self.exchanges = Exchanges(config, self.broker, self.upstreams, self.queue_options)
-        self.broker.exchanges = self.exchanges
-        self.exchanges.relay_limit = config.limits.max_relay_destinations
+        self.exchanges = self.broker.exchanges
         users = None
         if config.sasl.users_file:
             users = UsersFile.load(config.resolve_path(config.sasl.users_file), missing_ok=True)

@@ -30,9 +30,11 @@ from cproton import (
 )
 
 from proxy.amqp import engine
+from proxy.exchanges.exchange import Exchanges
 from proxy.metrics import Histogram
 from proxy.queues import durable as journal_queues
 from proxy.queues.local import LocalQueue, QueueRegistry, StoredMessage
+from proxy.upstream.pool import UpstreamRegistry
 
 if TYPE_CHECKING:
     from proxy.broker.handler import ClientHandler
@@ -60,7 +62,13 @@ class Broker:
         max_message_size: int = 0,
         authorize: Callable | None = None,
         journal=None,
+        exchange_config=None,
+        queue_options: Callable[[str], dict] | None = None,
+        relay_limit: int = 0,
     ) -> None:
+        """``exchange_config``: what has ``exchanges`` and ``bindings`` (the node's Config);
+        ``queue_options(name)``: a declared queue's options; ``relay_limit``: upstream
+        senders the anonymous relay may open (0: no limit)."""
         self.node_id = node_id
         self.journal = journal  # proxy.journal.journal.Journal for durable queues, or None
         self.queues = queues
@@ -76,13 +84,17 @@ class Broker:
         # the proton events of every client connection (engine.SharedEventPump)
         self.client_events = engine.SharedEventPump()
         self.temp_prefix = f"tmp.{node_id}."
-        self.upstreams = None  # UpstreamRegistry, set by the node
-        self.exchanges = None  # proxy.exchanges.exchange.Exchanges, set by the node
         # address kinds served by packages above the node (fragments):
         # kind -> object with attach(client_handler, link, decision)
         self.kind_handlers: dict[str, object] = {}
         # seconds from enqueue to accepted settlement (read by the admin API)
         self.delivery_latency = Histogram()
+        # the broker's own parts, built here with what they need: connections to the
+        # primaries (their links mark our handlers dirty and run our cycle) and exchanges
+        self.upstreams = UpstreamRegistry(node_id=node_id, dirty=self.dirty_handlers,
+                                          run_pending=self.run_pending)
+        self.exchanges = Exchanges(exchange_config, self, self.upstreams,
+                                   queue_options or (lambda name: {}), relay_limit=relay_limit)
 
     # -- the per-input-chunk cycle ----------------------------------------
     def run_pending(self) -> None:

@@ -250,8 +250,7 @@ class ClientHandler:
             queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
             self.attach_queue_consumer(link, queue, owns_queue=True)
             return
-        exchanges = self.broker.exchanges
-        if exchanges is not None and exchanges.get(remote.address) is not None:
+        if self.broker.exchanges.get(remote.address) is not None:
             raise LinkRefused("amqp:not-allowed", f"{remote.address!r} is an exchange: "
                                                   "receive from a queue bound to it")
         decision = self._resolve(remote.address, "receive")
@@ -281,11 +280,11 @@ class ClientHandler:
             self.attach_queue_producer(link, queue)
             return
         exchanges = self.broker.exchanges
-        if not remote.address and exchanges is not None:  # each message says where (its to)
+        if not remote.address:  # each message says where (its to)
             self._open_client_link(link, False)
             anonymous_relay.attach(self, link, exchanges)
             return
-        exchange = exchanges.get(remote.address) if exchanges is not None else None
+        exchange = exchanges.get(remote.address)
         if exchange is not None:  # an exchange's name wins over [[rules]] (proxy.exchanges)
             self.check_access(remote.address, "send")
             self._open_client_link(link, False)

@@ -243,7 +243,7 @@ class ExchangeProducer(engine.ClientLinkEndpoint):
 class Exchanges:
     """The node's exchanges and bindings (config ``[[exchanges]]``/``[[bindings]]``)."""
 
-    def __init__(self, config, broker, upstreams, queue_options) -> None:
+    def __init__(self, config, broker, upstreams, queue_options, *, relay_limit: int = 0) -> None:
         self.broker = broker
         self.upstreams = upstreams
         self.queue_options = queue_options
@@ -251,15 +251,15 @@ class Exchanges:
         self.hold = DurableHold(broker)
         self.exchanges: dict[str, Exchange] = {}
         self.relay_stats = ExchangeStats()  # the anonymous relay (proxy.anonymous_relay)
-        self.relay_limit = 0  # [limits] max_relay_destinations, set by the node; 0 = none
+        self.relay_limit = relay_limit  # [limits] max_relay_destinations; 0 = none
         self.subscriptions: list[RemoteSubscription] = []
         self._sources = []
-        for decl in config.exchanges:
+        for decl in config.exchanges if config is not None else ():
             exchange = Exchange(decl.name, decl.type, fanout=decl.upstream_fanout)
             if decl.upstream_fanout is not None:
                 exchange.fanout_key = UpstreamTarget.from_url(decl.upstream_fanout.url).key
             self.exchanges[decl.name] = exchange
-        for binding in config.bindings:
+        for binding in config.bindings if config is not None else ():
             if binding.exchange is not None:
                 self.exchanges[binding.exchange].bindings.append(Binding(binding.queue, binding.key))
             else:
