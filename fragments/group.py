@@ -130,7 +130,7 @@ class FragmentGroup:
 
     def _attach_consumer(self, client, link, marked: bool) -> None:
         if self.queue is not None:
-            client.attach_queue_consumer(link, self.queue, peer=marked)
+            client.attach_queue_consumer(link, self.queue, standby=marked)
             return
         if marked:
             raise LinkRefused("amqp:not-found", f"no fragment of {self.address!r} on this node")
@@ -163,9 +163,9 @@ class FragmentGroup:
 
     # -- stealing -----------------------------------------------------------------
     def after_dispatch(self, queue) -> None:
-        if queue.peer_consumers:  # what our drain answers will report as available
+        if queue.standby_consumers:  # what our drain answers will report as available
             depth = len(queue.messages)
-            for consumer in queue.peer_consumers:
+            for consumer in queue.standby_consumers:
                 pn_link_offered(consumer.link_ptr, depth)
         self.evaluate()
 
@@ -272,7 +272,7 @@ class FragmentGroup:
     def describe(self) -> dict:
         queue = self.queue
         stats = queue.stats if queue is not None else None
-        stolen_out = queue.delivered_to_peers if queue is not None else 0
+        stolen_out = queue.delivered_to_standby if queue is not None else 0
         return {
             "address": self.address,
             "rule": self.rule.name,

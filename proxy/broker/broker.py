@@ -158,7 +158,7 @@ def _finish_drains(queue: LocalQueue) -> None:
     """Consumers in drain mode that still have credit after dispatch: drained (§2.6.7)."""
     if queue.messages:
         return
-    for consumer in itertools.chain(queue.consumers, queue.peer_consumers):
+    for consumer in itertools.chain(queue.consumers, queue.standby_consumers):
         ptr = consumer.link_ptr
         if pn_link_get_drain(ptr) and pn_link_credit(ptr) > 0:
             pn_link_drained(ptr)

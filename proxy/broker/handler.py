@@ -302,12 +302,12 @@ class ClientHandler:
 
     # -- endpoint builders (also used by packages serving other kinds) -----------
     def attach_queue_consumer(self, link: Link, queue: LocalQueue, *, owns_queue: bool = False,
-                              peer: bool = False) -> "QueueConsumer":
+                              standby: bool = False) -> "QueueConsumer":
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         self._open_client_link(link, presettled, address=queue.name)
         consumer = QueueConsumer(self, link, queue, presettled=presettled, owns_queue=owns_queue)
         self.links[consumer.link_ptr] = consumer
-        queue.add_consumer(consumer, peer=peer)
+        queue.add_consumer(consumer, standby=standby)
         self.broker.dirty_queues.add(queue)
         return consumer
 

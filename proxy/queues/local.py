@@ -48,8 +48,9 @@ class StoredMessage:
     journal_id: int = 0
     # time.monotonic() when first stored: delivery latency is measured from here
     enqueued_at: float = field(default_factory=monotonic)
-    # A message stolen from a peer fragment: (stealer, its upstream delivery).
-    # Its outcome is settled at its home fragment, not in a local queue.
+    # A message whose outcome another party settles: (that party, its token). Its
+    # outcome goes to ``party.settle_at_home(token, state, client delivery)``, not to
+    # a local queue (fragments: a message stolen from its home fragment).
     origin: tuple | None = None
     # Its place in the order of enqueues (set by LocalQueue.enqueue); browsers keep
     # the last one they were sent
@@ -98,11 +99,12 @@ class LocalQueue:
     # messages received but waiting for the journal before they are enqueued
     incoming: int = 0
     _next: int = 0  # round-robin position in consumers
-    # Fragment peers stealing from this queue: served only when no local
-    # consumer can take the message (local consumers first, seed design).
-    peer_consumers: list = field(default_factory=list)
-    delivered_to_peers: int = 0  # messages stolen from this queue by peers
-    # Called by the broker after each dispatch (fragments: decide to steal).
+    # Standby consumers: served only when no ordinary consumer can take the
+    # message (fragments: other nodes' stealers, local consumers first).
+    standby_consumers: list = field(default_factory=list)
+    delivered_to_standby: int = 0  # messages taken by standby consumers
+    # Called by the broker with the queue after each dispatch (an observer; fragments
+    # decide there whether to fetch from elsewhere).
     after_dispatch: object = None
     # Links browsing the queue (distribution-mode copy): sent copies, take nothing
     browsers: list = field(default_factory=list)
@@ -148,12 +150,12 @@ class LocalQueue:
         return len(self.messages)
 
     # -- consumer side -----------------------------------------------------
-    def add_consumer(self, consumer: Consumer, *, peer: bool = False) -> None:
-        (self.peer_consumers if peer else self.consumers).append(consumer)
+    def add_consumer(self, consumer: Consumer, *, standby: bool = False) -> None:
+        (self.standby_consumers if standby else self.consumers).append(consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:
-        if consumer in self.peer_consumers:
-            self.peer_consumers.remove(consumer)
+        if consumer in self.standby_consumers:
+            self.standby_consumers.remove(consumer)
             return
         try:
             index = self.consumers.index(consumer)
@@ -173,7 +175,7 @@ class LocalQueue:
         """
         messages = self.messages
         consumers = self.consumers
-        peers = self.peer_consumers
+        standby = self.standby_consumers
         sent = 0
         now = 0.0
         while messages:
@@ -185,14 +187,14 @@ class LocalQueue:
                     self.stats.expired += 1
                     self.expired.append(message)
                     continue
-            if not (consumers or peers):
+            if not (consumers or standby):
                 break
             consumer = self._pick(message)
             if consumer is None:
-                consumer = self._pick_peer(message) if peers else None
+                consumer = self._pick_standby(message) if standby else None
                 if consumer is None:
                     break
-                self.delivered_to_peers += 1
+                self.delivered_to_standby += 1
             messages.popleft()
             self.unacked += 1
             sent += 1
@@ -213,8 +215,8 @@ class LocalQueue:
                 return consumer
         return None
 
-    def _pick_peer(self, message: StoredMessage) -> Consumer | None:
-        for consumer in self.peer_consumers:
+    def _pick_standby(self, message: StoredMessage) -> Consumer | None:
+        for consumer in self.standby_consumers:
             if consumer.credit > 0 and consumer.consumer_id not in message.excluded:
                 return consumer
         return None
@@ -249,7 +251,7 @@ class LocalQueue:
         return found
 
     def local_credit(self) -> int:
-        """Credit held by local (non-peer) consumers."""
+        """Credit held by ordinary (not standby) consumers."""
         return sum(c.credit for c in self.consumers)
 
     # -- outcomes (§3.4) ---------------------------------------------------
