@@ -83,6 +83,20 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
+# the moves a connection's phase may make, written as data (as h11's _state.py does);
+# the AMQP phase ends inside proton (close frames), so it moves nowhere; CLOSED stays
+PHASE_TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.HEADER: frozenset({Phase.SASL, Phase.AMQP, Phase.CLOSED}),
+    Phase.SASL: frozenset({Phase.AMQP, Phase.CLOSED}),
+    Phase.AMQP: frozenset(),
+    Phase.CLOSED: frozenset({Phase.CLOSED}),
+}
+
+
+class PhaseError(RuntimeError):
+    """A connection was asked to make a move ``PHASE_TRANSITIONS`` does not allow."""
+
+
 @dataclass(frozen=True)
 class ConnectionSettings:
     container_id: str
@@ -151,6 +165,11 @@ class ServerConnection:
             return ""
         return pn_connection_remote_container(self.connection_ptr) or ""
 
+    def _enter(self, phase: Phase) -> None:
+        if phase not in PHASE_TRANSITIONS[self.phase]:
+            raise PhaseError(f"connection phase {self.phase.value} -> {phase.value}")
+        self.phase = phase
+
     # -- input -------------------------------------------------------------
     def receive(self, data: bytes) -> None:
         if self.phase is Phase.CLOSED:
@@ -178,7 +197,7 @@ class ServerConnection:
                 offered = tuple(m for m in offered if m != "EXTERNAL")
             self._sasl = SaslServer(offered, self.authenticator, self.cert_identity)
             self._out += self._sasl.start()
-            self.phase = Phase.SASL
+            self._enter(Phase.SASL)
             self._in = rest
         elif header == AMQP_HEADER and not self.settings.sasl_required:
             self._start_amqp(header + rest)
@@ -224,7 +243,7 @@ class ServerConnection:
         self.pipe = engine.ProtonPipe(transport, connection, self.handler, owned=True,
                                       shared=self.handler.event_pump)
         self.transport_ptr, self.connection_ptr = transport, connection
-        self.phase = Phase.AMQP
+        self._enter(Phase.AMQP)
         self.handler.on_amqp_start(self)
         if data:
             self._push_amqp(data)
@@ -336,7 +355,7 @@ class ServerConnection:
     def _fail(self, reason: str) -> None:
         if self.failure is None:
             self.failure = reason
-        self.phase = Phase.CLOSED
+        self._enter(Phase.CLOSED)
         self._in = b""
 
     # -- output and timers ---------------------------------------------------

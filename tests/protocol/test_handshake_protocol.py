@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 from memory import Harness
+import pytest
 from proton import Connection, Transport
 
 from proxy.amqp.connection import AMQP_HEADER, Phase
@@ -145,3 +146,17 @@ def test_silent_peer_is_closed_after_idle_timeout():
     c.server.tick(10.0)  # the client stayed silent
     h.pump()
     assert c.connection.remote_condition.name == "amqp:resource-limit-exceeded"
+
+
+def test_phases_move_only_as_written_down():
+    """PHASE_TRANSITIONS is the whole story: every phase has its moves, others raise."""
+    from proxy.amqp.connection import PHASE_TRANSITIONS, PhaseError
+
+    assert set(PHASE_TRANSITIONS) == set(Phase)
+    h = Harness()
+    server = _bare_server(h)
+    server.receive(AMQP_HEADER)  # header -> amqp
+    assert server.phase is Phase.AMQP
+    with pytest.raises(PhaseError):
+        server._enter(Phase.SASL)
+    assert server.phase is Phase.AMQP
