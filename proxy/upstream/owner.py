@@ -50,11 +50,16 @@ class UpstreamLinkOwner:
         self.up_ptr = None
         self.up_attached = False
 
-    def release_upstream(self) -> None:
+    def detach_upstream_link(self) -> None:
+        """Detach our link (if any) but stay an owner on the member."""
         if self.up_ptr is not None:
             self.member.unregister(self.up_ptr)
             if not self.member.drop_unopened(self.up_ptr):
                 pn_link_close(self.up_ptr)  # freed when the primary's detach comes (PoolMember)
             self.member.mark_dirty()
         self.forget_upstream_link()
+
+    def release_upstream(self) -> None:
+        """Detach our link and leave the pool."""
+        self.detach_upstream_link()
         self.upstream.remove(self, self.member)

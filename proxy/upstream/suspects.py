@@ -47,7 +47,6 @@ from cproton import (
     pn_delivery_remote_state,
     pn_delivery_settle,
     pn_delivery_settled,
-    pn_link_close,
     pn_link_credit,
 )
 from proton import Condition, Link
@@ -132,10 +131,6 @@ class SuspectSender(UpstreamLinkOwner):
             self.current.done = None  # in flight: its outcome goes nowhere
         return dropped
 
-    def pending(self, owner) -> int:
-        current = 1 if self.current is not None and self.current.owner is owner else 0
-        return current + sum(1 for suspect in self.queue if suspect.owner is owner)
-
     # -- sending --------------------------------------------------------------------
     def _next(self) -> None:
         if self.current is not None or self.verdict is not None:
@@ -145,7 +140,8 @@ class SuspectSender(UpstreamLinkOwner):
             return
         head = self.queue[0]
         if self.up_ptr is not None and self.link_owner is not head.owner:
-            self._drop_link()
+            self.detach_upstream_link()  # the next suspect's owner has other termini
+            self.link_owner = None
         if self.up_ptr is None:
             if self.member is not None and self.member.state is MemberState.UP:
                 self._attach(head.owner)
@@ -171,15 +167,6 @@ class SuspectSender(UpstreamLinkOwner):
         self.link_owner = owner
         self.attach_upstream_link(link)
 
-    def _drop_link(self) -> None:
-        """Detach our link but stay on the member (the next suspect goes elsewhere)."""
-        member = self.member
-        member.unregister(self.up_ptr)
-        if not member.drop_unopened(self.up_ptr):
-            pn_link_close(self.up_ptr)
-        member.mark_dirty()
-        self.forget_upstream_link()
-        self.link_owner = None
 
     def _idle(self) -> None:
         """Nothing left: leave the member (it closes after its idle timeout)."""
