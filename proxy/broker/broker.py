@@ -41,13 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fedgate.broker")
 
-UNAUTHORIZED = "amqp:unauthorized-access"
-NOT_FOUND = "amqp:not-found"
-NOT_IMPLEMENTED = "amqp:not-implemented"
-INVALID_FIELD = "amqp:invalid-field"
-RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
-MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
-INTERNAL_ERROR = "amqp:internal-error"
 
 class Broker:
     """Node-wide broker state shared by all client connections."""

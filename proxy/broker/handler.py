@@ -53,7 +53,6 @@ NOT_IMPLEMENTED = "amqp:not-implemented"
 INVALID_FIELD = "amqp:invalid-field"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
-INTERNAL_ERROR = "amqp:internal-error"
 
 def _refuse_filters(source: Terminus, what: str) -> None:
     """Local queues apply no filters (§3.5.3 ``filter``, e.g. a JMS selector).
@@ -65,7 +64,6 @@ def _refuse_filters(source: Terminus, what: str) -> None:
     if names:
         raise LinkRefused(NOT_IMPLEMENTED,
                           f"filters are not supported on a {what} ({', '.join(sorted(names))})")
-
 
 
 class LinkTable(dict):

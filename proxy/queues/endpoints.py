@@ -46,12 +46,6 @@ from proxy.queues.local import LocalQueue, StoredMessage
 
 log = logging.getLogger("fedgate.broker")
 
-UNAUTHORIZED = "amqp:unauthorized-access"
-NOT_FOUND = "amqp:not-found"
-NOT_IMPLEMENTED = "amqp:not-implemented"
-INVALID_FIELD = "amqp:invalid-field"
-RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
-MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
 INTERNAL_ERROR = "amqp:internal-error"
 
 def _settle_at_home(message: StoredMessage, state, client_delivery) -> None:
@@ -61,7 +55,6 @@ def _settle_at_home(message: StoredMessage, state, client_delivery) -> None:
     """
     stealer, home_delivery = message.origin
     stealer.settle_at_home(home_delivery, state, client_delivery)
-
 
 
 class QueueProducer(engine.ClientLinkEndpoint):
