@@ -69,40 +69,35 @@ class Stealer(UpstreamLinkOwner):
         self.member_key = member_key
         self.upstream = upstream
         self.remote_address = remote_address
-        self.member = None
         self.requested = 0  # credit asked for in the current drain
         self.available: int | None = None  # the peer's last reported backlog
         self.inflight: set = set()  # home deliveries handed to local consumers
         self.closed = False
-        self.member = upstream.add(self)
+        self.join_pool()
 
-    # -- pool callbacks (same interface as proxy endpoints) -------------------
-    def upstream_up(self, member) -> None:
-        if self.closed:
-            return
-        self.member = member
-        link = self.new_upstream_link(member, f"fedgate-steal-{next(_names)}-{self.group.address}", sender=False)
+    # -- upstream lifecycle (proxy.upstream.owner) ----------------------------------------
+    def link_name(self) -> str:
+        return f"fedgate-steal-{next(_names)}-{self.group.address}"
+
+    def configure_link(self, link: Link) -> None:
         link.source.address = self.remote_address
         if self.mark:
             mark(link.source)
         link.target.address = None
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
-        self.attach_upstream_link(link)
 
-    def on_upstream_attached(self) -> None:
-        self.up_attached = True
+    def link_attached(self) -> None:
         self.group.evaluate()
 
-    def upstream_down(self) -> None:
+    def link_lost(self) -> None:
         # the home node requeues what we held unsettled: forget it here
-        self.forget_upstream_link()
         self.requested = 0
         self.inflight.clear()
         self.group.drop_held(self)
 
-    def on_upstream_detached(self, condition) -> None:
-        self.upstream_down()
+    def link_refused(self, condition) -> None:
+        self.link_lost()
         if condition is not None:
             log.warning("fragment %s: steal link to %s refused: %s %s", self.group.address,
                         self.member_key, condition.name, condition.description)

@@ -37,7 +37,6 @@ from cproton import (
 from proton import Condition, Delivery, Link
 
 from proxy.amqp.engine import read_transfer
-from proxy.upstream.member import MemberState
 from proxy.upstream.owner import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.exchanges")
@@ -65,7 +64,7 @@ class RemoteSubscription(UpstreamLinkOwner):
         self.last_error: str | None = None
         self._retry: asyncio.TimerHandle | None = None
         queue.producers.append(self)
-        self.member = upstream.add(self)
+        self.join_pool()
 
     # -- credit (same contract as QueueProducer) -------------------------------------
     @property
@@ -85,29 +84,25 @@ class RemoteSubscription(UpstreamLinkOwner):
             pn_link_flow(up, want)
             self.member.mark_dirty()
 
-    # -- pool callbacks ------------------------------------------------------------------
-    def upstream_up(self, member) -> None:
-        self.member = member
-        if self.closed or self.up_ptr is not None:
-            return
-        link = self.new_upstream_link(member, f"fedgate-binding-{next(_names)}-{self.queue.name}", sender=False)
+    # -- upstream lifecycle (proxy.upstream.owner) ----------------------------------------
+    def link_name(self) -> str:
+        return f"fedgate-binding-{next(_names)}-{self.queue.name}"
+
+    def configure_link(self, link: Link) -> None:
         link.source.address = self.remote_address
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
-        self.attach_upstream_link(link)
 
-    def on_upstream_attached(self) -> None:
-        self.up_attached = True
+    def link_attached(self) -> None:
         self.last_error = None
         self.refusals = 0
         self.top_up()
 
-    def upstream_down(self) -> None:
-        self.forget_upstream_link()
+    def link_lost(self) -> None:
         self.generation += 1  # unsettled upstream deliveries died: the primary redelivers them
 
-    def on_upstream_detached(self, condition) -> None:
-        self.upstream_down()
+    def link_refused(self, condition) -> None:
+        self.link_lost()
         if self.closed:
             return
         name = condition.name if condition is not None else "detached"
@@ -121,8 +116,8 @@ class RemoteSubscription(UpstreamLinkOwner):
 
     def _reattach(self) -> None:
         self._retry = None
-        if not self.closed and self.up_ptr is None and self.member.state is MemberState.UP:
-            self.upstream_up(self.member)
+        if not self.closed:
+            self.reattach()
             self.upstream.run_pending()
 
     def _cancel_retry(self) -> None:

@@ -114,17 +114,11 @@ class _ProxyEndpoint(ClientLinkEndpoint, UpstreamLinkOwner):
         self.address = remote_address
         self.tags = itertools.count(1)
         self.closed = False
-        self.member = upstream.add(self)
+        self.join_pool()
 
-    # -- upstream lifecycle ------------------------------------------------------
-    def upstream_up(self, member) -> None:
-        if self.closed:
-            return
-        self.member = member
-        name = f"fedgate-{next(_link_names)}-{self.link.name}"
-        link = self.new_upstream_link(member, name, sender=self.sender_upstream)
-        self.configure_link(link)
-        self.attach_upstream_link(link)
+    # -- upstream lifecycle (proxy.upstream.owner) ----------------------------------------
+    def link_name(self) -> str:
+        return f"fedgate-{next(_link_names)}-{self.link.name}"
 
     def configure_link(self, link: Link) -> None:
         """Termini and settle modes of our upstream link (also the suspect sender's)."""
@@ -132,16 +126,11 @@ class _ProxyEndpoint(ClientLinkEndpoint, UpstreamLinkOwner):
         if self.capabilities:
             set_capabilities(link.target if self.sender_upstream else link.source, self.capabilities)
 
-    def on_upstream_attached(self) -> None:
-        self.up_attached = True
+    def link_attached(self) -> None:
         self.on_upstream_flow()
 
-    def upstream_down(self) -> None:
-        self.forget_upstream_link()
-
-    def on_upstream_detached(self, condition) -> None:
+    def link_refused(self, condition) -> None:
         """The primary detached our link: the client learns the same condition."""
-        self.forget_upstream_link()
         if self.closed:
             return
         name = condition.name if condition else "amqp:link:detach-forced"
@@ -167,7 +156,7 @@ class ProxyConsumer(_ProxyEndpoint):
                  capabilities: tuple[str, ...] = (), recheck_interval: float = 0.0,
                  check_source: bool = False) -> None:
         self.presettled = presettled
-        if check_source:  # the client asked for a browser or a filter: see on_upstream_attached
+        if check_source:  # the client asked for a browser or a filter: see link_attached
             self.check_source = True
         # client delivery -> upstream delivery (None once upstream is gone); a dict of its
         # own from the first message on (most proxy consumers of a concentrator are idle)
@@ -198,7 +187,7 @@ class ProxyConsumer(_ProxyEndpoint):
         if not self.closed:
             self.handler.close_link(self.link, condition.name, condition.description or "")
 
-    def on_upstream_attached(self) -> None:
+    def link_attached(self) -> None:
         unhonoured = unhonoured_source(self.link.remote_source, self.up_link.remote_source,
                                        self.member.source_echo_untrusted) \
             if self.check_source else None
@@ -207,12 +196,12 @@ class ProxyConsumer(_ProxyEndpoint):
                      unhonoured)
             self.handler.close_link(self.link, NOT_IMPLEMENTED, unhonoured)
             return
-        super().on_upstream_attached()
+        super().link_attached()
 
     def configure_upstream(self, link: Link) -> None:
         # transparent: the client's termini (durability, expiry, filters,
         # distribution mode, capabilities) go upstream as they are, only the
-        # address is mapped; on_upstream_attached checks what the primary kept
+        # address is mapped; link_attached checks what the primary kept
         link.source.copy(self.link.remote_source)
         link.source.address = self.remote_address
         link.target.copy(self.link.remote_target)
@@ -220,8 +209,7 @@ class ProxyConsumer(_ProxyEndpoint):
             link.snd_settle_mode = Link.SND_SETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
 
-    def upstream_down(self) -> None:
-        super().upstream_down()
+    def link_lost(self) -> None:
         self.draining = False
         if self.drain_timer is not None:
             self.drain_timer.cancel()
@@ -374,9 +362,8 @@ class ProxyProducer(_ProxyEndpoint):
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
 
-    def upstream_down(self) -> None:
+    def link_lost(self) -> None:
         member = self.member
-        super().upstream_down()
         # sent again alone, in the original order, before anything else (proxy.upstream.suspects)
         self.suspects += self.upstream.suspects.take(self, self.remote_address, self.inflight, member,
                                                      self._suspect_settled)

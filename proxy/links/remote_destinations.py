@@ -45,7 +45,6 @@ from proton import Condition, Delivery, Link
 
 from proxy.amqp.engine import send_message
 from proxy.amqp.outcomes import outcome_of
-from proxy.upstream.member import MemberState
 from proxy.upstream.owner import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.exchanges")
@@ -74,7 +73,7 @@ class RemoteDestination(UpstreamLinkOwner):
         self.failed_until = 0.0
         self.closed = False
         self.tags = itertools.count(1)
-        self.member = upstream.add(self)
+        self.join_pool()
 
     # -- exchange side ------------------------------------------------------------
     def send(self, payload: bytes, done) -> None:
@@ -86,8 +85,7 @@ class RemoteDestination(UpstreamLinkOwner):
                 done(PN_REJECTED, self.failure)
                 return
             self.failure = None  # hold-off over: try the primary again
-            if self.up_ptr is None and self.member.state is MemberState.UP:
-                self.upstream_up(self.member)
+            self.reattach()
         self.pending.append((payload, done))
         self._send_pending()
 
@@ -95,14 +93,12 @@ class RemoteDestination(UpstreamLinkOwner):
     def idle(self) -> bool:
         return not self.pending and not self.inflight and not self.suspects
 
-    # -- pool callbacks --------------------------------------------------------------
-    def upstream_up(self, member) -> None:
-        self.member = member
-        if self.closed or self.failure is not None:
-            return
-        link = self.new_upstream_link(member, f"fedgate-x-{next(_names)}", sender=True)
-        self.configure_link(link)
-        self.attach_upstream_link(link)
+    # -- upstream lifecycle (proxy.upstream.owner) ----------------------------------------
+    def link_name(self) -> str:
+        return f"fedgate-x-{next(_names)}"
+
+    def wants_link(self) -> bool:
+        return self.failure is None  # refused: held off until HOLD_OFF is over
 
     def configure_link(self, link: Link) -> None:
         """Our upstream link's target and settle modes (also the suspect sender's)."""
@@ -110,18 +106,15 @@ class RemoteDestination(UpstreamLinkOwner):
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
 
-    def on_upstream_attached(self) -> None:
-        self.up_attached = True
+    def link_attached(self) -> None:
         self._send_pending()
 
     def on_upstream_flow(self) -> None:
         self._send_pending()
 
-    def upstream_down(self) -> None:
-        member = self.member
-        self.forget_upstream_link()
+    def link_lost(self) -> None:
         # sent again alone, in the original order (proxy.upstream.suspects)
-        self.suspects += self.upstream.suspects.take(self, self.address, self.inflight, member,
+        self.suspects += self.upstream.suspects.take(self, self.address, self.inflight, self.member,
                                                      self._suspect_settled)
 
     def _suspect_settled(self, done, state: int, delivery, condition) -> None:
@@ -136,8 +129,7 @@ class RemoteDestination(UpstreamLinkOwner):
         if not self.suspects:
             self._send_pending()
 
-    def on_upstream_detached(self, condition) -> None:
-        self.forget_upstream_link()
+    def link_refused(self, condition) -> None:
         if self.closed:
             return
         items = list(self.inflight.values()) + list(self.pending)
@@ -154,8 +146,7 @@ class RemoteDestination(UpstreamLinkOwner):
         else:  # closed by the primary without an error: the sender may try again
             for _, done in items:
                 done(PN_RELEASED, None)
-            if self.member.state is MemberState.UP:
-                self.upstream_up(self.member)
+            self.reattach()
 
     def _send_pending(self) -> None:
         up = self.up_ptr

@@ -83,7 +83,7 @@ class SharedSubscription(UpstreamLinkOwner):
         self._next = 0
         self.closed = False
         upstream.shared[key] = self
-        self.member = upstream.add(self)
+        self.join_pool()
         self._initial_source = None
         if recheck_interval > 0 and not self.closed:
             self.recheck_interval = recheck_interval
@@ -153,31 +153,27 @@ class SharedSubscription(UpstreamLinkOwner):
             pn_link_flow(up, want)
             self.member.mark_dirty()
 
-    # -- pool callbacks --------------------------------------------------------------
-    def upstream_up(self, member) -> None:
-        if self.closed:
-            return
-        self.member = member
-        link = self.new_upstream_link(member, f"fedgate-shared-{next(_names)}", sender=False)
+    # -- upstream lifecycle (proxy.upstream.owner) ----------------------------------------
+    def link_name(self) -> str:
+        return f"fedgate-shared-{next(_names)}"
+
+    def configure_link(self, link: Link) -> None:
         link.source.copy(self._source())
         link.source.address = self.remote_address
         if self.presettled:
             link.snd_settle_mode = Link.SND_SETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
-        self.attach_upstream_link(link)
 
-    def on_upstream_attached(self) -> None:
-        self.up_attached = True
+    def link_attached(self) -> None:
         self.sync_credit()
 
-    def upstream_down(self) -> None:
-        self.forget_upstream_link()
+    def link_lost(self) -> None:
         self.held.clear()  # died with the connection: the primary redelivers them
         for consumer in self.consumers:
             consumer.upstream_gone()
 
-    def on_upstream_detached(self, condition) -> None:
-        self.upstream_down()
+    def link_refused(self, condition) -> None:
+        self.link_lost()
         if self.closed:
             return
         name = condition.name if condition else "amqp:link:detach-forced"

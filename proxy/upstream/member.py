@@ -340,6 +340,10 @@ class PoolMember:
             endpoint.on_upstream_flow()
         self.upstream.run_pending()
 
+    @property
+    def is_up(self) -> bool:
+        return self.state is MemberState.UP
+
     def new_link(self, name: str, *, sender: bool) -> Link:
         """A new link on our session, as a transient wrapper (``engine.transient``)."""
         ptr = (pn_sender if sender else pn_receiver)(self.session._impl, name)

@@ -78,7 +78,6 @@ class SuspectSender(UpstreamLinkOwner):
     """The suspects of one pool, sent one at a time on the pool's ``alone`` member."""
 
     sender_upstream = True
-    closed = False
 
     def __init__(self, upstream, *, limit: int, grace: float) -> None:
         self.upstream = upstream
@@ -116,7 +115,7 @@ class SuspectSender(UpstreamLinkOwner):
             return 0
         if not self.active:
             self.active = True
-            self.member = self.upstream.add_alone(self)
+            self.join_pool(alone=True)
         else:
             self._next()
         return taken
@@ -143,8 +142,7 @@ class SuspectSender(UpstreamLinkOwner):
             self.detach_upstream_link()  # the next suspect's owner has other termini
             self.link_owner = None
         if self.up_ptr is None:
-            if self.member is not None and self.member.state is MemberState.UP:
-                self._attach(head.owner)
+            self.reattach()  # a link with the head's owner's termini (configure_link)
             return
         if not self.up_attached or pn_link_credit(self.up_ptr) <= 0:
             return
@@ -156,17 +154,6 @@ class SuspectSender(UpstreamLinkOwner):
         self.sent += 1
         self.member.sent += 1
         self.member.mark_dirty()
-
-    def _attach(self, owner) -> None:
-        """A link with the owner's termini (a durable target stays durable: RabbitMQ refuses
-        an attach whose queue arguments differ from the queue's)."""
-        link = self.new_upstream_link(self.member, f"fedgate-alone-{next(_names)}", sender=True)
-        owner.configure_link(link)
-        link.snd_settle_mode = Link.SND_UNSETTLED
-        link.rcv_settle_mode = Link.RCV_FIRST
-        self.link_owner = owner
-        self.attach_upstream_link(link)
-
 
     def _idle(self) -> None:
         """Nothing left: leave the member (it closes after its idle timeout)."""
@@ -180,13 +167,28 @@ class SuspectSender(UpstreamLinkOwner):
         if done is not None:
             done(state, delivery, condition)
 
-    # -- pool callbacks ---------------------------------------------------------------
-    def upstream_up(self, member) -> None:
-        self.member = member
-        self._next()
+    # -- upstream lifecycle (proxy.upstream.owner) ----------------------------------------
+    def link_name(self) -> str:
+        return f"fedgate-alone-{next(_names)}"
 
-    def on_upstream_attached(self) -> None:
-        self.up_attached = True
+    def wants_link(self) -> bool:
+        return bool(self.queue) and self.current is None and self.verdict is None
+
+    def configure_link(self, link: Link) -> None:
+        """The termini of the next suspect's owner (a durable target stays durable: RabbitMQ
+        refuses an attach whose queue arguments differ from the queue's)."""
+        owner = self.queue[0].owner
+        owner.configure_link(link)
+        link.snd_settle_mode = Link.SND_UNSETTLED
+        link.rcv_settle_mode = Link.RCV_FIRST
+        self.link_owner = owner
+
+    def upstream_up(self, member) -> None:
+        super().upstream_up(member)
+        if self.up_ptr is None:
+            self._next()  # nothing to attach for: perhaps nothing left at all
+
+    def link_attached(self) -> None:
         self._next()
 
     def on_upstream_flow(self) -> None:
@@ -206,14 +208,12 @@ class SuspectSender(UpstreamLinkOwner):
         self.member.mark_dirty()
         self._next()
 
-    def upstream_down(self) -> None:
-        self.forget_upstream_link()
+    def link_lost(self) -> None:
         self.link_owner = None
         self._failed(self.member.last_error or "connection lost", self.member.last_condition)
 
-    def on_upstream_detached(self, condition) -> None:
+    def link_refused(self, condition) -> None:
         """The primary detached our link: with a suspect in flight, that is a failure."""
-        self.forget_upstream_link()
         self.link_owner = None
         if self.current is not None:
             reason = f"link detached: {condition.name}" if condition is not None else "link detached"
