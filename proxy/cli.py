@@ -22,15 +22,12 @@ def _load_config(path: str | None, **overrides) -> config_mod.Config:
 
 
 async def _serve(config: config_mod.Config) -> int:
-    from proxy.node import Node
+    from proxy.node import build_node
 
-    node = Node(config)
     # plug-ins register what they serve before the listener accepts anyone
-    services = [factory(node) for factory in plugins.load("fedgate.services")]
-    await node.start()
+    node = build_node(config)
     try:
-        for service in services:
-            await service.start()
+        await node.start()
         print(f"fedgate node {node.node_id} listening on {node.url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -39,8 +36,6 @@ async def _serve(config: config_mod.Config) -> int:
         await stop.wait()
         log.info("signal received, shutting down")
     finally:
-        for service in reversed(services):
-            await service.stop()
         await node.stop()
     return 0
 

@@ -2,8 +2,14 @@
 
 How this works
 --------------
-``Node`` composes the parts and owns the asyncio server. ``start`` binds the
-listener (TLS-only when ``[tls]`` is configured), ``stop`` closes every client
+``build_node(config)`` is the one factory: it gives ``Node`` the network
+(``proxy.net.network``: TCP, or in-process pipes for socket-free tests) and
+the plug-in services (``fedgate.services``: fragments, the admin API), and
+``Node`` builds every part with what it needs in its constructor (the broker,
+its upstream pools and exchanges, the journal of durable queues, each
+service), so nothing is patched on later. ``start`` recovers durable queues,
+binds the listener (TLS-only when ``[tls]`` is configured) and starts the
+services; ``stop`` stops the services, then closes every client
 connection with ``amqp:connection:forced`` (§2.8.15), waits a bounded time
 for the close frames to go out, and aborts what is left. ``admit`` applies the
 connection-count limits (total, per source IP) before a connection gets any
@@ -29,8 +35,9 @@ from proxy.broker.broker import Broker
 from proxy.config.rules_store import RulesStore
 from proxy.config.settings import Config
 from proxy.journal.journal import JournalError
+from proxy import plugins
 from proxy.links.redirects import apply_rules_change
-from proxy.net.tcp_server import TcpServer
+from proxy.net.network import Network, TcpNetwork
 from proxy.queues.durable import open_journal, restore
 from proxy.queues.local import QueueRegistry
 from proxy.server import AmqpProtocol
@@ -90,9 +97,18 @@ def failover_properties(config: Config) -> dict | None:
     return {symbol("failover-server-list"): servers} if servers else None
 
 
+def build_node(config: Config, *, network: Network | None = None, services=None) -> "Node":
+    """A node as ``fedgate serve`` runs it: every ``fedgate.services`` plug-in (or those
+    named in ``services``), on ``network`` (default: TCP)."""
+    return Node(config, network=network,
+                service_factories=plugins.load("fedgate.services", services))
+
+
 class Node:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, network: Network | None = None,
+                 service_factories=()) -> None:
         self.config = config
+        self.network = network or TcpNetwork()
         self.node_id = config.node.id
         self.data_dir = Path(config.node.data_dir)
         # rules changed through the admin API (<data_dir>/rules.json) win over [[rules]]
@@ -113,6 +129,9 @@ class Node:
         self.queues = QueueRegistry(auto_create=defaults.auto_create, defaults=queue_options)
         for name in declared:
             self.queues.declare(name, **queue_options(name))
+        # the journal of durable queues (opened, and the queues refilled, by start)
+        wanted = defaults.durable or any(q.durable for q in config.queue)
+        self.journal = open_journal(self.data_dir / "journal", config.journal, wanted=wanted)
         self.broker = Broker(
             node_id=self.node_id,
             queues=self.queues,
@@ -123,7 +142,11 @@ class Node:
             exchange_config=config,
             queue_options=queue_options,
             relay_limit=config.limits.max_relay_destinations,
+            journal=self.journal,
+            network=self.network,
         )
+        if self.journal is not None:
+            self.journal.on_progress.append(self.broker.run_pending)
         self.run_pending = self.broker.run_pending  # shared by every client connection
         self.upstreams = self.broker.upstreams
         self.routing.subscribe(
@@ -152,8 +175,10 @@ class Node:
         self.per_ip: dict[str, int] = {}
         self.per_user: dict[str, int] = {}
         self.views: dict[str, Callable[[], list]] = {}  # add_view (extensions)
-        self.server: asyncio.base_events.Server | None = None
+        self.server = None  # the listener (proxy.net.network.Listener) once started
         self.address: tuple[str, int] | None = None
+        # plug-ins last: they register through serve_kind / add_view (below)
+        self.services = [factory(self) for factory in service_factories]
 
     @staticmethod
     def _authorizer(config: Config):
@@ -240,20 +265,16 @@ class Node:
         loop = asyncio.get_running_loop()
         self._recover_durable_queues(loop)
         self.exchanges.start()
-        if self.tls_context is None:  # lean transports: most of a concentrator's memory is per client
-            self.server = await TcpServer.start(lambda: AmqpProtocol(self), host, port, backlog=4096)
-        else:
-            self.server = await loop.create_server(
-                lambda: AmqpProtocol(self), host, port, ssl=self.tls_context,
-                reuse_address=True, backlog=4096,
-                # a TLS handshake is part of the handshake deadline (slow-loris)
-                ssl_handshake_timeout=self.config.limits.handshake_timeout or None,
-            )
-        sockname = self.server.sockets[0].getsockname()
-        self.address = (sockname[0], sockname[1])
+        self.server, self.address = await self.network.serve(
+            lambda: AmqpProtocol(self), host, port, ssl_context=self.tls_context,
+            handshake_timeout=self.config.limits.handshake_timeout)
         log.info("fedgate node %s listening on %s", self.node_id, self.url)
+        for service in self.services:
+            await service.start()
 
     async def stop(self) -> None:
+        for service in reversed(self.services):
+            await service.stop()
         if self.server is not None:
             self.server.close()
         for protocol in list(self.connections):
@@ -266,9 +287,9 @@ class Node:
             protocol.abort()
         self.exchanges.close()
         self.upstreams.close()
-        if self.broker.journal is not None:
+        if self.journal is not None:
             try:
-                self.broker.journal.close()
+                self.journal.close()
             except JournalError as exc:
                 log.error("journal: %s", exc)
         if self.server is not None:
@@ -277,13 +298,8 @@ class Node:
 
     def _recover_durable_queues(self, loop) -> None:
         """Open the journal under the data dir and refill durable queues, before listening."""
-        config = self.config
-        wanted = config.queues.durable or any(q.durable for q in config.queue)
-        journal = open_journal(self.data_dir / "journal", config.journal, wanted=wanted, loop=loop)
-        if journal is None:
+        if self.journal is None:
             return
-        restored = restore(journal.open(), self.queues, self.queue_options)
-        journal.on_progress.append(self.broker.run_pending)
-        self.broker.journal = journal
+        restored = restore(self.journal.open(loop=loop), self.queues, self.queue_options)
         if restored:
             log.info("durable queues: %d messages restored", restored)

@@ -18,8 +18,10 @@ from importlib.metadata import entry_points
 log = logging.getLogger("fedgate.plugins")
 
 
-def load(group: str) -> list:
+def load(group: str, names=None) -> list:
+    """The entry points of ``group``, by name; only those in ``names`` unless it is None."""
     loaded = []
     for entry in sorted(entry_points(group=group), key=lambda e: e.name):
-        loaded.append(entry.load())
+        if names is None or entry.name in names:
+            loaded.append(entry.load())
     return loaded

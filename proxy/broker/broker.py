@@ -32,6 +32,7 @@ from cproton import (
 from proxy.amqp import engine
 from proxy.exchanges.exchange import Exchanges
 from proxy.metrics import Histogram
+from proxy.net.network import TcpNetwork
 from proxy.queues import durable as journal_queues
 from proxy.queues.local import LocalQueue, QueueRegistry, StoredMessage
 from proxy.upstream.pool import UpstreamRegistry
@@ -58,10 +59,12 @@ class Broker:
         exchange_config=None,
         queue_options: Callable[[str], dict] | None = None,
         relay_limit: int = 0,
+        network=None,
     ) -> None:
         """``exchange_config``: what has ``exchanges`` and ``bindings`` (the node's Config);
         ``queue_options(name)``: a declared queue's options; ``relay_limit``: upstream
-        senders the anonymous relay may open (0: no limit)."""
+        senders the anonymous relay may open (0: no limit); ``network``: where upstream
+        connections go (``proxy.net.network``; default: TCP)."""
         self.node_id = node_id
         self.journal = journal  # proxy.journal.journal.Journal for durable queues, or None
         self.queues = queues
@@ -85,7 +88,8 @@ class Broker:
         # the broker's own parts, built here with what they need: connections to the
         # primaries (their links mark our handlers dirty and run our cycle) and exchanges
         self.upstreams = UpstreamRegistry(node_id=node_id, dirty=self.dirty_handlers,
-                                          run_pending=self.run_pending)
+                                          run_pending=self.run_pending,
+                                          network=network or TcpNetwork())
         self.exchanges = Exchanges(exchange_config, self, self.upstreams,
                                    queue_options or (lambda name: {}), relay_limit=relay_limit)
 

@@ -416,8 +416,12 @@ class Journal:
             hook()
 
     # -- recovery ----------------------------------------------------------------
-    def open(self) -> Recovered:
-        """Recover the live set, repair the tail, start the writer. Call once, first."""
+    def open(self, *, loop: asyncio.AbstractEventLoop | None = None) -> Recovered:
+        """Recover the live set, repair the tail, start the writer. Call once, first.
+
+        ``loop``: the event loop the writer reports progress to (if not given at construction)."""
+        if loop is not None:
+            self.loop = loop
         started = time.monotonic()
         directory = self.directory
         directory.mkdir(parents=True, exist_ok=True)

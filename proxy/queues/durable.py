@@ -77,13 +77,13 @@ def dead_lettered(journal: Journal | None, target: LocalQueue, message: StoredMe
         message.journal_id, _ = journal.enqueue(target.name, message.payload)
 
 
-def open_journal(directory, settings, *, wanted: bool, loop) -> Journal | None:
-    """The node's journal (not opened yet); None when no queue is or was durable."""
+def open_journal(directory, settings, *, wanted: bool) -> Journal | None:
+    """The node's journal (not opened yet: ``Journal.open``); None when no queue is or was durable."""
     directory = Path(directory)
     if not wanted and not any(directory.glob("*.seg")):
         return None
     return Journal(directory, fsync=settings.fsync, segment_size=settings.segment_size,
-                   batch_delay=settings.batch_delay, loop=loop)
+                   batch_delay=settings.batch_delay)
 
 
 def restore(recovered, registry, options) -> int:

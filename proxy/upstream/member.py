@@ -152,12 +152,11 @@ class PoolMember:
         upstream = self.upstream
         target = upstream.target
         self.conn = UpstreamConnection(target, self, f"{upstream.node_id}-up-{next(_container_ids)}")
-        loop = asyncio.get_running_loop()
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamProtocol(self), target.host, target.port,
-                                       ssl=target.ssl_context(),
-                                       server_hostname=target.host if target.scheme == "amqps" else None),
+                upstream.network.connect(lambda: UpstreamProtocol(self), target.host, target.port,
+                                         ssl_context=target.ssl_context(),
+                                         server_hostname=target.host if target.scheme == "amqps" else None),
                 timeout=max(2.0, target.heartbeat),
             )
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:

@@ -46,8 +46,10 @@ log = logging.getLogger("fedgate.upstream")
 class Upstream:
     """The pool of connections to one primary."""
 
-    def __init__(self, target: UpstreamTarget, *, node_id: str, dirty: set, run_pending) -> None:
+    def __init__(self, target: UpstreamTarget, *, node_id: str, dirty: set, run_pending,
+                 network) -> None:
         self.target = target
+        self.network = network  # proxy.net.network: where members connect
         self.node_id = node_id
         self.dirty = dirty  # the broker's set of things to flush
         self.run_pending = run_pending
@@ -193,8 +195,10 @@ class Upstream:
 class UpstreamRegistry:
     """All pools of a node, by primary; created on first use."""
 
-    def __init__(self, *, node_id: str, dirty: set, run_pending, secrets: dict | None = None) -> None:
+    def __init__(self, *, node_id: str, dirty: set, run_pending, network,
+                 secrets: dict | None = None) -> None:
         self.node_id = node_id
+        self.network = network
         self.dirty = dirty
         self.run_pending = run_pending
         self.secrets = secrets or {}
@@ -234,7 +238,8 @@ class UpstreamRegistry:
     def _pool(self, target: UpstreamTarget) -> Upstream:
         pool = self.pools.get(target.key)
         if pool is None:
-            pool = Upstream(target, node_id=self.node_id, dirty=self.dirty, run_pending=self.run_pending)
+            pool = Upstream(target, node_id=self.node_id, dirty=self.dirty, run_pending=self.run_pending,
+                            network=self.network)
             self.pools[target.key] = pool
         return pool
 

@@ -1,0 +1,267 @@
+"""Nodes, primaries and peers in one process, joined by in-memory pipes.
+
+How this works
+--------------
+``MemoryNetwork`` stands in for the sockets between hosts. Each node gets the
+view of one host (``network.host("b")``), which has the ``serve`` and
+``connect`` of ``proxy.net.network.TcpNetwork``: a listener is a protocol
+factory registered under ``(host, port)``; a connect to it makes a pipe of two
+``MemoryTransport``s, one per protocol, with asyncio's callback contract
+(``connection_made`` once, ``data_received`` per write, ``eof_received`` and
+``connection_lost`` exactly once per side). Bytes written are delivered to the
+other side by ``loop.call_soon``, so they arrive in order and only when the
+loop runs: the same interleaving real sockets give, without their timing.
+
+What the network can do to them, as tests need it:
+
+* ``cut(a, b)``: every connection between hosts a and b is reset (both sides
+  see ``connection_lost``);
+* ``partition(a, b)`` / ``heal(a, b)``: bytes between a and b are dropped
+  silently (heartbeats must notice, §2.4.5);
+* ``kill(a)``: host a is gone: its connections reset, its listeners removed,
+  and connects to or from it refused until ``revive(a)``.
+
+``taps`` are called with ``(pipe id, source host, destination host, bytes)``
+for every delivered chunk (frame decoding is the tap's business).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Callable
+
+
+class MemoryTransport(asyncio.Transport):
+    """One side of a pipe: writes go to the other side's protocol."""
+
+    def __init__(self, network: "MemoryNetwork", pipe: "Pipe", host: str, peer_host: str,
+                 peer_port: int) -> None:
+        super().__init__()
+        self._network = network
+        self._pipe = pipe
+        self._host = host
+        self._peername = (peer_host, peer_port)
+        self.peer: MemoryTransport | None = None
+        self.protocol = None
+        self._closing = False
+        self._lost = False
+        self._paused = False
+        self._waiting: list[bytes] = []  # arrived while reading was paused
+
+    # -- asyncio.Transport ------------------------------------------------------------
+    def get_extra_info(self, name, default=None):
+        return {"peername": self._peername, "sockname": (self._host, 0)}.get(name, default)
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        pass  # a pipe never backs up: the reader is in the same loop
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return self._closing or self._lost
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        self._paused = True
+
+    def resume_reading(self) -> None:
+        self._paused = False
+        waiting, self._waiting = self._waiting, []
+        for data in waiting:
+            self._arrive(data)
+
+    def is_reading(self) -> bool:
+        return not self._paused
+
+    def write(self, data) -> None:
+        if self._closing or self._lost or not data:
+            return
+        self._network._carry(self, bytes(data))
+
+    def close(self) -> None:
+        """Close once what was written has arrived: the peer reads its end of input."""
+        if self._closing or self._lost:
+            return
+        self._closing = True
+        self._network._loop().call_soon(self._network._close_pipe, self._pipe, self)
+
+    def abort(self) -> None:
+        if self._lost:
+            return
+        self._closing = True
+        self._network._reset_pipe(self._pipe)
+
+    # -- the network's side --------------------------------------------------------------
+    def _arrive(self, data: bytes) -> None:
+        if self._lost:
+            return
+        if self._paused:
+            self._waiting.append(data)
+            return
+        self.protocol.data_received(data)
+
+    def _eof(self) -> None:
+        if not self._lost:
+            self.protocol.eof_received()
+
+    def _connection_lost(self, exc) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        self._closing = True
+        self.protocol.connection_lost(exc)
+
+
+class Pipe:
+    """A connection between two hosts: ``client`` connected to ``server``."""
+
+    def __init__(self, pipe_id: int, client_host: str, server_host: str) -> None:
+        self.id = pipe_id
+        self.client_host = client_host
+        self.server_host = server_host
+        self.client: MemoryTransport | None = None
+        self.server: MemoryTransport | None = None
+        self.done = False
+        self.reset = False  # reset: what was in flight is lost, as on a real reset
+
+    def joins(self, a: str, b: str) -> bool:
+        return {self.client_host, self.server_host} == {a, b}
+
+
+class MemoryListener:
+    def __init__(self, network: "MemoryNetwork", address: tuple[str, int]) -> None:
+        self.network = network
+        self.address = address
+
+    def close(self) -> None:
+        self.network.listeners.pop(self.address, None)
+
+    async def wait_closed(self) -> None:
+        return None
+
+
+class MemoryHost:
+    """The network as one host sees it (what a node is built with)."""
+
+    def __init__(self, network: "MemoryNetwork", name: str) -> None:
+        self.network = network
+        self.name = name
+
+    async def serve(self, factory, host, port, *, ssl_context=None, handshake_timeout=None):
+        return self.network._listen(self.name, factory, port)
+
+    async def connect(self, factory, host, port, *, ssl_context=None, server_hostname=None):
+        return self.network._connect(self.name, factory, host, port)
+
+
+class MemoryNetwork:
+    def __init__(self) -> None:
+        self.listeners: dict[tuple[str, int], Callable] = {}
+        self.pipes: list[Pipe] = []
+        self.taps: list[Callable[[int, str, str, bytes], None]] = []
+        self.dead: set[str] = set()
+        self.partitions: set[frozenset] = set()
+        self.in_flight = 0  # chunks written, not yet delivered
+        self._ids = itertools.count(1)
+        self._ports = itertools.count(40000)
+
+    def host(self, name: str) -> MemoryHost:
+        return MemoryHost(self, name)
+
+    # -- what tests do to the network ---------------------------------------------------------
+    def cut(self, a: str, b: str) -> int:
+        """Reset every connection between hosts a and b; returns how many."""
+        cut = [p for p in self.pipes if p.joins(a, b)]
+        for pipe in cut:
+            self._reset_pipe(pipe)
+        return len(cut)
+
+    def partition(self, a: str, b: str) -> None:
+        self.partitions.add(frozenset((a, b)))
+
+    def heal(self, a: str, b: str) -> None:
+        self.partitions.discard(frozenset((a, b)))
+
+    def kill(self, name: str) -> None:
+        """Host ``name`` is gone: connections reset, listeners removed, connects refused."""
+        self.dead.add(name)
+        for address in [a for a in self.listeners if a[0] == name]:
+            del self.listeners[address]
+        for pipe in [p for p in self.pipes if name in (p.client_host, p.server_host)]:
+            self._reset_pipe(pipe)
+
+    def connections(self, a: str, b: str) -> int:
+        return sum(1 for p in self.pipes if p.joins(a, b))
+
+    # -- hosts' side --------------------------------------------------------------------------
+    @staticmethod
+    def _loop() -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    def _listen(self, host: str, factory, port: int):
+        port = port or next(self._ports)
+        address = (host, port)
+        if address in self.listeners:
+            raise OSError(98, f"address in use: {host}:{port}")
+        self.listeners[address] = factory
+        return MemoryListener(self, address), address
+
+    def _connect(self, client_host: str, factory, host: str, port: int):
+        listener = self.listeners.get((host, port))
+        if listener is None or client_host in self.dead or host in self.dead:
+            raise ConnectionRefusedError(111, f"connection refused: {host}:{port}")
+        pipe = Pipe(next(self._ids), client_host, host)
+        pipe.client = MemoryTransport(self, pipe, client_host, host, port)
+        pipe.server = MemoryTransport(self, pipe, host, client_host, pipe.id)
+        pipe.client.peer, pipe.server.peer = pipe.server, pipe.client
+        self.pipes.append(pipe)
+        server_protocol = listener()
+        client_protocol = factory()
+        pipe.server.protocol, pipe.client.protocol = server_protocol, client_protocol
+        server_protocol.connection_made(pipe.server)
+        client_protocol.connection_made(pipe.client)
+        return pipe.client, client_protocol
+
+    def _carry(self, sender: MemoryTransport, data: bytes) -> None:
+        pipe = sender._pipe
+        source = sender._host
+        target = pipe.server_host if sender is pipe.client else pipe.client_host
+        if frozenset((source, target)) in self.partitions:
+            return  # dropped on the floor
+        self.in_flight += 1
+        self._loop().call_soon(self._deliver, sender.peer, pipe, source, target, data)
+
+    def _deliver(self, receiver: MemoryTransport, pipe: Pipe, source: str, target: str,
+                 data: bytes) -> None:
+        self.in_flight -= 1
+        if receiver._lost or pipe.reset:
+            return
+        for tap in self.taps:
+            tap(pipe.id, source, target, data)
+        receiver._arrive(data)
+
+    def _close_pipe(self, pipe: Pipe, closer: MemoryTransport) -> None:
+        """An orderly close: written bytes came first (FIFO); the peer reads end of input."""
+        if pipe.done:
+            return
+        closer.peer._eof()
+        self._finish(pipe, None)
+
+    def _reset_pipe(self, pipe: Pipe) -> None:
+        if pipe.done:
+            return
+        pipe.reset = True
+        self._finish(pipe, ConnectionResetError(104, "connection reset"))
+
+    def _finish(self, pipe: Pipe, exc) -> None:
+        pipe.done = True
+        if pipe in self.pipes:
+            self.pipes.remove(pipe)
+        loop = self._loop()
+        for side in (pipe.client, pipe.server):
+            side._closing = True
+            loop.call_soon(side._connection_lost, exc)
