@@ -46,9 +46,8 @@ class AmqpProtocol(EngineProtocol):
         self.ip = sys.intern(str(peer[0])) if peer else "?"  # one string per client address
         refusal = self.node.admit(self)
         settings: ConnectionSettings = self.node.connection_settings
-        self.handler = ClientHandler(self.broker, peer=self.peer,
+        self.handler = ClientHandler(self.broker, peer=self.peer, output=self,
                                      max_links=self.node.config.limits.max_links_per_connection)
-        self.handler.output = self
         cert_identity = None
         if self.node.tls_context is not None:
             cert_identity = certificate_identity(transport.get_extra_info("peercert"),

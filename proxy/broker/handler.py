@@ -109,7 +109,7 @@ class ClientHandler:
     __slots__ = ("broker", "connection_id", "peer", "max_links", "server_connection",
                  "links", "writable", "output")
 
-    def __init__(self, broker: Broker, *, peer: str = "", max_links: int = 0) -> None:
+    def __init__(self, broker: Broker, *, peer: str = "", max_links: int = 0, output=None) -> None:
         self.broker = broker
         self.connection_id = next(broker.connection_ids)
         self.peer = peer
@@ -117,7 +117,7 @@ class ClientHandler:
         self.server_connection = None  # the ServerConnection, set on_amqp_start
         self.links = LinkTable(broker.client_events.links)  # link pointer -> endpoint
         self.writable = True
-        self.output = None  # what writes our bytes: an object with flush() (the socket's protocol)
+        self.output = output  # what writes our bytes: an object with flush() (the socket's protocol)
 
     # -- plumbing -------------------------------------------------------------
     def on_amqp_start(self, server_connection) -> None:
