@@ -155,11 +155,16 @@ def read_transfer(link, delivery, max_size: int = 0):
             return False
         return None
     received = _link_recv(link, _read_cbuffer, _READ_SIZE)
-    if 0 <= received < _READ_SIZE:
-        if max_size and received > max_size:
-            return False  # read, but not advanced: the caller refuses it
+    if 0 <= received < _READ_SIZE and not (max_size and received > max_size):
         _link_advance(link)
         return bytes(_read_view[:received])
+    return _read_rest(link, delivery, received, max_size)
+
+
+def _read_rest(link, delivery, received: int, max_size: int):
+    """``read_transfer`` after the first read into the buffer, for the uncommon cases."""
+    if 0 <= received < _READ_SIZE:  # over max_size
+        return False  # read, but not advanced: the caller refuses it
     if received == _EOS:  # complete and empty
         _link_advance(link)
         return b""
@@ -179,17 +184,50 @@ def read_transfer(link, delivery, max_size: int = 0):
     return bytes(whole)
 
 
+def relay_transfer(link, delivery, target, tag: bytes, max_size: int = 0):
+    """Move the complete ``delivery`` on receiver ``link`` to sender ``target`` as a new delivery.
+
+    The bytes go from proton to proton through the one read buffer: no Python
+    object per message but the new delivery, which is returned. Same answers as
+    ``read_transfer`` otherwise: None (partial, aborted), False (over ``max_size``).
+    """
+    if _delivery_partial(delivery):
+        if max_size and _delivery_pending(delivery) > max_size:
+            return False
+        return None
+    received = _link_recv(link, _read_cbuffer, _READ_SIZE)
+    if 0 <= received < _READ_SIZE and not (max_size and received > max_size):
+        _link_advance(link)
+        out = _new_delivery(target, (len(tag), _from_buffer(tag)))
+        _link_send(target, _read_cbuffer, received)
+        _link_advance(target)
+        return out
+    payload = _read_rest(link, delivery, received, max_size)
+    if payload is None or payload is False:
+        return payload
+    return send_message(target, tag, payload)
+
+
 class EventHandler(Protocol):
     def on_event(self, event_type: int, event) -> None: ...
 
 
 class EventPump:
-    __slots__ = ("_collector", "_handler", "_running")
+    """Hands one connection's events to its handler.
 
-    def __init__(self, collector, handler: EventHandler) -> None:
+    With ``links`` (link pointer -> owner, kept by the handler: an upstream pool
+    member's), a delivery event of a known link goes straight to
+    ``owner.on_upstream_delivery(delivery)``, as ``SharedEventPump`` does for
+    client links: the event every message brings skips the handler's dispatch.
+    """
+
+    __slots__ = ("_collector", "_handler", "_running", "_links")
+
+    def __init__(self, collector, handler: EventHandler, links: dict | None = None) -> None:
         self._collector = collector  # raw pn_collector_t
         self._handler = handler
         self._running = False
+        self._links = links
 
     def run(self) -> None:
         if self._running:
@@ -198,12 +236,20 @@ class EventPump:
         try:
             collector = self._collector
             on_event = self._handler.on_event
+            links = self._links
             while True:
                 event = pn_collector_peek(collector)
                 if not event:
                     break
                 try:
-                    on_event(pn_event_type(event), event)
+                    event_type = pn_event_type(event)
+                    if event_type == PN_DELIVERY and links is not None:
+                        delivery = _event_delivery(event)
+                        owner = links.get(_delivery_link(delivery))
+                        if owner is not None:
+                            owner.on_upstream_delivery(delivery)
+                            continue
+                    on_event(event_type, event)
                 finally:  # a handler's exception must not leave the event to run again
                     pn_collector_pop(collector)
         finally:
@@ -293,7 +339,7 @@ class ProtonPipe:
     __slots__ = ("_transport", "_connection", "_collector", "pump")
 
     def __init__(self, transport, connection, handler: EventHandler, *, owned: bool = False,
-                 shared: SharedEventPump | None = None) -> None:
+                 shared: SharedEventPump | None = None, links: dict | None = None) -> None:
         if shared is not None:
             if not owned:
                 raise ValueError("a pipe on a shared pump must own its connection")
@@ -303,7 +349,7 @@ class ProtonPipe:
         else:
             collector = _lib.pn_collector()
             _lib.pn_connection_collect(connection, collector)
-            self.pump = EventPump(collector, handler)
+            self.pump = EventPump(collector, handler, links)
         _lib.pn_transport_bind(transport, connection)
         self._transport = transport
         self._connection = connection if owned else None

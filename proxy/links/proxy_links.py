@@ -46,6 +46,7 @@ from cproton import (
     PN_ACCEPTED,
     PN_REJECTED,
     PN_RELEASED,
+    pn_delivery_remote_state,
     pn_delivery_settle,
     pn_delivery_settled,
     pn_delivery_update,
@@ -57,7 +58,7 @@ from cproton import (
 )
 from proton import Delivery, Link, Terminus
 
-from proxy.amqp.engine import ClientLinkEndpoint, hold, read_transfer, send_message
+from proxy.amqp.engine import ClientLinkEndpoint, hold, read_transfer, relay_transfer, send_message
 from proxy.amqp.outcomes import copy_outcome, outcome_of, relay_outcome
 from proxy.amqp.termini import filter_names, set_capabilities
 from proxy.upstream.owner import UpstreamLinkOwner
@@ -278,6 +279,20 @@ class ProxyConsumer(_ProxyEndpoint):
 
     # -- messages --------------------------------------------------------------------
     def on_upstream_delivery(self, delivery) -> None:
+        if pn_link_credit(self.link_ptr) > 0 and not self.held:
+            # the common case: primary to client through the read buffer, no copy kept
+            # (a delivery lost on the way is the primary's to send again)
+            sent = relay_transfer(self.up_ptr, delivery, self.link_ptr, str(next(self.tags)).encode(),
+                                  self.handler.broker.max_message_size)
+            if sent is None:
+                return
+            if sent is False:
+                pn_delivery_update(delivery, PN_REJECTED)
+                pn_delivery_settle(delivery)
+                return
+            self.member.received += 1
+            self._forwarded(sent, delivery)
+            return
         payload = read_transfer(self.up_ptr, delivery, self.handler.broker.max_message_size)
         if payload is None:
             return
@@ -299,7 +314,10 @@ class ProxyConsumer(_ProxyEndpoint):
             self._forward(*held.popleft())
 
     def _forward(self, payload: bytes, up_delivery) -> None:
-        delivery = send_message(self.link_ptr, str(next(self.tags)).encode(), payload)
+        self._forwarded(send_message(self.link_ptr, str(next(self.tags)).encode(), payload), up_delivery)
+
+    def _forwarded(self, delivery, up_delivery) -> None:
+        """``delivery`` went to the client for ``up_delivery``: settle or remember the pair."""
         self.sent += 1
         if self.presettled or pn_delivery_settled(up_delivery):
             pn_delivery_settle(delivery)
@@ -315,6 +333,14 @@ class ProxyConsumer(_ProxyEndpoint):
 
     def on_delivery(self, delivery) -> None:
         """The client's disposition: apply it upstream, then settle both (§3.4)."""
+        if pn_delivery_remote_state(delivery) == PN_ACCEPTED:  # nearly always: no helper calls
+            up = self.unsettled.pop(delivery, None)
+            if up is not None:
+                pn_delivery_update(up, PN_ACCEPTED)
+                pn_delivery_settle(up)
+                self.member.mark_dirty()
+            pn_delivery_settle(delivery)
+            return
         state = outcome_of(delivery)
         if state is None:
             return  # no outcome yet (§3.4.1: received is not terminal)
@@ -401,6 +427,25 @@ class ProxyProducer(_ProxyEndpoint):
             self.handler.mark_dirty()
 
     def on_delivery(self, delivery) -> None:
+        up = self.up_ptr
+        if (pn_delivery_settled(delivery) and not self.pending and up is not None and self.up_attached
+                and not self.suspects and pn_link_credit(up) > 0):
+            # pre-settled by the client (at-most-once): nothing to replay, so nothing kept;
+            # the bytes go from link to link through the read buffer
+            sent = relay_transfer(self.link_ptr, delivery, up, str(next(self.tags)).encode(),
+                                  self.handler.broker.max_message_size)
+            if sent is None:
+                return
+            if sent is False:
+                self.handler.refuse_oversized(self.link)
+                return
+            pn_delivery_settle(sent)
+            pn_delivery_settle(delivery)
+            self.received += 1
+            member = self.member
+            member.sent += 1
+            member.mark_dirty()
+            return
         payload = read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
         if payload is None:
             return
@@ -411,6 +456,17 @@ class ProxyProducer(_ProxyEndpoint):
         if pn_delivery_settled(delivery):  # pre-settled by the client: at-most-once
             pn_delivery_settle(delivery)
             delivery = None
+        if (not self.pending and up is not None and self.up_attached and not self.suspects
+                and pn_link_credit(up) > 0):  # the common case: straight on, nothing queued
+            up_delivery = send_message(up, str(next(self.tags)).encode(), payload)
+            if delivery is None:
+                pn_delivery_settle(up_delivery)
+            else:
+                self.inflight[up_delivery] = (payload, delivery)  # kept for a replay
+            member = self.member
+            member.sent += 1
+            member.mark_dirty()
+            return
         self.pending.append((payload, delivery))
         self._send_pending()
 
@@ -435,6 +491,14 @@ class ProxyProducer(_ProxyEndpoint):
 
     def on_upstream_delivery(self, delivery) -> None:
         """The primary's outcome: pass it to the client, then settle both."""
+        if pn_delivery_remote_state(delivery) == PN_ACCEPTED:  # nearly always: no helper calls
+            item = self.inflight.pop(delivery, None)
+            pn_delivery_settle(delivery)
+            if item is not None and item[1] is not None and not self.closed:
+                pn_delivery_update(item[1], PN_ACCEPTED)
+                pn_delivery_settle(item[1])
+                self.handler.mark_dirty()
+            return
         state = outcome_of(delivery)
         if state is None:
             return  # no outcome yet (§3.4.1: received is not terminal)

@@ -22,13 +22,18 @@ What the network can do to them, as tests need it:
   and connects to or from it refused until ``revive(a)``.
 
 ``taps`` are called with ``(pipe id, source host, destination host, bytes)``
-for every delivered chunk (frame decoding is the tap's business).
+for every delivered chunk (frame decoding is the tap's business). ``busy``
+sums, per host, the CPU time its protocols spent handling what arrived (what a
+node process would spend on it, less the system calls): ``bench/proxy_hop.py``
+reads it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import defaultdict
+from time import thread_time
 from typing import Callable
 
 
@@ -166,6 +171,7 @@ class MemoryNetwork:
         self.dead: set[str] = set()
         self.partitions: set[frozenset] = set()
         self.in_flight = 0  # chunks written, not yet delivered
+        self.busy: dict[str, float] = defaultdict(float)  # host -> seconds handling input
         self._ids = itertools.count(1)
         self._ports = itertools.count(40000)
 
@@ -242,7 +248,9 @@ class MemoryNetwork:
             return
         for tap in self.taps:
             tap(pipe.id, source, target, data)
+        started = thread_time()
         receiver._arrive(data)
+        self.busy[target] += thread_time() - started
 
     def _close_pipe(self, pipe: Pipe, closer: MemoryTransport) -> None:
         """An orderly close: written bytes came first (FIFO); the peer reads end of input."""

@@ -43,7 +43,8 @@ class UpstreamConnection:
         if target.user:
             connection.user = target.user
             connection.password = target.password or ""
-        self.pipe = engine.ProtonPipe(transport._impl, connection._impl, handler)
+        # the member's link table: its owners get their deliveries straight from the pump
+        self.pipe = engine.ProtonPipe(transport._impl, connection._impl, handler, links=handler.links)
         self.transport = transport  # the wrappers keep proton's objects alive
         self.connection = connection
         self.failure: str | None = None
