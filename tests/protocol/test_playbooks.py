@@ -81,6 +81,35 @@ def test_credit_passes_through_and_a_drain_is_answered(tmp_path):
     run(play)
 
 
+# -- batching ---------------------------------------------------------------------------------
+def test_a_bursts_outcomes_cross_the_proxy_in_ranges_both_ways(tmp_path):
+    """100 sends in one write and 100 acceptances in one write: each hop settles them with one
+    disposition covering first..last (§2.7.6), not one frame per message."""
+    async def play():
+        world = World(tmp_path)
+        _, primary = await gateway_and_primary(world)
+        client = await world.client("gw")
+        sender = client.sender("work.burst")
+        await world.until(lambda: sender.credit >= 100)
+        for i in range(100):
+            sender.send(f"m{i}", flush=False)
+        client.flush()
+        await world.until(lambda: sender.accepted() == 100)
+        receiver = client.receiver("work.burst", credit=100)
+        await world.until(lambda: len(receiver.received) == 100)
+        receiver.settle(Delivery.ACCEPTED)
+        await world.until(lambda: depth(primary, "work.burst") == (0, 0))
+        for source, target in (("gw", "primary"), ("primary", "gw"), ("gw", "client1")):
+            assert len(world.frames(source, target, "transfer")) == 100
+            ranges = [(f["first"], f["last"] if f["last"] is not None else f["first"])
+                      for f in world.frames(source, target, "disposition")]
+            assert sum(last - first + 1 for first, last in ranges) == 100, (source, target)
+            assert len(ranges) <= 2, (source, target, ranges)
+        await world.close()
+
+    run(play)
+
+
 # -- reconnects -------------------------------------------------------------------------------
 def test_sends_lost_with_the_upstream_connection_are_replayed_after_it_reconnects(tmp_path):
     async def play():

@@ -205,11 +205,13 @@ class ClientLink:
             delivery.settle()
         self.client.flush()
 
-    def send(self, body, *, message_id=None) -> Delivery:
+    def send(self, body, *, message_id=None, flush: bool = True) -> Delivery:
+        """Send one message; ``flush=False`` leaves it for the next write (bursts in one write)."""
         delivery = self.link.delivery(str(next(self.client.tags)))
         self.link.send(Message(body=body, id=message_id).encode())
         self.link.advance()
-        self.client.flush()
+        if flush:
+            self.client.flush()
         return delivery
 
     def accepted(self) -> int:
