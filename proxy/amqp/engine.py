@@ -142,6 +142,20 @@ _delivery_aborted = _lib.pn_delivery_aborted
 _delivery_settle = _lib.pn_delivery_settle
 
 
+_link_queued = _lib.pn_link_queued
+_link_credit = _lib.pn_link_credit
+
+
+def beyond_credit(link) -> bool:
+    """Whether the sender on receiver ``link`` sent more transfers than it had credit for.
+
+    proton counts a transfer as queued when it arrives and takes it off the
+    credit when we advance past it; we only ever add credit. A sender that keeps
+    within the credit it was given (§2.6.7) never has more queued than credit left.
+    """
+    return _link_queued(link) > _link_credit(link)
+
+
 def read_transfer(link, delivery, max_size: int = 0):
     """The bytes of ``delivery``, the current delivery on receiver ``link``, once complete.
 

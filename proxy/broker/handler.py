@@ -53,6 +53,7 @@ NOT_IMPLEMENTED = "amqp:not-implemented"
 INVALID_FIELD = "amqp:invalid-field"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
+TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
 
 def _refuse_filters(source: Terminus, what: str) -> None:
     """Local queues apply no filters (§3.5.3 ``filter``, e.g. a JMS selector).
@@ -388,6 +389,11 @@ class ClientHandler:
         """A transfer over ``[limits] max_message_size``: detach the sender's link."""
         limit = self.broker.max_message_size
         self.close_link(link, MESSAGE_SIZE_EXCEEDED, f"message larger than {limit} bytes")
+
+    def refuse_beyond_credit(self, link: Link) -> None:
+        """Transfers beyond the credit granted (§2.6.7): detach the sender's link, so nothing
+        it sends can be buffered past what the node offered to take (none of them is accepted)."""
+        self.close_link(link, TRANSFER_LIMIT_EXCEEDED, "transfer beyond the link credit granted")
 
     def close_link(self, link: Link, condition: str, description: str,
                    info: dict | None = None) -> None:

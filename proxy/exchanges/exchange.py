@@ -63,7 +63,7 @@ from cproton import (
 from proton import Condition, Delivery
 
 from proxy.amqp import engine
-from proxy.amqp.engine import read_transfer
+from proxy.amqp.engine import beyond_credit, read_transfer
 from proxy.amqp.message_subject import read_subject
 from proxy.exchanges.remote_bindings import RemoteSubscription
 from proxy.links.remote_destinations import RemoteDestinations
@@ -186,6 +186,9 @@ class ExchangeProducer(engine.ClientLinkEndpoint):
             self.handler.mark_dirty()
 
     def on_delivery(self, delivery) -> None:
+        if beyond_credit(self.link_ptr):
+            self.handler.refuse_beyond_credit(self.link)
+            return
         payload = read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
         if payload is None:
             return

@@ -58,7 +58,14 @@ from cproton import (
 )
 from proton import Delivery, Link, Terminus
 
-from proxy.amqp.engine import ClientLinkEndpoint, hold, read_transfer, relay_transfer, send_message
+from proxy.amqp.engine import (
+    ClientLinkEndpoint,
+    beyond_credit,
+    hold,
+    read_transfer,
+    relay_transfer,
+    send_message,
+)
 from proxy.amqp.outcomes import copy_outcome, outcome_of, relay_outcome
 from proxy.amqp.termini import filter_names, set_capabilities
 from proxy.upstream.owner import UpstreamLinkOwner
@@ -427,6 +434,9 @@ class ProxyProducer(_ProxyEndpoint):
             self.handler.mark_dirty()
 
     def on_delivery(self, delivery) -> None:
+        if beyond_credit(self.link_ptr):
+            self.handler.refuse_beyond_credit(self.link)
+            return
         up = self.up_ptr
         if (pn_delivery_settled(delivery) and not self.pending and up is not None and self.up_attached
                 and not self.suspects and pn_link_credit(up) > 0):

@@ -92,6 +92,9 @@ class QueueProducer(engine.ClientLinkEndpoint):
             self.handler.mark_dirty()
 
     def on_delivery(self, delivery) -> None:
+        if engine.beyond_credit(self.link_ptr):
+            self.handler.refuse_beyond_credit(self.link)
+            return
         payload = engine.read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
         if payload is None:
             return  # the rest of a multi-frame transfer is still to come, or it was aborted
