@@ -115,6 +115,7 @@ class AmqpProtocol(EngineProtocol):
         if conn.failure:
             log.info("connection %s from %s closed: %s", self.handler.connection_id, self.peer, conn.failure)
         self.handler.release_all()
+        conn.release()
         self.broker.run_pending()
 
     def pause_writing(self) -> None:

@@ -322,6 +322,11 @@ class ServerConnection:
         elif self.phase is not Phase.CLOSED:
             self._fail(self.failure or "peer closed during handshake")
 
+    def release(self) -> None:
+        """The socket is gone: nothing of this connection stays reachable from shared state."""
+        if self.pipe is not None:
+            self.pipe.release()
+
     def close(self, condition: str | None = None, description: str | None = None) -> None:
         """Close the AMQP connection (with an error condition if given)."""
         if self.phase is Phase.AMQP and self.connection_ptr is not None:

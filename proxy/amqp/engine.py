@@ -378,6 +378,16 @@ class ProtonPipe:
             _lib.pn_decref(self._transport)
             _lib.pn_decref(self._connection)
 
+    def release(self) -> None:
+        """The socket is gone: leave the shared pump now, not when this pipe is collected.
+
+        The shared pump's table holds the handler, which holds (through its
+        output) the protocol, which holds this pipe: left there, a closed
+        connection stayed reachable for the node's whole life (about 27 KB each).
+        """
+        if self._collector is None:
+            self.pump.remove(self._connection)
+
     def push(self, data: bytes) -> bool:
         """Feed bytes to proton; False if proton cannot take them (input closed or stuck)."""
         transport = self._transport
