@@ -19,10 +19,13 @@ from typing import TYPE_CHECKING
 
 from cproton import (
     PN_LOCAL_ACTIVE,
+    PN_REMOTE_CLOSED,
     pn_delivery_link,
     pn_delivery_settle,
     pn_link_close,
     pn_link_free,
+    pn_link_head,
+    pn_link_next,
     pn_link_session,
     pn_link_state,
     pn_session_close,
@@ -30,6 +33,7 @@ from cproton import (
     pn_session_head,
     pn_session_next,
     pn_session_open,
+    pn_session_state,
 )
 from proton import Condition, Link, Session, Terminus
 
@@ -108,7 +112,7 @@ class ClientHandler:
 
     # one per connection: slots keep an idle connection small (10,000 of them)
     __slots__ = ("broker", "connection_id", "peer", "max_links", "server_connection",
-                 "links", "writable", "output")
+                 "links", "writable", "output", "refused_links")
 
     def __init__(self, broker: Broker, *, peer: str = "", max_links: int = 0, output=None) -> None:
         self.broker = broker
@@ -119,6 +123,9 @@ class ClientHandler:
         self.links = LinkTable(broker.client_events.links)  # link pointer -> endpoint
         self.writable = True
         self.output = output  # what writes our bytes: an object with flush() (the socket's protocol)
+        # links we refused whose detach the client has not answered yet: proton keeps them
+        # (their handles stay in use, §2.6.4), so they count against max_links
+        self.refused_links = 0
 
     # -- plumbing -------------------------------------------------------------
     def on_amqp_start(self, server_connection) -> None:
@@ -162,12 +169,20 @@ class ClientHandler:
         # its whole life, and most connections are one idle session (§2.5.1)
         session = engine.pn_event_session(event)
         limit = self.server_connection.settings.max_sessions
-        open_sessions = 0
+        open_sessions = held = 0
         if limit:
-            other = pn_session_head(self.server_connection.connection_ptr, PN_LOCAL_ACTIVE)
+            # every session proton keeps counts: a refused one stays until the client ends it
+            other = pn_session_head(self.server_connection.connection_ptr, 0)
             while other:
-                open_sessions += 1
-                other = pn_session_next(other, PN_LOCAL_ACTIVE)
+                held += 1
+                if pn_session_state(other) & PN_LOCAL_ACTIVE:
+                    open_sessions += 1
+                other = pn_session_next(other, 0)
+        if limit and held > 2 * limit:
+            self.server_connection.close(RESOURCE_LIMIT, f"more than {limit} sessions refused and "
+                                         "not ended by the client")
+            self.mark_dirty()
+            return
         pn_session_open(session)
         if limit and open_sessions >= limit:
             wrapped = engine.transient(Session, session)
@@ -181,6 +196,14 @@ class ClientHandler:
         # are released here, or queues would keep feeding links nobody reads
         for ptr in [ptr for ptr in self.links if pn_link_session(ptr) == session]:
             self.links.pop(ptr).detached()
+        if self.refused_links:  # links we closed that the client never detached go with it
+            link = pn_link_head(self.server_connection.connection_ptr, 0)
+            while link:
+                state = pn_link_state(link)
+                if (pn_link_session(link) == session and not state & PN_LOCAL_ACTIVE
+                        and not state & PN_REMOTE_CLOSED):
+                    self.refused_links = max(0, self.refused_links - 1)
+                link = pn_link_next(link, 0)
         pn_session_close(session)
         pn_session_free(session)  # with its links, once proton has written the end
         self.mark_dirty()
@@ -200,7 +223,13 @@ class ClientHandler:
     # -- links ------------------------------------------------------------------
     def _on_link_open(self, event) -> None:
         link = engine.transient(Link, engine.pn_event_link(event))
-        if self.max_links and len(self.links) >= self.max_links:
+        if self.max_links and len(self.links) + self.refused_links >= self.max_links:
+            if self.refused_links >= self.max_links:
+                # refusing more would keep more: the client does not answer its refusals
+                self.server_connection.close(RESOURCE_LIMIT, f"{self.refused_links} refused links "
+                                             "not detached by the client")
+                self.mark_dirty()
+                return
             self.refuse_link(link, RESOURCE_LIMIT, f"at most {self.max_links} links per connection")
             return
         try:
@@ -383,6 +412,8 @@ class ClientHandler:
         link.open()
         link.condition = Condition(condition, description)
         link.close()
+        if not link.state & Link.REMOTE_CLOSED:
+            self.refused_links += 1  # until the client's detach comes (_on_link_close)
         self.mark_dirty()
 
     def refuse_oversized(self, link: Link) -> None:
@@ -402,6 +433,8 @@ class ClientHandler:
             endpoint.detached()
         link.condition = Condition(condition, description, info)
         link.close()
+        if not link.state & Link.REMOTE_CLOSED:
+            self.refused_links += 1  # until the client's detach comes (_on_link_close)
         self.mark_dirty()
 
     def _on_link_close(self, event) -> None:
@@ -409,6 +442,8 @@ class ClientHandler:
         endpoint = self.links.pop(ptr, None)
         if endpoint is not None:
             endpoint.detached()
+        elif self.refused_links and not pn_link_state(ptr) & PN_LOCAL_ACTIVE:
+            self.refused_links -= 1  # a refusal answered: proton lets the link go
         if pn_link_state(ptr) & PN_LOCAL_ACTIVE:
             pn_link_close(ptr)
         pn_link_free(ptr)  # both ends closed: proton drops it once our detach is written
