@@ -46,6 +46,13 @@ from routing import RoutingTable
 log = logging.getLogger("fedgate.node")
 
 SHUTDOWN_GRACE = 2.0  # seconds for close frames to reach clients
+# a failed SASL exchange's outcome waits FAILURE_DELAY * 2**(failures from that address
+# in the last FAILURE_MEMORY seconds - 1), at most FAILURE_DELAY_MAX: password guessing
+# from one address gets slow (with max_connections_per_ip, a bounded number at a time)
+FAILURE_DELAY = 0.1
+FAILURE_DELAY_MAX = 2.0
+FAILURE_MEMORY = 60.0
+FAILURE_ADDRESSES = 10_000  # addresses remembered at most (the oldest go first)
 
 
 def build_tls_context(config: Config) -> ssl.SSLContext | None:
@@ -174,6 +181,7 @@ class Node:
         self._user_of: dict[AmqpProtocol, str] = {}  # for the per-user limit
         self.per_ip: dict[str, int] = {}
         self.per_user: dict[str, int] = {}
+        self.sasl_failures: dict[str, tuple[int, float]] = {}  # ip -> (failures, last), oldest first
         self.views: dict[str, Callable[[], list]] = {}  # add_view (extensions)
         self.server = None  # the listener (proxy.net.network.Listener) once started
         self.address: tuple[str, int] | None = None
@@ -214,6 +222,15 @@ class Node:
         self.per_user[user] = count + 1
         self._user_of[protocol] = user
         return None
+
+    def sasl_failed(self, ip: str, now: float) -> float:
+        """A SASL exchange from ``ip`` failed: how long its outcome waits (seconds)."""
+        count, last = self.sasl_failures.pop(ip, (0, now))
+        count = 1 if now - last > FAILURE_MEMORY else count + 1
+        self.sasl_failures[ip] = (count, now)  # re-inserted: the dict stays oldest first
+        if len(self.sasl_failures) > FAILURE_ADDRESSES:
+            del self.sasl_failures[next(iter(self.sasl_failures))]
+        return min(FAILURE_DELAY_MAX, FAILURE_DELAY * 2 ** min(count - 1, 16))
 
     def release(self, protocol: AmqpProtocol) -> None:
         """A connection is gone: forget it in the per-IP and per-user counts."""

@@ -56,6 +56,7 @@ class AmqpProtocol(EngineProtocol):
             settings, self.node.authenticator, self.handler, self.loop.time(),
             cert_identity=cert_identity,
             admit=self._admit_user,
+            failure_delay=self._sasl_failed,
         )
         if refusal:
             log.warning("connection from %s refused: %s", self.peer, refusal)
@@ -67,6 +68,9 @@ class AmqpProtocol(EngineProtocol):
 
     def _admit_user(self, identity):
         return self.node.admit_user(self, identity)
+
+    def _sasl_failed(self) -> float:
+        return self.node.sasl_failed(self.ip, self.loop.time())
 
     def data_received(self, data: bytes) -> None:
         if self._failed:

@@ -124,13 +124,17 @@ class ServerConnection:
     """Protocol state of one client connection. See the module docstring."""
 
     # one per client connection: slots keep idle connections small
-    __slots__ = ("_first_frame_checked", "_handshake_deadline", "_header_answered", "_in", "_out",
-                 "_refusal", "_sasl", "admit", "authenticator", "cert_identity", "connection_ptr", "failure", "handler",
+    __slots__ = ("_first_frame_checked", "_handshake_deadline", "_header_answered", "_held", "_in", "_out",
+                 "_refusal", "_sasl", "admit", "failure_delay", "authenticator", "cert_identity", "connection_ptr", "failure", "handler",
                  "identity", "phase", "pipe", "settings", "transport_ptr")
 
     def __init__(self, settings: ConnectionSettings, authenticator, handler, now: float, *,
-                 cert_identity: str | None = None, admit=None) -> None:
+                 cert_identity: str | None = None, admit=None, failure_delay=None) -> None:
         self.settings = settings
+        # () -> seconds the outcome of a failed SASL exchange waits (per source address);
+        # the held bytes and when they go: [outcome bytes, delay, release time or None]
+        self.failure_delay = failure_delay
+        self._held: list | None = None
         self.cert_identity = cert_identity  # from the verified TLS client certificate
         self.admit = admit  # Identity -> None, or the reason to refuse it
         self._refusal: tuple[str, str] | None = None
@@ -221,6 +225,10 @@ class ServerConnection:
         self._in = b""
         result = self._sasl.result
         if isinstance(result, SaslFailure):
+            delay = self.failure_delay() if self.failure_delay is not None else 0.0
+            if delay > 0:  # the outcome waits: guessing from one address gets slow
+                self._held, self._out = [self._out, delay, None], b""
+                self._handshake_deadline = None
             self._fail(f"SASL authentication failed: {result.reason}")
         elif isinstance(result, SaslSuccess):
             self.identity = Identity(result.identity, result.mechanism, result.groups)
@@ -378,7 +386,7 @@ class ServerConnection:
     @property
     def finished(self) -> bool:
         """True when nothing more will be written: the socket may be closed."""
-        if self._out:
+        if self._out or self._held is not None:
             return False
         if self.phase is Phase.CLOSED:
             return True
@@ -386,6 +394,15 @@ class ServerConnection:
 
     def tick(self, now: float) -> float | None:
         """Run timers; return the next deadline (loop time) or None."""
+        held = self._held
+        if held is not None:  # a failed SASL outcome waiting for its delay
+            if held[2] is None:
+                held[2] = now + held[1]
+            if now < held[2]:
+                return held[2]
+            self._out += held[0]
+            self._held = None
+            return None
         deadline = None
         if self._handshake_deadline is not None:
             if self._opened():

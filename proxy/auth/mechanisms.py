@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.auth.users import UsersFile
+from proxy.auth.users import DEFAULT_ITERATIONS, UsersFile, make_record
 
 log = logging.getLogger("fedgate.sasl")
 
@@ -59,6 +59,15 @@ class Authenticator:
         self.users = users
         # per-process secret for SCRAM's answers about unknown users (RFC 5802 §5.1)
         self.secret = secrets.token_bytes(32)
+        # an unknown user's password is checked too, against a record nobody has, so
+        # PLAIN takes as long for a name that does not exist as for one that does
+        self._dummy = make_record("unknown", secrets.token_urlsafe(16),
+                                  iterations=self._usual_iterations(users))
+
+    @staticmethod
+    def _usual_iterations(users: UsersFile | None) -> int:
+        counts = [record.iterations for record in users.users.values()] if users else []
+        return max(set(counts), key=counts.count) if counts else DEFAULT_ITERATIONS
 
     def groups_of(self, name: str) -> tuple[str, ...]:
         record = self.users.get(name) if self.users else None
@@ -67,6 +76,7 @@ class Authenticator:
     def check_plain(self, name: str, password: str) -> Step:
         record = self.users.get(name) if self.users else None
         if record is None:
+            self._dummy.check_password(password)  # same work, answer thrown away
             return SaslFailure(AUTH, f"unknown user {name!r}")
         if not record.check_password(password):
             return SaslFailure(AUTH, f"wrong password for user {name!r}")

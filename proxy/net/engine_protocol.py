@@ -68,7 +68,7 @@ class EngineProtocol(asyncio.Protocol):
         conn = self.conn
         conn.process()
         out = conn.take_output()
-        if conn.pipe is not None and (out or self._input or self._timer is None):
+        if out or self._input or self._timer is None:
             # proton's idle clocks (the peer's silence, our heartbeats: §2.4.5) start at
             # the tick that sees the bytes move, so tick after every read and write, as
             # proton's own drivers do: ticking only at its deadlines sent no heartbeat
