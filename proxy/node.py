@@ -177,6 +177,7 @@ class Node:
             offered_capabilities=(anonymous_relay.CAPABILITY,),
         )
         self.connections: set[AmqpProtocol] = set()
+        self.handshaking = 0  # TLS handshakes under way (admitted, not yet AMQP connections)
         self._ip_of: dict[AmqpProtocol, str] = {}  # for the per-IP limit
         self._user_of: dict[AmqpProtocol, str] = {}  # for the per-user limit
         self.per_ip: dict[str, int] = {}
@@ -196,7 +197,7 @@ class Node:
     def admit(self, protocol: AmqpProtocol) -> str | None:
         """None to accept a new connection, else the reason to refuse it."""
         limits = self.config.limits
-        if limits.max_connections and len(self.connections) >= limits.max_connections:
+        if limits.max_connections and len(self.connections) + self.handshaking >= limits.max_connections:
             return f"connection limit {limits.max_connections} reached"
         ip = protocol.ip
         count = self.per_ip.get(ip, 0)
@@ -205,6 +206,18 @@ class Node:
         self.per_ip[ip] = count + 1
         self._ip_of[protocol] = ip
         return None
+
+    def begin_handshake(self) -> str | None:
+        """A TLS connection accepted: None to start its handshake, else why not."""
+        limit = self.config.limits.max_pending_handshakes
+        if limit and self.handshaking >= limit:
+            return f"{self.handshaking} TLS handshakes under way (max_pending_handshakes)"
+        self.handshaking += 1
+        return None
+
+    def end_handshake(self) -> None:
+        """A TLS handshake begun is over: done, failed or timed out."""
+        self.handshaking = max(0, self.handshaking - 1)
 
     def admit_user(self, protocol: AmqpProtocol, identity) -> str | None:
         """Called when SASL succeeds: None to go on, else why the user is refused."""

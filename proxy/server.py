@@ -28,7 +28,7 @@ log = logging.getLogger("fedgate.server")
 
 
 class AmqpProtocol(EngineProtocol):
-    __slots__ = ("node", "broker", "handler", "peer", "ip", "_failed")
+    __slots__ = ("node", "broker", "handler", "peer", "ip", "_failed", "_tls", "_early")
 
     def __init__(self, node) -> None:
         super().__init__(node.run_pending)  # one bound method for all connections
@@ -38,13 +38,54 @@ class AmqpProtocol(EngineProtocol):
         self.peer = ""
         self.ip = ""
         self._failed = False  # an internal error closed this connection: ignore its input
+        self._tls = False  # TLS started on this connection (TLS listeners)
+        self._early = b""  # bytes TLS handed us before start_tls returned (see data_received)
 
     def connection_made(self, transport) -> None:
-        super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.ip = sys.intern(str(peer[0])) if peer else "?"  # one string per client address
-        refusal = self.node.admit(self)
+        if self.node.tls_context is not None and not self._tls:
+            # TLS listener: the limits first, then the handshake (no TLS work for a refused one)
+            refusal = self.node.admit(self)
+            if refusal is None:
+                refusal = self.node.begin_handshake()
+                if refusal is not None:
+                    self.node.release(self)  # admitted, but no handshake: forget it again
+            if refusal:
+                log.warning("connection from %s refused before TLS: %s", self.peer, refusal)
+                transport.abort()
+                return
+            self._tls = True
+            transport.pause_reading()  # the ClientHello is for TLS, not for us (start_tls resumes)
+            self.loop.create_task(self._start_tls(transport))
+            return
+        refusal = None if self._tls else self.node.admit(self)
+        self._start(transport, refusal)
+
+    async def _start_tls(self, transport) -> None:
+        timeout = self.node.config.limits.handshake_timeout or None
+        try:
+            tls = await self.loop.start_tls(transport, self, self.node.tls_context, server_side=True,
+                                            ssl_handshake_timeout=timeout)
+        except Exception as exc:  # handshake failed, timed out, or the client went away
+            log.info("connection from %s: TLS handshake failed: %r", self.peer, exc)
+            self.node.end_handshake()
+            transport.abort()
+            self.node.release(self)
+            return
+        self.node.end_handshake()
+        if self._closed:  # the client went away just after the handshake
+            self.node.release(self)
+            return
+        self._start(tls, None)
+        if self._early:
+            early, self._early = self._early, b""
+            self.data_received(early)
+
+    def _start(self, transport, refusal: str | None) -> None:
+        """Admitted (or refused with ``refusal``): the AMQP connection's state begins."""
+        super().connection_made(transport)
         settings: ConnectionSettings = self.node.connection_settings
         self.handler = ClientHandler(self.broker, peer=self.peer, output=self,
                                      max_links=self.node.config.limits.max_links_per_connection)
@@ -73,6 +114,9 @@ class AmqpProtocol(EngineProtocol):
         return self.node.sasl_failed(self.ip, self.loop.time())
 
     def data_received(self, data: bytes) -> None:
+        if self.conn is None:  # TLS is up but start_tls has not returned to us yet
+            self._early += data
+            return
         if self._failed:
             return
         try:
@@ -81,6 +125,8 @@ class AmqpProtocol(EngineProtocol):
             self._contain("reading input")
 
     def eof_received(self) -> bool:
+        if self.conn is None:
+            return False
         if self._failed:
             return True
         try:

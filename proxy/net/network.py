@@ -36,17 +36,20 @@ class Network(Protocol):
 
 
 class TcpNetwork:
-    """Real sockets: the lean plain-TCP listener, asyncio's TLS one, asyncio connects."""
+    """Real sockets: the lean plain-TCP listener, asyncio's for TLS, asyncio connects.
+
+    A TLS listener accepts plain TCP: the protocol admits the connection (its
+    limits) and only then starts TLS on it (``loop.start_tls``, as
+    ``proxy.server.AmqpProtocol`` does), so no TLS work is spent on a connection
+    the limits refuse.
+    """
 
     async def serve(self, factory, host, port, *, ssl_context=None, handshake_timeout=None):
         if ssl_context is None:  # lean transports: most of a concentrator's memory is per client
             server = await TcpServer.start(factory, host, port, backlog=4096)
-        else:
+        else:  # asyncio's transport, which start_tls can upgrade
             server = await asyncio.get_running_loop().create_server(
-                factory, host, port, ssl=ssl_context, reuse_address=True, backlog=4096,
-                # a TLS handshake is part of the handshake deadline (slow-loris)
-                ssl_handshake_timeout=handshake_timeout or None,
-            )
+                factory, host, port, reuse_address=True, backlog=4096)
         sockname = server.sockets[0].getsockname()
         return server, (sockname[0], sockname[1])
 

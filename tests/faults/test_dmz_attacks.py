@@ -223,10 +223,16 @@ def too_many_connections_from_one_ip(dmz, plaintext, certs):
             client = RawClient("127.0.0.1", dmz.port, context=tls_context(certs), source="127.0.0.2")
             client.start_sasl()  # admitted and served
             held.append(client)
-        extra = RawClient("127.0.0.1", dmz.port, context=tls_context(certs), source="127.0.0.2")
-        held.append(extra)
-        extra.sock.sendall(SASL_HEADER)
-        reply = extra.read_until_closed(5)
+        # refused at accept, before any TLS work: the handshake itself meets a closed socket
+        try:
+            extra = RawClient("127.0.0.1", dmz.port, context=tls_context(certs), source="127.0.0.2")
+        except (ConnectionError, ssl.SSLError, OSError):
+            reply = b""
+        else:
+            held.append(extra)
+            extra.sock.sendall(SASL_HEADER)
+            reply = extra.read_until_closed(5)
+        assert "refused before TLS" in dmz.log_path.read_text()
         assert "max_connections_per_ip" in dmz.log_path.read_text()
         return "closed-at-accept" if reply == b"" else repr(reply)
     finally:

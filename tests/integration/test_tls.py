@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 
 import pytest
 
@@ -45,3 +46,36 @@ def test_mutual_tls_requires_a_trusted_client_certificate(start_node, certs):
             reply = tls_hello(node.port, bad)
             if reply == b"":  # TLS 1.3: the alert arrives as a closed stream
                 raise ssl.SSLError("closed by the node")
+
+
+def test_tls_handshakes_under_way_are_capped_and_limits_apply_before_tls(start_node, certs):
+    """Issue #21: limits were applied only after the TLS handshake, so one address opening
+    handshakes drove a node to 4 GB. Now a connection is admitted (limits) before any TLS work,
+    and at most ``max_pending_handshakes`` handshakes are under way: past that, closed at once."""
+    node = start_node({"tls": {"cert": str(certs.server_cert), "key": str(certs.server_key)},
+                       "limits": {"max_pending_handshakes": 3, "handshake_timeout": 30}})
+    silent = [socket.create_connection(("127.0.0.1", node.port), timeout=5) for _ in range(3)]
+    try:
+        refused = []
+        for _ in range(5):  # the handshake slots are taken by silent clients
+            sock = socket.create_connection(("127.0.0.1", node.port), timeout=5)
+            try:
+                refused.append(sock.recv(1) == b"")  # closed by the node without a byte
+            except ConnectionResetError:
+                refused.append(True)
+            finally:
+                sock.close()
+        assert refused == [True] * 5
+        assert "max_pending_handshakes" in node.log_path.read_text()
+    finally:
+        for sock in silent:
+            sock.close()
+    # the slots come back once the node has seen the silent clients go: a real client gets in
+    for _ in range(50):  # bounded: 5 s
+        try:
+            assert tls_hello(node.port, client_context(certs)) == SASL_HEADER
+            break
+        except (ConnectionError, ssl.SSLError, OSError):
+            time.sleep(0.1)
+    else:
+        raise AssertionError("no handshake after the silent clients left")
