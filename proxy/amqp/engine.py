@@ -165,14 +165,17 @@ def read_transfer(link, delivery, max_size: int = 0):
     delivery it returns.
     """
     if _delivery_partial(delivery):
-        if max_size and _delivery_pending(delivery) > max_size:
-            return False
-        return None
+        return _partial(delivery, max_size)
     received = _link_recv(link, _read_cbuffer, _READ_SIZE)
     if 0 <= received < _READ_SIZE and not (max_size and received > max_size):
         _link_advance(link)
         return bytes(_read_view[:received])
     return _read_rest(link, delivery, received, max_size)
+
+
+def _partial(delivery, max_size: int):
+    """A delivery whose last frame has not come: False if it is already too large, else None."""
+    return False if max_size and _delivery_pending(delivery) > max_size else None
 
 
 def _read_rest(link, delivery, received: int, max_size: int):
@@ -206,9 +209,7 @@ def relay_transfer(link, delivery, target, tag: bytes, max_size: int = 0):
     ``read_transfer`` otherwise: None (partial, aborted), False (over ``max_size``).
     """
     if _delivery_partial(delivery):
-        if max_size and _delivery_pending(delivery) > max_size:
-            return False
-        return None
+        return _partial(delivery, max_size)
     received = _link_recv(link, _read_cbuffer, _READ_SIZE)
     if 0 <= received < _READ_SIZE and not (max_size and received > max_size):
         _link_advance(link)

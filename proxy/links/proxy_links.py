@@ -286,34 +286,27 @@ class ProxyConsumer(_ProxyEndpoint):
 
     # -- messages --------------------------------------------------------------------
     def on_upstream_delivery(self, delivery) -> None:
-        if pn_link_credit(self.link_ptr) > 0 and not self.held:
+        direct = pn_link_credit(self.link_ptr) > 0 and not self.held
+        if direct:
             # the common case: primary to client through the read buffer, no copy kept
             # (a delivery lost on the way is the primary's to send again)
-            sent = relay_transfer(self.up_ptr, delivery, self.link_ptr, str(next(self.tags)).encode(),
-                                  self.handler.broker.max_message_size)
-            if sent is None:
-                return
-            if sent is False:
-                pn_delivery_update(delivery, PN_REJECTED)
-                pn_delivery_settle(delivery)
-                return
-            self.member.received += 1
-            self._forwarded(sent, delivery)
+            result = relay_transfer(self.up_ptr, delivery, self.link_ptr, str(next(self.tags)).encode(),
+                                    self.handler.broker.max_message_size)
+        else:  # the client has no credit: the bytes wait here
+            result = read_transfer(self.up_ptr, delivery, self.handler.broker.max_message_size)
+        if result is None:
             return
-        payload = read_transfer(self.up_ptr, delivery, self.handler.broker.max_message_size)
-        if payload is None:
-            return
-        if payload is False:
+        if result is False:
             pn_delivery_update(delivery, PN_REJECTED)
             pn_delivery_settle(delivery)
             return
         self.member.received += 1
-        if pn_link_credit(self.link_ptr) > 0 and not self.held:
-            self._forward(payload, delivery)
+        if direct:
+            self._forwarded(result, delivery)
         else:
             if not self.held:
                 self.held = deque()
-            self.held.append((payload, delivery))
+            self.held.append((result, delivery))
 
     def _deliver_held(self) -> None:
         held = self.held

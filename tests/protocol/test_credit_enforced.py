@@ -9,29 +9,13 @@ credit 20. Others on the node go on being served.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from fuzz import frames as f
 
-from playbook import World, run
+from playbook import AMQP_HEADER as HEADER
+from playbook import RawClient, World, run
 
 pytestmark = pytest.mark.timeout(20)
-HEADER = b"AMQP\x00\x01\x00\x00"
-
-
-class RawClient(asyncio.Protocol):
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        pass
-
-    def eof_received(self):
-        return False
-
-    def connection_lost(self, exc) -> None:
-        pass
 
 
 async def flood(world: World, node: str, address: str, count: int) -> None:

@@ -11,31 +11,13 @@ for sessions. A client that answers its refusals keeps its connection.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from fuzz import frames as f
 
-from playbook import World, run
+from playbook import AMQP_HEADER as HEADER
+from playbook import RawClient, World, run
 
 pytestmark = pytest.mark.timeout(20)
-HEADER = b"AMQP\x00\x01\x00\x00"
-
-
-class RawClient(asyncio.Protocol):
-    lost = False
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        pass
-
-    def eof_received(self):
-        return False
-
-    def connection_lost(self, exc) -> None:
-        self.lost = True
 
 
 async def raw_client(world: World, node: str) -> RawClient:

@@ -306,6 +306,27 @@ class PlaybookClient(asyncio.Protocol):
         return self.links[link]
 
 
+class RawClient(asyncio.Protocol):
+    """Bytes only: for hand-built frames (``tests/fuzz/frames.py``) a proper client never sends."""
+
+    lost = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        pass  # what the node answers is read from the world's frames
+
+    def eof_received(self):
+        return False
+
+    def connection_lost(self, exc) -> None:
+        self.lost = True
+
+
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+
+
 # -- the world -------------------------------------------------------------------------------------
 class World:
     """Nodes built by the real factory, clients, and the network between them."""
