@@ -106,6 +106,11 @@ async def auth_middleware(request: web.Request, handler):
     return await handler(request)
 
 
+async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+    """``Server: fedgate``: no versions of aiohttp or Python for a scanner to match."""
+    response.headers["Server"] = "fedgate"
+
+
 def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.Application:
     settings = node.config.admin
     app = web.Application(middlewares=[errors_middleware, auth_middleware], client_max_size=MAX_BODY)
@@ -118,6 +123,7 @@ def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.A
     sync = ClusterSync(manager, dict(settings.cluster), settings.node_token(), interval=sync_interval)
     app[CLUSTER] = sync
     app.cleanup_ctx.append(sync.context)
+    app.on_response_prepare.append(_server_header)
     for method, path, handler, _ in ROUTES:
         app.router.add_route(method, path, handler)
     return app

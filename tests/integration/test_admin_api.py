@@ -54,6 +54,14 @@ async def body(response):
     return json.loads(await response.read())
 
 
+@pytest.mark.asyncio
+async def test_responses_do_not_give_the_server_software_version(api):
+    """Issue #21: the ``Server`` header named aiohttp's and Python's versions."""
+    for path in ("/healthz", "/api/v1/rules", "/no-such-page"):
+        response = await api.get(path)
+        assert response.headers["Server"] == "fedgate", path
+
+
 # -- auth ----------------------------------------------------------------------------
 @pytest.mark.asyncio
 async def test_health_needs_no_token_everything_else_does(api):
