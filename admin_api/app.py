@@ -23,6 +23,7 @@ import logging
 import time
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from . import console, health, inspect_api, openapi, rules_api
 from .auth import Tokens, allowed, bearer_token
@@ -106,6 +107,23 @@ async def auth_middleware(request: web.Request, handler):
     return await handler(request)
 
 
+class _BadRequestsInOneLine(logging.Filter):
+    """aiohttp logs a client's malformed request (a 100 KB URL, a broken header) as an
+    error with a traceback; it is the client's fault and answered with 400: one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args = "admin API: bad HTTP request refused (%s: %.200s)", \
+                (type(exc).__name__, exc.message)
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_BAD_REQUESTS = _BadRequestsInOneLine()
+
+
 async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
     """``Server: fedgate``: no versions of aiohttp or Python for a scanner to match."""
     response.headers["Server"] = "fedgate"
@@ -124,6 +142,9 @@ def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.A
     app[CLUSTER] = sync
     app.cleanup_ctx.append(sync.context)
     app.on_response_prepare.append(_server_header)
+    server_log = logging.getLogger("aiohttp.server")
+    if _BAD_REQUESTS not in server_log.filters:
+        server_log.addFilter(_BAD_REQUESTS)
     for method, path, handler, _ in ROUTES:
         app.router.add_route(method, path, handler)
     return app

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 
 import pytest
 import pytest_asyncio
@@ -60,6 +61,21 @@ async def test_responses_do_not_give_the_server_software_version(api):
     for path in ("/healthz", "/api/v1/rules", "/no-such-page"):
         response = await api.get(path)
         assert response.headers["Server"] == "fedgate", path
+
+
+@pytest.mark.asyncio
+async def test_a_malformed_request_gets_400_and_one_log_line_without_a_traceback(api, caplog):
+    """Issue #21: a 100 KB URL was logged as an error with a traceback."""
+    import asyncio
+
+    reader, writer = await asyncio.open_connection(api.server.host, api.server.port)
+    writer.write(b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    assert (await asyncio.wait_for(reader.read(12), 5)).startswith(b"HTTP/1.0 400")
+    writer.close()  # aiohttp logs before it answers: the record is there already
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert records and all(r.exc_info is None and r.levelno < logging.ERROR for r in records)
+    assert "bad HTTP request refused" in records[0].getMessage()
 
 
 # -- auth ----------------------------------------------------------------------------
