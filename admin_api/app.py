@@ -114,7 +114,7 @@ class _BadRequestsInOneLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
-            record.msg, record.args = "admin API: bad HTTP request refused (%s: %.200s)", \
+            record.msg, record.args = "admin HTTP: bad request refused (%s: %.200s)", \
                 (type(exc).__name__, exc.message)
             record.exc_info = record.exc_text = None
             record.levelno, record.levelname = logging.INFO, "INFO"
