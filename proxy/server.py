@@ -38,14 +38,14 @@ class AmqpProtocol(EngineProtocol):
         self.peer = ""
         self.ip = ""
         self._failed = False  # an internal error closed this connection: ignore its input
-        self._tls = False  # TLS started on this connection (TLS listeners)
+        self._tls = None  # the task starting TLS on this connection (TLS listeners)
         self._early = b""  # bytes TLS handed us before start_tls returned (see data_received)
 
     def connection_made(self, transport) -> None:
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.ip = sys.intern(str(peer[0])) if peer else "?"  # one string per client address
-        if self.node.tls_context is not None and not self._tls:
+        if self.node.tls_context is not None and self._tls is None:
             # TLS listener: the limits first, then the handshake (no TLS work for a refused one)
             refusal = self.node.admit(self)
             if refusal is None:
@@ -56,11 +56,10 @@ class AmqpProtocol(EngineProtocol):
                 log.warning("connection from %s refused before TLS: %s", self.peer, refusal)
                 transport.abort()
                 return
-            self._tls = True
             transport.pause_reading()  # the ClientHello is for TLS, not for us (start_tls resumes)
-            self.loop.create_task(self._start_tls(transport))
+            self._tls = self.loop.create_task(self._start_tls(transport))  # held: not collected early
             return
-        refusal = None if self._tls else self.node.admit(self)
+        refusal = None if self._tls is not None else self.node.admit(self)
         self._start(transport, refusal)
 
     async def _start_tls(self, transport) -> None:
