@@ -99,6 +99,8 @@ def encode_frame(code: int, fields: Sequence[tuple[str, object]]) -> bytes:
             for item in value:  # type: ignore[union-attr]
                 data.put_symbol(symbol(item))
             data.exit()
+        elif kind == "symbol":
+            data.put_symbol(symbol(value))  # type: ignore[arg-type]
         elif kind == "ubyte":
             data.put_ubyte(value)  # type: ignore[arg-type]
         elif kind == "binary":

@@ -14,9 +14,8 @@ import ssl
 import struct
 
 import pytest
-from proton import Data, symbol, ulong
 
-from proxy.auth.sasl import INIT, OUTCOME, SASL_FRAME_TYPE, SASL_HEADER, decode_body
+from proxy.auth.sasl import INIT, OUTCOME, SASL_HEADER, decode_body, encode_frame
 
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 ANSWER_WITHIN = 1.0  # seconds
@@ -75,18 +74,7 @@ def read_sasl_frame(sock: socket.socket) -> tuple[int, list]:
 
 def anonymous_init() -> bytes:
     """sasl-init with the mechanism ANONYMOUS (§5.3.3.2)."""
-    data = Data()
-    data.put_described()
-    data.enter()
-    data.put_ulong(ulong(INIT))
-    data.put_list()
-    data.enter()
-    data.put_symbol(symbol("ANONYMOUS"))
-    data.put_binary(b"")
-    data.exit()
-    data.exit()
-    body = bytes(data.encode())
-    return struct.pack(">IBBH", 8 + len(body), 2, SASL_FRAME_TYPE, 0) + body
+    return encode_frame(INIT, [("symbol", "ANONYMOUS"), ("binary", b"")])
 
 
 LAYERS = [(False, False), (False, True), (True, False), (True, True)]

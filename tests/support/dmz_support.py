@@ -16,7 +16,9 @@ import ssl
 import struct
 import time
 
-from proton import Array, Connection, Data, Message, Transport, symbol, ulong
+from proton import Array, Connection, Data, Message, Transport
+
+from proxy.auth.sasl import encode_frame
 
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
@@ -24,23 +26,8 @@ SASL_INIT, SASL_CHALLENGE, SASL_RESPONSE, SASL_OUTCOME, SASL_MECHANISMS = 0x41, 
 
 
 def sasl_frame(code: int, *fields) -> bytes:
-    """fields: ("symbol", s) | ("binary", b) | ("string", s) | None."""
-    data = Data()
-    data.put_described()
-    data.enter()
-    data.put_ulong(ulong(code))
-    data.put_list()
-    data.enter()
-    for field in fields:
-        if field is None:
-            data.put_null()
-        else:
-            kind, value = field
-            getattr(data, f"put_{kind}")(symbol(value) if kind == "symbol" else value)
-    data.exit()
-    data.exit()
-    body = bytes(data.encode())
-    return struct.pack(">IBBH", 8 + len(body), 2, 1, 0) + body
+    """fields: ("symbol", s) | ("binary", b) | None (the node's own encoder writes them)."""
+    return encode_frame(code, [field if field is not None else ("binary", None) for field in fields])
 
 
 def parse_sasl_frame(frame: bytes) -> tuple[int, list]:
