@@ -145,6 +145,7 @@ class Node:
             resolve=self.routing.resolve,
             credit_window=defaults.credit_window,
             max_message_size=config.limits.max_message_size,
+            max_output_buffer=config.limits.max_output_buffer,
             authorize=self._authorizer(config),
             exchange_config=config,
             queue_options=queue_options,

@@ -167,15 +167,37 @@ class AmqpProtocol(EngineProtocol):
         conn.release()
         self.broker.run_pending()
 
+    # -- output bound (issue #21) ---------------------------------------------
+    # The socket's write buffer past its high-water mark: the client is not reading.
+    # Its consumers get nothing more (the queue keeps it) and we stop reading its
+    # input, which would only make more output (dispositions, flow); both resume once
+    # the buffer is down to the low-water mark.
     def pause_writing(self) -> None:
         self.handler.pause()
+        if not self._closed:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        self.handler.resume()
+        if not self._closed:
+            self.transport.resume_reading()
+        self.handler.writable = True
+        self._resume_output()
+
+    def _resume_output(self) -> None:
+        if self._closed:
+            return
+        self.handler.resume()  # does nothing while the socket is paused
         try:
             self.broker.run_pending()
         except Exception:
             self._contain("resuming output")
+
+    def flush(self) -> None:
+        super().flush()
+        handler = self.handler
+        if handler is not None and handler.blocked and handler.output_drained():
+            # what a full session held went out: its consumers go on, after others had a turn
+            self.loop.call_soon(self._resume_output)
 
     def close(self, condition: str | None = None, description: str | None = None) -> None:
         """Node-initiated close (shutdown, admin)."""

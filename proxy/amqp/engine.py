@@ -144,6 +144,8 @@ _delivery_settle = _lib.pn_delivery_settle
 
 _link_queued = _lib.pn_link_queued
 _link_credit = _lib.pn_link_credit
+link_session = _lib.pn_link_session  # the link holds its session: the pointer lives as long
+session_outgoing_bytes = _lib.pn_session_outgoing_bytes  # sent into proton, not yet written out
 
 
 def beyond_credit(link) -> bool:

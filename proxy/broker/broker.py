@@ -54,6 +54,7 @@ class Broker:
         resolve: Callable,
         credit_window: int = 1000,
         max_message_size: int = 0,
+        max_output_buffer: int = 256 * 1024,
         authorize: Callable | None = None,
         journal=None,
         exchange_config=None,
@@ -71,6 +72,7 @@ class Broker:
         self.resolve = resolve
         self.credit_window = credit_window
         self.max_message_size = max_message_size
+        self.max_output_buffer = max_output_buffer or 1 << 62  # per session (ClientHandler.can_send)
         self.authorize = authorize or (lambda identity, address, direction: True)
         self.dirty_queues: set[LocalQueue] = set()
         self.dirty_handlers: set[ClientHandler] = set()

@@ -38,6 +38,7 @@ from cproton import (
 from proton import Condition, Link, Session, Terminus
 
 from proxy.amqp import engine
+from proxy.amqp.engine import session_outgoing_bytes
 from proxy.amqp.termini import filter_names
 from proxy.broker import relay as anonymous_relay
 from proxy.links.proxy_links import ProxyConsumer, ProxyProducer
@@ -112,7 +113,7 @@ class ClientHandler:
 
     # one per connection: slots keep an idle connection small (10,000 of them)
     __slots__ = ("broker", "connection_id", "peer", "max_links", "server_connection",
-                 "links", "writable", "output", "refused_links")
+                 "links", "writable", "output", "refused_links", "blocked")
 
     def __init__(self, broker: Broker, *, peer: str = "", max_links: int = 0, output=None) -> None:
         self.broker = broker
@@ -126,6 +127,7 @@ class ClientHandler:
         # links we refused whose detach the client has not answered yet: proton keeps them
         # (their handles stay in use, §2.6.4), so they count against max_links
         self.refused_links = 0
+        self.blocked: set | None = None  # endpoints stopped by a full session (can_send)
 
     # -- plumbing -------------------------------------------------------------
     def on_amqp_start(self, server_connection) -> None:
@@ -219,6 +221,7 @@ class ClientHandler:
             endpoint.detached()
         self.broker.handlers.pop(self.connection_id, None)
         self.broker.dirty_handlers.discard(self)
+        self.blocked = None
 
     # -- links ------------------------------------------------------------------
     def _on_link_open(self, event) -> None:
@@ -463,11 +466,42 @@ class ClientHandler:
             pn_delivery_settle(delivery)
 
     # -- write-side backpressure -------------------------------------------
+    # A slow reader must not make the node buffer what the queue would hold: a
+    # consumer sends only while its socket takes bytes (``writable``, cleared by
+    # the socket's pause_writing) and its session holds less than
+    # ``broker.max_output_buffer`` bytes not yet written out (proton keeps what
+    # the client's session window, §2.5.6, does not let it send yet).
+    def can_send(self, endpoint) -> bool:
+        """Whether ``endpoint`` (a sending link with ``session_ptr``) may hand over one more delivery."""
+        if not self.writable:
+            return False
+        if session_outgoing_bytes(endpoint.session_ptr) < self.broker.max_output_buffer:
+            return True
+        if self.blocked is None:
+            self.blocked = set()
+        self.blocked.add(endpoint)
+        return False
+
+    def output_drained(self) -> bool:
+        """After a write: whether a blocked session has room again (then ``resume``)."""
+        blocked = self.blocked
+        if not blocked or not self.writable:
+            return False
+        limit = self.broker.max_output_buffer
+        for endpoint in blocked:
+            if session_outgoing_bytes(endpoint.session_ptr) < limit:
+                self.blocked = None  # each re-checks on its next send
+                return True
+        return False
+
     def pause(self) -> None:
         self.writable = False
 
     def resume(self) -> None:
-        self.writable = True
+        """Output has room again: every sending link goes on (each re-checks ``can_send``)."""
+        if not self.writable:
+            return
+        self.blocked = None
         for endpoint in list(self.links.values()):
             endpoint.on_flow()
 

@@ -184,13 +184,16 @@ class LimitsSection:
     handshake_timeout: float = 10.0
     # TLS handshakes under way at once (each holds TLS state); more are refused at accept
     max_pending_handshakes: int = 256
+    # bytes a session may hold for a client that is not reading (deliveries wait on the queue)
+    max_output_buffer: int = 256 * 1024
 
     def check(self, key: str) -> None:
         if not 512 <= self.max_frame_size <= 16 * 1024 * 1024:
             raise ConfigError(f"{key}.max_frame_size", "between 512 and 16777216")
         for name in ("max_message_size", "max_connections", "max_sessions_per_connection",
                      "max_links_per_connection", "max_connections_per_ip",
-                     "max_connections_per_user", "max_relay_destinations", "max_pending_handshakes"):
+                     "max_connections_per_user", "max_relay_destinations", "max_pending_handshakes",
+                     "max_output_buffer"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{key}.{name}", "must not be negative")
         if self.idle_timeout < 0 or self.handshake_timeout < 0:

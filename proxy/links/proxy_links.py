@@ -46,6 +46,7 @@ from cproton import (
     PN_ACCEPTED,
     PN_REJECTED,
     PN_RELEASED,
+    pn_delivery_pending,
     pn_delivery_remote_state,
     pn_delivery_settle,
     pn_delivery_settled,
@@ -62,6 +63,7 @@ from proxy.amqp.engine import (
     ClientLinkEndpoint,
     beyond_credit,
     hold,
+    link_session,
     read_transfer,
     relay_transfer,
     send_message,
@@ -77,6 +79,12 @@ log = logging.getLogger("fedgate.proxy")
 DRAIN_GRACE = 0.1
 NOT_IMPLEMENTED = "amqp:not-implemented"
 _NONE_HELD = ()  # ProxyConsumer.held while nothing is held
+# Credit the primary gets for a client (issue #21): what a client does not read must
+# stay on the primary's queue, so at most about OUTPUT_WINDOWS x [limits]
+# max_output_buffer bytes are on the way for one consumer (and at most the broker's
+# credit window of messages); FIRST_WINDOW until a message showed their size.
+FIRST_WINDOW = 16
+OUTPUT_WINDOWS = 2
 _NONE_UNSETTLED: dict = {}  # ProxyConsumer.unsettled until its first delivery (never written to)
 _link_names = itertools.count(1)
 
@@ -117,6 +125,7 @@ class _ProxyEndpoint(ClientLinkEndpoint, UpstreamLinkOwner):
         self.handler = handler
         self.capabilities = capabilities  # added to the upstream terminus (e.g. fragment links)
         self.link_ptr = hold(client_link._impl)
+        self.session_ptr = link_session(self.link_ptr)
         self.upstream = upstream
         self.remote_address = remote_address
         self.address = remote_address
@@ -158,6 +167,7 @@ class ProxyConsumer(_ProxyEndpoint):
 
     recheck_interval = 0.0  # seconds idle before the remote source is re-checked; 0: never
     drain_timer = None  # a drain the node answers itself (a primary that cannot drain)
+    size_hint = 0  # bytes of the largest message seen (sets _window)
     check_source = False  # whether the primary's answer must keep a browse or a filter
 
     def __init__(self, handler, client_link, upstream, remote_address, *, presettled: bool,
@@ -236,7 +246,11 @@ class ProxyConsumer(_ProxyEndpoint):
         up = self.up_ptr
         if up is None or not self.up_attached:
             return
-        client_credit = pn_link_credit(self.link_ptr) if self.handler.writable else 0
+        client_credit = pn_link_credit(self.link_ptr) if self.handler.can_send(self) else 0
+        if client_credit > FIRST_WINDOW and not pn_link_get_drain(self.link_ptr):
+            # at most a window on the way from the primary, whatever credit the client
+            # gave (a drain gets it all: §2.6.7 asks the primary for what it has)
+            client_credit = min(client_credit, self._window())
         up_credit = pn_link_credit(up)
         want = client_credit - up_credit - len(self.held)
         changed = False
@@ -262,6 +276,12 @@ class ProxyConsumer(_ProxyEndpoint):
         if changed:
             self.member.mark_dirty()
 
+    def _window(self) -> int:
+        broker = self.handler.broker
+        if not self.size_hint:
+            return FIRST_WINDOW
+        return max(1, min(broker.credit_window, OUTPUT_WINDOWS * broker.max_output_buffer // self.size_hint))
+
     def _drain_here(self) -> None:
         self.drain_timer = None
         if self.closed or not self.draining:
@@ -286,7 +306,9 @@ class ProxyConsumer(_ProxyEndpoint):
 
     # -- messages --------------------------------------------------------------------
     def on_upstream_delivery(self, delivery) -> None:
-        direct = pn_link_credit(self.link_ptr) > 0 and not self.held
+        if not self.size_hint:
+            self.size_hint = max(1, pn_delivery_pending(delivery))
+        direct = pn_link_credit(self.link_ptr) > 0 and not self.held and self.handler.can_send(self)
         if direct:
             # the common case: primary to client through the read buffer, no copy kept
             # (a delivery lost on the way is the primary's to send again)
@@ -307,10 +329,12 @@ class ProxyConsumer(_ProxyEndpoint):
             if not self.held:
                 self.held = deque()
             self.held.append((result, delivery))
+            if len(result) > self.size_hint:
+                self.size_hint = len(result)
 
     def _deliver_held(self) -> None:
         held = self.held
-        while held and pn_link_credit(self.link_ptr) > 0:
+        while held and pn_link_credit(self.link_ptr) > 0 and self.handler.can_send(self):
             self._forward(*held.popleft())
 
     def _forward(self, payload: bytes, up_delivery) -> None:

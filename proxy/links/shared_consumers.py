@@ -242,6 +242,7 @@ class SharedConsumer(engine.ClientLinkEndpoint):
                  presettled: bool) -> None:
         self.handler = handler
         self.link_ptr = engine.hold(link._impl)
+        self.session_ptr = engine.link_session(self.link_ptr)
         self.subscription = subscription
         self.presettled = presettled
         self.remote_address = subscription.remote_address
@@ -253,7 +254,7 @@ class SharedConsumer(engine.ClientLinkEndpoint):
 
     @property
     def credit(self) -> int:
-        return pn_link_credit(self.link_ptr) if self.handler.writable else 0
+        return pn_link_credit(self.link_ptr) if self.handler.can_send(self) else 0
 
     def forward(self, payload: bytes, up_delivery) -> None:
         ptr = self.link_ptr

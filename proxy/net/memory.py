@@ -11,6 +11,10 @@ factory registered under ``(host, port)``; a connect to it makes a pipe of two
 ``connection_lost`` exactly once per side). Bytes written are delivered to the
 other side by ``loop.call_soon``, so they arrive in order and only when the
 loop runs: the same interleaving real sockets give, without their timing.
+A reader that pauses reading backs the pipe up as TCP does: what waits for it
+counts against the writer's buffer limits, and the writer gets
+``pause_writing`` past the high-water mark and ``resume_writing`` once the
+reader has taken it down to the low-water mark.
 
 What the network can do to them, as tests need it:
 
@@ -53,16 +57,22 @@ class MemoryTransport(asyncio.Transport):
         self._lost = False
         self._paused = False
         self._waiting: list[bytes] = []  # arrived while reading was paused
+        self._unread = 0  # bytes this side wrote that wait in the peer's paused input
+        self._high = 64 * 1024
+        self._low = 16 * 1024
+        self._writing_paused = False
 
     # -- asyncio.Transport ------------------------------------------------------------
     def get_extra_info(self, name, default=None):
         return {"peername": self._peername, "sockname": (self._host, 0)}.get(name, default)
 
     def set_write_buffer_limits(self, high=None, low=None) -> None:
-        pass  # a pipe never backs up: the reader is in the same loop
+        if high is None:
+            high = 64 * 1024 if low is None else 4 * low
+        self._high, self._low = high, high // 4 if low is None else low
 
     def get_write_buffer_size(self) -> int:
-        return 0
+        return self._unread
 
     def is_closing(self) -> bool:
         return self._closing or self._lost
@@ -77,6 +87,9 @@ class MemoryTransport(asyncio.Transport):
         self._paused = False
         waiting, self._waiting = self._waiting, []
         for data in waiting:
+            if self._lost:
+                return
+            self.peer._taken(len(data))
             self._arrive(data)
 
     def is_reading(self) -> bool:
@@ -106,8 +119,22 @@ class MemoryTransport(asyncio.Transport):
             return
         if self._paused:
             self._waiting.append(data)
+            self.peer._backed_up(len(data))
             return
         self.protocol.data_received(data)
+
+    def _backed_up(self, size: int) -> None:
+        """``size`` bytes we wrote wait for the peer to read again (a full socket buffer)."""
+        self._unread += size
+        if not self._writing_paused and self._unread > self._high and not self._lost:
+            self._writing_paused = True
+            self.protocol.pause_writing()
+
+    def _taken(self, size: int) -> None:
+        self._unread -= size
+        if self._writing_paused and self._unread <= self._low and not self._lost:
+            self._writing_paused = False
+            self.protocol.resume_writing()
 
     def _eof(self) -> None:
         if not self._lost:

@@ -24,6 +24,8 @@ An accepted socket gets a protocol from the factory and a
 * ``connection_made(transport)`` once, then ``data_received(bytes)`` per read;
 * end of input: ``eof_received()``; if it returns true the socket stays open
   for writing (our close frames) until ``close()``;
+* ``pause_reading()`` / ``resume_reading()``: input is not read meanwhile
+  (the kernel's buffer fills, and TCP slows the peer down);
 * ``write(data)`` sends at once and buffers what the kernel did not take,
   then waits for writability; past the high-water mark the protocol gets
   ``pause_writing()``, below the low-water mark ``resume_writing()``;
@@ -55,7 +57,7 @@ class SocketTransport:
     """One accepted, non-blocking TCP socket (a bare descriptor) driving an asyncio-style protocol."""
 
     __slots__ = ("_server", "_fd", "_protocol", "_buffer", "_closing", "_lost", "_paused",
-                 "_high", "_low", "_reading", "_mask")
+                 "_high", "_low", "_reading", "_read_paused", "_mask")
 
     def __init__(self, server: "TcpServer", fd: int, protocol) -> None:
         self._server = server
@@ -67,7 +69,8 @@ class SocketTransport:
         self._paused = False
         self._high = 64 * 1024
         self._low = 16 * 1024
-        self._reading = True
+        self._reading = True  # until end of input or close
+        self._read_paused = False  # pause_reading: the protocol cannot take input now
         self._mask = 0  # what the epoll set watches for this descriptor
         server.transports[fd] = self
 
@@ -101,6 +104,18 @@ class SocketTransport:
 
     def is_closing(self) -> bool:
         return self._closing
+
+    def pause_reading(self) -> None:
+        self._read_paused = True
+        self._watch()
+
+    def resume_reading(self) -> None:
+        if self._read_paused:
+            self._read_paused = False
+            self._watch()
+
+    def is_reading(self) -> bool:
+        return self._reading and not self._read_paused and not self._closing
 
     def write(self, data) -> None:
         if self._closing or not data:
@@ -141,7 +156,8 @@ class SocketTransport:
         # write it wakes fails or sees the end, which closes the transport
         if self._buffer and events & (select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP):
             self._write_ready()
-        if self._reading and events & (select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP):
+        if self._reading and not self._read_paused and events & (select.EPOLLIN | select.EPOLLERR |
+                                                                 select.EPOLLHUP):
             self._read_ready()
 
     def _read_ready(self) -> None:
@@ -184,7 +200,8 @@ class SocketTransport:
         """Tell the epoll set what we wait for now: input while reading, output while buffered."""
         if self._lost:
             return
-        mask = (select.EPOLLIN if self._reading else 0) | (select.EPOLLOUT if self._buffer else 0)
+        reading = self._reading and not self._read_paused
+        mask = (select.EPOLLIN if reading else 0) | (select.EPOLLOUT if self._buffer else 0)
         if mask == self._mask:
             return
         epoll = self._server.epoll

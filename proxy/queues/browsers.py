@@ -39,11 +39,12 @@ from proxy.queues.local import LocalQueue
 class QueueBrowser(engine.ClientLinkEndpoint):
     """Local queue -> client, as copies. Our side is a proton Sender."""
 
-    __slots__ = ("handler", "link_ptr", "queue", "presettled", "after", "tags", "address", "sent")
+    __slots__ = ("handler", "link_ptr", "session_ptr", "queue", "presettled", "after", "tags", "address", "sent")
 
     def __init__(self, handler, link, queue: LocalQueue, *, presettled: bool) -> None:
         self.handler = handler
         self.link_ptr = engine.hold(link._impl)
+        self.session_ptr = engine.link_session(self.link_ptr)
         self.queue = queue
         self.presettled = presettled
         self.after = 0  # seq of the last message sent; 0 before the first
@@ -53,7 +54,7 @@ class QueueBrowser(engine.ClientLinkEndpoint):
 
     @property
     def credit(self) -> int:
-        if not self.handler.writable:
+        if not self.handler.can_send(self):
             return 0
         return pn_link_credit(self.link_ptr)
 

@@ -188,7 +188,7 @@ class QueueConsumer(engine.ClientLinkEndpoint):
     """Local queue -> client. Our side is a proton Sender."""
 
     __slots__ = (
-        "handler", "link_ptr", "queue", "consumer_id", "presettled",
+        "handler", "link_ptr", "session_ptr", "queue", "consumer_id", "presettled",
         "unsettled", "tags", "owns_queue", "address", "sent",
     )
 
@@ -196,6 +196,7 @@ class QueueConsumer(engine.ClientLinkEndpoint):
                  presettled: bool, owns_queue: bool) -> None:
         self.handler = handler
         self.link_ptr = engine.hold(link._impl)
+        self.session_ptr = engine.link_session(self.link_ptr)
         self.queue = queue
         self.consumer_id = next(handler.broker.consumer_ids)
         self.presettled = presettled
@@ -207,7 +208,7 @@ class QueueConsumer(engine.ClientLinkEndpoint):
 
     @property
     def credit(self) -> int:
-        if not self.handler.writable:
+        if not self.handler.can_send(self):
             return 0
         return pn_link_credit(self.link_ptr)
 

@@ -242,8 +242,14 @@ class PlaybookClient(asyncio.Protocol):
         self.flush()
 
     def data_received(self, data: bytes) -> None:
-        self.engine.push(data)
-        self._events()
+        view = memoryview(data)
+        while view:  # proton takes what its input buffer has room for, then reads it
+            room = self.engine.capacity()
+            if room < 0:
+                return  # its input is closed
+            self.engine.push(view[:room].tobytes())
+            view = view[room:]
+            self._events()
         self.flush()
 
     def eof_received(self):
