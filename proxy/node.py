@@ -130,10 +130,16 @@ class Node:
                 "max_depth": decl.max_depth if decl and decl.max_depth else defaults.max_depth,
                 "dead_letter": (decl.dead_letter if decl and decl.dead_letter else defaults.dead_letter),
                 "durable": decl.durable if decl and decl.durable is not None else defaults.durable,
+                "max_bytes": decl.max_bytes if decl and decl.max_bytes else defaults.max_bytes,
+                "overflow": decl.overflow if decl and decl.overflow else defaults.overflow,
             }
 
         self.queue_options = queue_options
-        self.queues = QueueRegistry(auto_create=defaults.auto_create, defaults=queue_options)
+        self.queues = QueueRegistry(
+            auto_create=defaults.auto_create, defaults=queue_options,
+            max_memory=config.limits.max_memory,
+            temporary_defaults={"max_depth": defaults.max_depth, "max_bytes": defaults.max_bytes,
+                                "overflow": defaults.overflow})
         for name in declared:
             self.queues.declare(name, **queue_options(name))
         # the journal of durable queues (opened, and the queues refilled, by start)
@@ -146,6 +152,7 @@ class Node:
             credit_window=defaults.credit_window,
             max_message_size=config.limits.max_message_size,
             max_output_buffer=config.limits.max_output_buffer,
+            max_temporary_queues=config.limits.max_temp_queues_per_connection,
             authorize=self._authorizer(config),
             exchange_config=config,
             queue_options=queue_options,

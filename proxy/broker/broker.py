@@ -34,7 +34,7 @@ from proxy.exchanges.exchange import Exchanges
 from proxy.metrics import Histogram
 from proxy.net.network import TcpNetwork
 from proxy.queues import durable as journal_queues
-from proxy.queues.local import LocalQueue, QueueRegistry, StoredMessage
+from proxy.queues.local import DROP_HEAD, LocalQueue, QueueRegistry, StoredMessage
 from proxy.upstream.pool import UpstreamRegistry
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ class Broker:
         credit_window: int = 1000,
         max_message_size: int = 0,
         max_output_buffer: int = 256 * 1024,
+        max_temporary_queues: int = 0,
         authorize: Callable | None = None,
         journal=None,
         exchange_config=None,
@@ -73,9 +74,12 @@ class Broker:
         self.credit_window = credit_window
         self.max_message_size = max_message_size
         self.max_output_buffer = max_output_buffer or 1 << 62  # per session (ClientHandler.can_send)
+        self.max_temporary_queues = max_temporary_queues  # per connection; 0 = no limit
         self.authorize = authorize or (lambda identity, address, direction: True)
         self.dirty_queues: set[LocalQueue] = set()
         self.dirty_handlers: set[ClientHandler] = set()
+        # [limits] max_memory: queues that withheld credit get their producers topped up
+        queues.memory.on_room = self.dirty_queues.update
         self.handlers: dict[int, ClientHandler] = {}
         self.consumer_ids = itertools.count(1)
         self.connection_ids = itertools.count(1)
@@ -122,6 +126,18 @@ class Broker:
     def enqueue(self, queue: LocalQueue, message: StoredMessage, *, expiry: bool = True) -> None:
         queue.enqueue(message, expiry=expiry)
         self.dirty_queues.add(queue)
+        if queue.max_bytes and queue.bytes > queue.max_bytes and queue.overflow == DROP_HEAD:
+            self._dropped(queue, queue.drop_head())
+
+    def _dropped(self, queue: LocalQueue, dropped: list) -> None:
+        """Overflow drop-head (as RabbitMQ's): the oldest are dead-lettered if the queue says so."""
+        for message in dropped:
+            if queue.dead_letter:
+                queue.stats.dead_lettered += 1
+                self.dead_letter(queue, message)
+            journal_queues.dequeued(self.journal, message)
+        if dropped:
+            log.debug("queue %s: %d messages dropped from the head (max_bytes)", queue.name, len(dropped))
 
     def dead_letter(self, queue: LocalQueue, message: StoredMessage) -> None:
         target = self.queues.lookup_or_create(queue.dead_letter) if queue.dead_letter else None
@@ -148,6 +164,9 @@ class Broker:
         if queue.consumers or queue.producers or queue.browsers:
             return
         self.queues.delete(queue.name)
+        if queue.creator is not None:
+            queue.creator.temporary_queues -= 1
+            queue.creator = None
         dropped = queue.purge()
         if dropped:
             log.info("temporary queue %s deleted with %d messages", queue.name, dropped)

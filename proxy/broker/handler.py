@@ -113,7 +113,7 @@ class ClientHandler:
 
     # one per connection: slots keep an idle connection small (10,000 of them)
     __slots__ = ("broker", "connection_id", "peer", "max_links", "server_connection",
-                 "links", "writable", "output", "refused_links", "blocked")
+                 "links", "writable", "output", "refused_links", "blocked", "temporary_queues")
 
     def __init__(self, broker: Broker, *, peer: str = "", max_links: int = 0, output=None) -> None:
         self.broker = broker
@@ -128,6 +128,7 @@ class ClientHandler:
         # (their handles stay in use, §2.6.4), so they count against max_links
         self.refused_links = 0
         self.blocked: set | None = None  # endpoints stopped by a full session (can_send)
+        self.temporary_queues = 0  # made by this connection and not deleted yet
 
     # -- plumbing -------------------------------------------------------------
     def on_amqp_start(self, server_connection) -> None:
@@ -267,6 +268,14 @@ class ClientHandler:
             raise LinkRefused(NOT_IMPLEMENTED, f"{decision.kind} addresses are not served yet: {decision.reason}")
         return decision
 
+    def _temporary_queue(self) -> LocalQueue:
+        limit = self.broker.max_temporary_queues
+        if limit and self.temporary_queues >= limit:
+            raise LinkRefused(RESOURCE_LIMIT, f"{self.temporary_queues} temporary queues on this "
+                                              f"connection (max_temp_queues_per_connection {limit})")
+        self.temporary_queues += 1
+        return self.broker.queues.create_temporary(self.broker.temp_prefix, creator=self)
+
     def _local_queue(self, address: str) -> LocalQueue:
         queue = self.broker.queues.lookup_or_create(address)
         if queue is None:
@@ -278,7 +287,7 @@ class ClientHandler:
         if remote.dynamic:
             self.check_access(None, "receive")
             _refuse_filters(remote, "temporary queue")
-            queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
+            queue = self._temporary_queue()
             self.attach_queue_consumer(link, queue, owns_queue=True)
             return
         if self.broker.exchanges.get(remote.address) is not None:
@@ -307,7 +316,7 @@ class ClientHandler:
             raise LinkRefused(NOT_IMPLEMENTED, "transactions are not supported")
         if remote.dynamic:
             self.check_access(None, "send")
-            queue = self.broker.queues.create_temporary(self.broker.temp_prefix)
+            queue = self._temporary_queue()
             self.attach_queue_producer(link, queue)
             return
         exchanges = self.broker.exchanges

@@ -186,6 +186,9 @@ class LimitsSection:
     max_pending_handshakes: int = 256
     # bytes a session may hold for a client that is not reading (deliveries wait on the queue)
     max_output_buffer: int = 256 * 1024
+    # bytes of messages all local queues may hold; above it publishers get no new credit
+    max_memory: int = 0  # 0 = unlimited
+    max_temp_queues_per_connection: int = 64  # 0 = unlimited
 
     def check(self, key: str) -> None:
         if not 512 <= self.max_frame_size <= 16 * 1024 * 1024:
@@ -193,7 +196,7 @@ class LimitsSection:
         for name in ("max_message_size", "max_connections", "max_sessions_per_connection",
                      "max_links_per_connection", "max_connections_per_ip",
                      "max_connections_per_user", "max_relay_destinations", "max_pending_handshakes",
-                     "max_output_buffer"):
+                     "max_output_buffer", "max_memory", "max_temp_queues_per_connection"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{key}.{name}", "must not be negative")
         if self.idle_timeout < 0 or self.handshake_timeout < 0:
@@ -207,10 +210,13 @@ class QueuesSection:
     credit_window: int = 1000
     dead_letter: str | None = None
     durable: bool = False  # journal messages sent with header durable=true (proxy.journal)
+    max_bytes: int = 0  # 0 = unlimited
+    overflow: str = "reject-publish"  # or "drop-head"
 
     def check(self, key: str) -> None:
         if self.max_depth < 0:
             raise ConfigError(f"{key}.max_depth", "must not be negative")
+        _check_bytes(key, self.max_bytes, self.overflow)
         if not 1 <= self.credit_window <= 100_000:
             raise ConfigError(f"{key}.credit_window", "between 1 and 100000")
 
@@ -221,12 +227,22 @@ class QueueDecl:
     max_depth: int = 0
     dead_letter: str | None = None
     durable: bool | None = None  # None: [queues] durable
+    max_bytes: int = 0  # 0: [queues] max_bytes
+    overflow: str | None = None  # None: [queues] overflow
 
     def check(self, key: str) -> None:
         if not self.name:
             raise ConfigError(f"{key}.name", "required")
         if self.max_depth < 0:
             raise ConfigError(f"{key}.max_depth", "must not be negative")
+        _check_bytes(key, self.max_bytes, self.overflow)
+
+
+def _check_bytes(key: str, max_bytes: int, overflow: str | None) -> None:
+    if max_bytes < 0:
+        raise ConfigError(f"{key}.max_bytes", "must not be negative")
+    if overflow is not None and overflow not in ("reject-publish", "drop-head"):
+        raise ConfigError(f"{key}.overflow", "'reject-publish' or 'drop-head'")
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from proxy.queues.local import LocalQueue, StoredMessage
 log = logging.getLogger("fedgate.broker")
 
 INTERNAL_ERROR = "amqp:internal-error"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 
 def _settle_at_home(message: StoredMessage, state, client_delivery) -> None:
     """A stolen message's outcome goes to the fragment it came from (fragments.steal).
@@ -103,6 +104,12 @@ class QueueProducer(engine.ClientLinkEndpoint):
             return
         ptr = self.link_ptr
         self.received += 1
+        queue = self.queue
+        if queue.max_bytes and queue.refuses(len(payload)):
+            # overflow reject-publish: sent on credit given before the queue filled
+            self._reject(delivery, f"queue {queue.name!r} is full (max_bytes {queue.max_bytes})",
+                         RESOURCE_LIMIT)
+            return
         message = StoredMessage(payload)
         journal = self.handler.broker.journal
         if journal is None or not (self.awaiting or self.queue.durable) \
@@ -157,12 +164,12 @@ class QueueProducer(engine.ClientLinkEndpoint):
             self.top_up()
         return bool(awaiting)
 
-    def _reject(self, delivery, description: str) -> None:
+    def _reject(self, delivery, description: str, condition: str = INTERNAL_ERROR) -> None:
         if pn_delivery_settled(delivery):
             pn_delivery_settle(delivery)
             return
         wrapped = Delivery.wrap(delivery)
-        wrapped.local.condition = Condition(INTERNAL_ERROR, description)
+        wrapped.local.condition = Condition(condition, description)
         wrapped.update(Delivery.REJECTED)
         wrapped.settle()
         self.handler.mark_dirty()
@@ -224,7 +231,7 @@ class QueueConsumer(engine.ClientLinkEndpoint):
                 self.unsettled[delivery] = message
         elif self.presettled:
             pn_delivery_settle(delivery)
-            self.queue.settled_accepted()
+            self.queue.settled_accepted(message)
             journal_queues.dequeued(self.handler.broker.journal, message)
             self.handler.broker.delivery_latency.observe(monotonic() - message.enqueued_at)
         else:
@@ -247,7 +254,7 @@ class QueueConsumer(engine.ClientLinkEndpoint):
         broker = self.handler.broker
         if state == PN_ACCEPTED or not state:
             # settled without an outcome: the source's default, accepted here
-            queue.settled_accepted()
+            queue.settled_accepted(message)
             journal_queues.dequeued(broker.journal, message)
             broker.delivery_latency.observe(monotonic() - message.enqueued_at)
             if queue.producers_blocked:

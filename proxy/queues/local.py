@@ -17,6 +17,11 @@ callbacks back into proton transfers.
 * ``dispatch()`` hands head messages to consumers with credit, round-robin,
   skipping consumers a message is marked undeliverable-here for. It never
   sends without credit: ``Consumer.credit`` is the link credit proton reports.
+* Bytes: ``bytes`` counts the payloads a queue holds (waiting and handed out,
+  not yet settled), and every queue adds to the node's ``MemoryUse``. A queue at
+  its ``max_bytes`` (overflow ``reject-publish``) or a node at ``[limits]
+  max_memory`` gives its producers no new credit; with ``drop-head`` the oldest
+  waiting messages make room instead (``Broker.enqueue``).
 * Producer credit is computed from the depth limit: ``room()`` is how many more
   messages may be granted to senders so that the depth limit is never passed
   (§2.6.7 flow control: credit withheld = backpressure, nothing dropped).
@@ -70,6 +75,40 @@ class Consumer(Protocol):
     def deliver(self, message: StoredMessage) -> None: ...
 
 
+class MemoryUse:
+    """Bytes held by all local queues of a node, against ``[limits] max_memory`` (0: no limit).
+
+    Over the limit, queues give their producers no new credit (they join
+    ``blocked``); once use falls below ``RESUME`` of the limit, ``on_room`` is
+    called with them, for their producers to be topped up again. Consumers go
+    on draining meanwhile, and what was sent on credit already given is taken.
+    """
+
+    RESUME = 0.9
+
+    __slots__ = ("limit", "used", "blocked", "on_room")
+
+    def __init__(self, limit: int = 0) -> None:
+        self.limit = limit
+        self.used = 0
+        self.blocked: set = set()
+        self.on_room: Callable[[set], None] = lambda queues: None
+
+    @property
+    def over(self) -> bool:
+        return bool(self.limit) and self.used >= self.limit
+
+    def freed(self) -> None:
+        if self.used < self.limit * self.RESUME:
+            queues, self.blocked = self.blocked, set()
+            self.on_room(queues)
+
+
+REJECT_PUBLISH = "reject-publish"
+DROP_HEAD = "drop-head"
+OVERFLOW_POLICIES = (REJECT_PUBLISH, DROP_HEAD)
+
+
 @dataclass
 class QueueStats:
     enqueued: int = 0
@@ -80,6 +119,7 @@ class QueueStats:
     rejected: int = 0
     dead_lettered: int = 0
     expired: int = 0
+    dropped: int = 0  # taken from the head by overflow drop-head
 
 
 @dataclass(eq=False)  # identity semantics: queues live in sets
@@ -89,6 +129,11 @@ class LocalQueue:
     dead_letter: str | None = None
     temporary: bool = False
     durable: bool = False  # durable messages are journaled (proxy.journal_queues)
+    max_bytes: int = 0  # 0 = unlimited
+    overflow: str = REJECT_PUBLISH  # at max_bytes: no credit and refused transfers, or drop-head
+    bytes: int = 0  # payload bytes held: waiting and handed out, not settled
+    memory: MemoryUse = field(default_factory=MemoryUse)  # the node's (QueueRegistry's)
+    creator: object = None  # a temporary queue's: the client handler that made it
     messages: deque[StoredMessage] = field(default_factory=deque)
     consumers: list[Consumer] = field(default_factory=list)
     producers: list = field(default_factory=list)  # links sending into this queue
@@ -123,6 +168,37 @@ class LocalQueue:
                 message.expires_at = monotonic() + ttl / 1000.0
         self.messages.append(message)
         self.stats.enqueued += 1
+        size = len(message.payload)
+        self.bytes += size
+        self.memory.used += size
+
+    def _released(self, size: int) -> None:
+        """``size`` payload bytes left the queue for good."""
+        self.bytes -= size
+        memory = self.memory
+        memory.used -= size
+        if memory.blocked:
+            memory.freed()
+
+    def _resized(self, message: StoredMessage, payload: bytes) -> None:
+        change = len(payload) - len(message.payload)
+        message.payload = payload
+        self.bytes += change
+        self.memory.used += change
+
+    def refuses(self, size: int) -> bool:
+        """Whether a message of ``size`` bytes is refused: reject-publish and no room under max_bytes."""
+        return bool(self.max_bytes) and self.overflow == REJECT_PUBLISH and self.bytes + size > self.max_bytes
+
+    def drop_head(self) -> list[StoredMessage]:
+        """Overflow drop-head: the oldest waiting messages taken out until under max_bytes."""
+        dropped = []
+        while self.bytes > self.max_bytes and self.messages:
+            message = self.messages.popleft()
+            self._released(len(message.payload))
+            dropped.append(message)
+        self.stats.dropped += len(dropped)
+        return dropped
 
     def room(self) -> int | None:
         """How many more messages may arrive before the depth limit; None = no limit."""
@@ -136,6 +212,14 @@ class LocalQueue:
         Credit already granted to any producer counts as used room; a producer
         granted less than it wanted marks the queue so it is topped up later.
         """
+        memory = self.memory
+        if memory.limit and memory.used >= memory.limit:
+            memory.blocked.add(self)  # topped up again once the node's use falls (on_room)
+            self.producers_blocked = True
+            return 0
+        if self.max_bytes and self.bytes >= self.max_bytes and self.overflow == REJECT_PUBLISH:
+            self.producers_blocked = True  # topped up again as consumers settle
+            return 0
         room = self.room()
         if room is None:
             return want
@@ -184,6 +268,7 @@ class LocalQueue:
                 now = now or monotonic()
                 if message.expires_at <= now:
                     messages.popleft()
+                    self._released(len(message.payload))
                     self.stats.expired += 1
                     self.expired.append(message)
                     continue
@@ -255,9 +340,10 @@ class LocalQueue:
         return sum(c.credit for c in self.consumers)
 
     # -- outcomes (§3.4) ---------------------------------------------------
-    def settled_accepted(self) -> None:
+    def settled_accepted(self, message: StoredMessage) -> None:
         self.unacked -= 1
         self.stats.acknowledged += 1
+        self._released(len(message.payload))
 
     def settled_released(self, message: StoredMessage) -> None:
         """Released (§3.4.4): back to the head, delivery-count unchanged."""
@@ -278,9 +364,9 @@ class LocalQueue:
         self.unacked -= 1
         self.stats.modified += 1
         if delivery_failed or annotations:
-            message.payload = message_header.modify(
+            self._resized(message, message_header.modify(
                 message.payload, increment_count=delivery_failed, annotations=annotations
-            )
+            ))
         if undeliverable_here:
             message.excluded = message.excluded | {consumer_id}
         self.messages.appendleft(message)
@@ -289,6 +375,7 @@ class LocalQueue:
         """Rejected (§3.4.3): returns the message to dead-letter, or None to drop it."""
         self.unacked -= 1
         self.stats.rejected += 1
+        self._released(len(message.payload))
         if self.dead_letter:
             self.stats.dead_lettered += 1
             return message
@@ -302,12 +389,13 @@ class LocalQueue:
         returned = list(messages)
         for message in reversed(returned):
             self.unacked -= 1
-            message.payload = message_header.modify(message.payload, increment_count=True)
+            self._resized(message, message_header.modify(message.payload, increment_count=True))
             self.messages.appendleft(message)
         self.stats.released += len(returned)
 
     def purge(self) -> int:
         count = len(self.messages)
+        self._released(sum(len(m.payload) for m in self.messages))
         self.messages.clear()
         return count
 
@@ -320,8 +408,12 @@ class QueueRegistry:
         *,
         auto_create: bool = True,
         defaults: Callable[[str], dict] | None = None,
+        max_memory: int = 0,
+        temporary_defaults: dict | None = None,
     ) -> None:
         self.auto_create = auto_create
+        self.memory = MemoryUse(max_memory)
+        self.temporary_defaults = temporary_defaults or {}  # [queues] limits for temporary queues
         self._defaults = defaults or (lambda name: {})
         self.queues: dict[str, LocalQueue] = {}
         self._temp_ids = itertools.count(1)
@@ -334,7 +426,7 @@ class QueueRegistry:
     def declare(self, name: str, **options) -> LocalQueue:
         queue = self.queues.get(name)
         if queue is None:
-            queue = LocalQueue(name=name, **options)
+            queue = LocalQueue(name=name, memory=self.memory, **options)
             self.queues[name] = queue
             log.debug("queue %s declared", name)
         return queue
@@ -345,11 +437,11 @@ class QueueRegistry:
             queue = self.declare(name, **self._defaults(name))
         return queue
 
-    def create_temporary(self, prefix: str) -> LocalQueue:
+    def create_temporary(self, prefix: str, creator=None) -> LocalQueue:
         name = f"{prefix}{next(self._temp_ids)}"
         while name in self.queues:
             name = f"{prefix}{next(self._temp_ids)}"
-        return self.declare(name, temporary=True)
+        return self.declare(name, temporary=True, creator=creator, **self.temporary_defaults)
 
     def delete(self, name: str) -> LocalQueue | None:
         queue = self.queues.pop(name, None)

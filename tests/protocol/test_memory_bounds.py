@@ -1,0 +1,148 @@
+"""Memory capped in bytes (issue #21): per-queue max_bytes with an overflow policy, the node's
+max_memory, and temporary queues per connection.
+
+* ``max_bytes`` with ``reject-publish``: once the queue holds that many bytes
+  its producers get no new credit, and what they send on credit given before
+  is rejected with ``amqp:resource-limit-exceeded``; with ``drop-head`` the
+  oldest waiting messages go instead (RabbitMQ's two policies).
+* ``[limits] max_memory``: above it, publishers of every queue get no new
+  credit until consumers bring the node's use down; nothing accepted is lost.
+* ``max_temp_queues_per_connection``: one more dynamic link is refused with
+  ``amqp:resource-limit-exceeded``; temporary queues get ``[queues]`` limits.
+"""
+
+from __future__ import annotations
+
+import pytest
+from proton import Delivery
+
+from playbook import World, run
+
+pytestmark = pytest.mark.timeout(30)
+
+BODY = b"x" * 10_000
+
+
+def outcome_conditions(link) -> list:
+    return [d.remote.condition.name if d.remote.condition else None
+            for d, state in link.outcomes.items() if state == Delivery.REJECTED]
+
+
+async def send_all(world: World, sender, count: int, start: int = 0) -> None:
+    """Send ``count`` numbered messages as credit allows (bounded waits)."""
+    for i in range(start, start + count):
+        await world.until(lambda: sender.credit > 0, what=f"credit for message {i}")
+        sender.send(BODY, message_id=i)
+
+
+async def receive_all(world: World, client, address: str, count: int) -> list:
+    receiver = client.receiver(address, credit=count)
+    await world.until(lambda: len(receiver.received) >= count, what=f"{count} messages")
+    await world.quiet(0.2)
+    receiver.settle()
+    return [message.id for message, _ in receiver.received]
+
+
+def test_max_bytes_reject_publish_withholds_credit_and_rejects_the_overflow(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        node = await world.node("a", queue=[{"name": "small", "max_bytes": 50_000}])
+        client = await world.client("a")
+        sender = client.sender("small")
+        await world.until(lambda: sender.credit > 0)
+        for i in range(8):  # on the credit given at attach: more than the queue takes
+            sender.send(BODY, message_id=i)
+        await world.until(lambda: len(sender.outcomes) == 8, what="8 outcomes")
+        assert sender.accepted() == 4  # 4 x 10,000 bytes and a little: the 5th would pass 50,000
+        assert outcome_conditions(sender) == ["amqp:resource-limit-exceeded"] * 4
+        queue = node.queues.get("small")
+        assert queue.bytes <= queue.max_bytes
+        assert queue.producers_blocked or sender.credit < 1000
+
+        ids = await receive_all(world, client, "small", 4)
+        assert ids == [0, 1, 2, 3]  # every accepted message, once
+        await world.until(lambda: node.queues.get("small").bytes == 0, what="settled")
+        await world.quiet(0.1)
+        sender.send(BODY, message_id=100)  # room again
+        await world.until(lambda: sender.accepted() == 5, what="accepted again")
+        await world.close()
+
+    run(play)
+
+
+def test_max_bytes_drop_head_keeps_the_newest(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        node = await world.node("a", queue=[{"name": "recent", "max_bytes": 50_000,
+                                             "overflow": "drop-head"}])
+        client = await world.client("a")
+        sender = client.sender("recent")
+        await send_all(world, sender, 20)
+        await world.until(lambda: sender.accepted() == 20, what="all accepted")
+        queue = node.queues.get("recent")
+        assert queue.stats.dropped == 16 and queue.bytes <= 50_000
+        assert await receive_all(world, client, "recent", 4) == [16, 17, 18, 19]
+        await world.close()
+
+    run(play)
+
+
+def test_max_memory_stops_publishers_until_consumers_drain(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        node = await world.node("a", limits={"max_memory": 100_000}, queues={"credit_window": 4})
+        producer = await world.client("a", "producer")
+        one, two = producer.sender("one"), producer.sender("two")
+        sent = 0
+        while one.credit > 0 or two.credit > 0 or sent == 0:  # until the node withholds credit
+            await world.until(lambda: one.credit > 0 or two.credit > 0, what="credit")
+            (one if one.credit > 0 else two).send(BODY, message_id=sent)
+            sent += 1
+            await world.quiet(0.01)
+            assert sent < 50, "credit went on past max_memory"
+        await world.until(lambda: one.accepted() + two.accepted() == sent, what="all accepted")
+        used = node.queues.memory.used
+        assert used >= 100_000 and used <= 100_000 + 8 * len(BODY) + 1000  # credit given before
+        await world.quiet(0.5)
+        assert one.credit == 0 and two.credit == 0  # no new credit while above the limit
+
+        consumer = await world.client("a", "consumer")
+        got = await receive_all(world, consumer, "one", one.accepted())  # consumers go on
+        await world.until(lambda: one.credit > 0 or two.credit > 0, what="credit again")
+        got += await receive_all(world, consumer, "two", two.accepted())
+        assert sorted(got) == list(range(sent))  # nothing accepted is lost, nothing twice
+        await world.close()
+
+    run(play)
+
+
+def test_temporary_queues_per_connection_are_limited(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        node = await world.node("a", limits={"max_temp_queues_per_connection": 2},
+                                queues={"max_depth": 7})
+        client = await world.client("a")
+        links = []
+        for _ in range(3):
+            link = client._session().receiver(f"dyn{len(links)}")
+            link.source.dynamic = True
+            link.open()
+            client.flush()
+            links.append(link)
+        await world.until(lambda: all(link.remote_source.address or link.remote_condition
+                                      for link in links), what="three answers")
+        assert [link.remote_condition.name if link.remote_condition else None for link in links] \
+            == [None, None, "amqp:resource-limit-exceeded"]
+        temporary = node.queues.get(links[0].remote_source.address)
+        assert temporary.max_depth == 7  # [queues] limits hold for temporary queues too
+        links[0].close()
+        client.flush()
+        await world.until(lambda: node.queues.get(temporary.name) is None, what="deleted")
+        again = client._session().receiver("again")
+        again.source.dynamic = True
+        again.open()
+        client.flush()
+        await world.until(lambda: again.remote_source.address, what="a temporary queue again")
+        await world.close()
+
+    run(play)
