@@ -116,6 +116,9 @@ def queue_info(queue) -> dict[str, Any]:
         "browsers": len(queue.browsers),
         "unacked": queue.unacked,
         "max_depth": queue.max_depth,
+        "bytes": queue.bytes,
+        "max_bytes": queue.max_bytes,
+        "overflow": queue.overflow,
         "temporary": queue.temporary,
         "dead_letter": queue.dead_letter,
         "stats": dict(vars(queue.stats)),
@@ -145,6 +148,9 @@ def node_info(request: web.Request) -> dict[str, Any]:
             "fragments": len(describe_fragments(node)),
             "upstreams": len(describe_upstreams(node)),
         },
+        # bytes of messages held by local queues, against [limits] max_memory (0: none)
+        "memory": {"queued_bytes": node.queues.memory.used, "max_memory": node.queues.memory.limit,
+                   "publishers_blocked": bool(node.queues.memory.blocked)},
     }
 
 

@@ -96,6 +96,12 @@ def render(node) -> str:
                [({"queue": name}, q.unacked) for name, q in queues])
     out.family("fedgate_queue_consumers", "gauge", "Consumers attached to a local queue.",
                [({"queue": name}, len(q.consumers)) for name, q in queues])
+    out.family("fedgate_queue_bytes", "gauge", "Payload bytes a local queue holds (waiting or unsettled).",
+               [({"queue": name}, q.bytes) for name, q in queues])
+    out.family("fedgate_queued_bytes", "gauge", "Payload bytes all local queues hold ([limits] max_memory).",
+               [({}, node.queues.memory.used)])
+    out.family("fedgate_messages_dropped_total", "counter",
+               "Messages dropped from a queue's head by overflow drop-head.", [({}, totals.dropped)])
 
     fragments = describe_fragments(node)
     out.family("fedgate_steals_total", "counter",
