@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.amqp.engine import partial_transfers
 from proxy.queues.endpoints import QueueConsumer, QueueProducer
 
 from .errors import ApiError, json_response
@@ -150,7 +151,8 @@ def node_info(request: web.Request) -> dict[str, Any]:
         },
         # bytes of messages held by local queues, against [limits] max_memory (0: none)
         "memory": {"queued_bytes": node.queues.memory.used, "max_memory": node.queues.memory.limit,
-                   "publishers_blocked": bool(node.queues.memory.blocked)},
+                   "publishers_blocked": bool(node.queues.memory.blocked),
+                   "incomplete_transfer_bytes": partial_transfers.total},
     }
 
 

@@ -26,6 +26,7 @@ import ssl
 from pathlib import Path
 from typing import Callable
 
+from proxy.amqp import engine
 from proxy.amqp.connection import ConnectionSettings
 from proxy.auth.acl import Acl
 from proxy.auth.mechanisms import Authenticator
@@ -142,6 +143,7 @@ class Node:
                                 "overflow": defaults.overflow})
         for name in declared:
             self.queues.declare(name, **queue_options(name))
+        engine.partial_transfers.memory = self.queues.memory  # incomplete transfers count too
         # the journal of durable queues (opened, and the queues refilled, by start)
         wanted = defaults.durable or any(q.durable for q in config.queue)
         self.journal = open_journal(self.data_dir / "journal", config.journal, wanted=wanted)

@@ -167,7 +167,9 @@ def read_transfer(link, delivery, max_size: int = 0):
     delivery it returns.
     """
     if _delivery_partial(delivery):
-        return _partial(delivery, max_size)
+        return _partial(link, delivery, max_size)
+    if _partial_sizes:
+        partial_transfers.done(link)
     received = _link_recv(link, _read_cbuffer, _READ_SIZE)
     if 0 <= received < _READ_SIZE and not (max_size and received > max_size):
         _link_advance(link)
@@ -175,9 +177,70 @@ def read_transfer(link, delivery, max_size: int = 0):
     return _read_rest(link, delivery, received, max_size)
 
 
-def _partial(delivery, max_size: int):
+def _partial(link, delivery, max_size: int):
     """A delivery whose last frame has not come: False if it is already too large, else None."""
-    return False if max_size and _delivery_pending(delivery) > max_size else None
+    if max_size and _delivery_pending(delivery) > max_size:
+        partial_transfers.done(link)
+        return False
+    memory = partial_transfers.memory
+    if memory is None or not memory.limit:
+        return None  # not counted: nothing to count against
+    return None if partial_transfers.grew(link, delivery) else False
+
+
+class PartialTransfers:
+    """Bytes of multi-frame transfers not complete yet, over every link of the process (#21).
+
+    A sender may spread a message over many transfer frames (§2.6.14); proton
+    keeps what came until the last one, up to max_message_size per link. Their
+    sum counts with what the queues hold against ``memory`` (the node's
+    ``MemoryUse``: ``[limits] max_memory``); a transfer that would pass it is
+    refused as too large. A link has at most one incomplete delivery (the next
+    starts after its last frame), so sizes are kept per link (held while
+    listed). Client links leave the list when they close (``forget``); others
+    (a primary's) when the sum is checked over the limit, if their link or
+    connection has ended.
+    """
+
+    def __init__(self) -> None:
+        self.sizes: dict = _partial_sizes
+        self.total = 0
+        self.memory = None  # set by the node: an object with ``limit`` and ``used``
+
+    def grew(self, link, delivery) -> bool:
+        """``delivery`` on ``link`` got more bytes: False if the node has no room for them."""
+        size = _delivery_pending(delivery)
+        old = self.sizes.pop(link, 0)
+        self.sizes[link if old else hold(link)] = size
+        self.total += size - old
+        memory = self.memory
+        if self.total + memory.used <= memory.limit:
+            return True
+        self._recount()
+        if self.total + memory.used <= memory.limit:
+            return True
+        self.done(link)
+        return False
+
+    def done(self, link) -> None:
+        self.total -= self.sizes.pop(link, 0)
+
+    forget = done  # a link that closed
+
+    def _recount(self) -> None:
+        ended = _lib.PN_LOCAL_CLOSED | _lib.PN_REMOTE_CLOSED
+        for link in list(self.sizes):
+            connection = _lib.pn_session_connection(_lib.pn_link_session(link))
+            if _lib.pn_link_state(link) & ended or _lib.pn_connection_transport(connection) == _ffi.NULL:
+                self.done(link)
+                continue
+            current = _lib.pn_link_current(link)
+            if current == _ffi.NULL or not _delivery_partial(current):
+                self.done(link)
+
+
+_partial_sizes: dict = {}  # link (held) -> bytes of its incomplete delivery
+partial_transfers = PartialTransfers()
 
 
 def _read_rest(link, delivery, received: int, max_size: int):
@@ -211,7 +274,9 @@ def relay_transfer(link, delivery, target, tag: bytes, max_size: int = 0):
     ``read_transfer`` otherwise: None (partial, aborted), False (over ``max_size``).
     """
     if _delivery_partial(delivery):
-        return _partial(delivery, max_size)
+        return _partial(link, delivery, max_size)
+    if _partial_sizes:
+        partial_transfers.done(link)
     received = _link_recv(link, _read_cbuffer, _READ_SIZE)
     if 0 <= received < _READ_SIZE and not (max_size and received > max_size):
         _link_advance(link)

@@ -146,3 +146,37 @@ def test_temporary_queues_per_connection_are_limited(tmp_path):
         await world.close()
 
     run(play)
+
+
+def test_incomplete_transfers_count_against_max_memory(tmp_path):
+    """A sender that starts multi-frame transfers and never ends them holds node memory:
+    past max_memory the next one is refused (amqp:link:message-size-exceeded), others go on."""
+    from fuzz import frames as f
+
+    from playbook import AMQP_HEADER, RawClient
+    from proxy.amqp import engine
+
+    async def play():
+        world = World(tmp_path)
+        node = await world.node("a", limits={"max_memory": 200_000, "max_frame_size": 65536})
+        _, raw = await world.network.host("raw").connect(RawClient, "a", 5672)
+        raw.transport.write(AMQP_HEADER + f.open_frame(max_frame=65536) + f.begin_frame()
+                            + b"".join(f.attach_frame(f"s{i}", i, False, f"big{i}") for i in range(5)))
+        await world.until(lambda: len(world.frames("a", "raw", "flow")) >= 5, what="credit on 5 links")
+        whole = f.message(b"y" * 120_000)
+        for i in range(5):  # 50,000 bytes of each, the rest never comes
+            raw.transport.write(f.transfer_frame(i, i, b"t%d" % i, whole[:50_000], more=True))
+            await world.quiet(0.05)
+        detached = [(frame["handle"], frame.condition) for frame in world.frames("a", "raw", "detach")]
+        assert detached == [(4, "amqp:link:message-size-exceeded")]  # 4 x 50,000 fill max_memory
+        assert engine.partial_transfers.total == 200_000
+        other = await world.client("a", "other")  # single-frame messages: accepted meanwhile
+        sender = other.sender("small")
+        await world.until(lambda: sender.credit > 0)
+        sender.send(b"ok")
+        await world.until(lambda: sender.accepted() == 1, what="another sender served")
+        raw.transport.abort()  # the incomplete transfers end with their connection
+        await world.until(lambda: engine.partial_transfers.total == 0, what="forgotten")
+        await world.close()
+
+    run(play)
