@@ -19,6 +19,7 @@ How this works
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -32,6 +33,7 @@ from .errors import ApiError, from_http_exception, json_response
 from .inspect_api import ADMIN_URL, NODE, STARTED
 from .rules_api import MANAGER
 from .rules_manager import RulesManager
+from .slow_clients import SLOW_CLIENTS, SlowClients
 
 log = logging.getLogger("fedgate.admin")
 
@@ -131,7 +133,10 @@ async def _server_header(request: web.Request, response: web.StreamResponse) -> 
 
 def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.Application:
     settings = node.config.admin
-    app = web.Application(middlewares=[errors_middleware, auth_middleware], client_max_size=MAX_BODY)
+    slow = SlowClients(settings.header_timeout, settings.body_timeout)
+    app = web.Application(middlewares=[slow.middleware, errors_middleware, auth_middleware],
+                          client_max_size=MAX_BODY)
+    app[SLOW_CLIENTS] = slow
     manager = RulesManager(node)
     app[NODE] = node
     app[STARTED] = time.monotonic()
@@ -150,6 +155,18 @@ def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.A
     return app
 
 
+class _WatchedSite(web.TCPSite):
+    """aiohttp's TCP site with every connection watched for slow clients (admin_api.slow_clients)."""
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        slow = self._runner.app[SLOW_CLIENTS]
+        self._server = await asyncio.get_running_loop().create_server(
+            slow.factory(server), self._host, self._port, backlog=self._backlog,
+            reuse_address=self._reuse_address)
+
+
 class AdminService:
     """Runs the admin app on ``[admin] listen`` inside the node's event loop."""
 
@@ -162,9 +179,10 @@ class AdminService:
         host, port = self.node.config.admin_listen
         shown = f"[{host}]" if ":" in host else host
         app = build_app(self.node, admin_url=f"http://{shown}:{port}")
-        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                    keepalive_timeout=self.node.config.admin.header_timeout)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, reuse_address=True)
+        site = _WatchedSite(self.runner, host, port, reuse_address=True)
         try:
             await site.start()
         except OSError as exc:

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from .errors import ApiError
+from .slow_clients import SLOW_CLIENTS
 
 
 async def read_json(request: web.Request) -> Any:
-    body = await request.read()
+    slow = request.app.get(SLOW_CLIENTS)
+    try:
+        body = await asyncio.wait_for(request.read(), slow.body_timeout if slow else None)
+    except asyncio.TimeoutError:
+        raise ApiError(408, "body_timeout", "the request body did not arrive in time") from None
     if not body.strip():
         raise ApiError(400, "invalid_json", "the request body is empty; expected JSON")
     try:

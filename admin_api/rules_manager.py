@@ -62,6 +62,9 @@ def if_match_ok(header: str | None, record: RulesRecord) -> bool:
     return False
 
 
+THREAD_ABOVE = 100  # rules: larger sets are validated in a thread
+
+
 class RulesManager:
     def __init__(self, node) -> None:
         self.node = node
@@ -87,9 +90,8 @@ class RulesManager:
                 raise ApiError(409, "version_exhausted",
                                f"rules version {current.version} cannot go higher", field="version")
             rules = edit([dict(r) for r in current.rules])
-            ruleset = self.validate(rules)
-            record = RulesRecord(current.version + 1, time.time(), self.node.node_id,
-                                 tuple(ruleset.to_list()))
+            ruleset, listed = await self._validated(rules)
+            record = RulesRecord(current.version + 1, time.time(), self.node.node_id, listed)
             await self._commit(record, ruleset)
         log.info("rules version %d accepted here (%d rules)", record.version, len(record.rules))
         for listener in self.listeners:
@@ -102,12 +104,21 @@ class RulesManager:
             # version 0 is a node's own config file, never a cluster-wide change
             if record.version == 0 or record.key() <= self.current.key():
                 return False
-            ruleset = self.validate(list(record.rules))
-            record = RulesRecord(record.version, record.updated_at, record.origin,
-                                 tuple(ruleset.to_list()))
+            ruleset, listed = await self._validated(list(record.rules))
+            record = RulesRecord(record.version, record.updated_at, record.origin, listed)
             await self._commit(record, ruleset)
         log.info("rules version %d from %s adopted", record.version, record.origin)
         return True
+
+    async def _validated(self, rules: list) -> tuple[RuleSet, tuple]:
+        """The rule set built and listed in a thread (routing is pure): 16,000 rules took
+        2.3 s, and the event loop serves AMQP clients meanwhile (issue #21)."""
+        def build():
+            ruleset = self.validate(rules)
+            return ruleset, tuple(ruleset.to_list())
+        if len(rules) < THREAD_ABOVE:
+            return build()
+        return await asyncio.to_thread(build)
 
     async def _commit(self, record: RulesRecord, ruleset: RuleSet) -> None:
         # shielded: once the write has started, the swap follows it even if

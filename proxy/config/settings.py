@@ -73,9 +73,15 @@ class AdminSection:
     # token sent to the other nodes (must be an admin token there);
     # default: the first admin token given in plain text above
     cluster_token: str | None = None
+    # slow clients: seconds to send a request's head (also the idle keep-alive limit),
+    # and to send its body
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
 
     def check(self, key: str) -> None:
         parse_hostport(self.listen, f"{key}.listen")
+        if self.header_timeout <= 0 or self.body_timeout <= 0:
+            raise ConfigError(f"{key}.header_timeout", "header_timeout and body_timeout must be positive")
         for index, entry in enumerate(self.tokens):
             _check_token(entry, f"{key}.tokens[{index}]")
         for node_id, url in self.cluster.items():
