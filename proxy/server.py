@@ -158,14 +158,27 @@ class AmqpProtocol(EngineProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.node.release(self)
+        self._tls = None
         conn = self.conn
         if conn is None:
+            self.transport = None
             return
         if conn.failure:
             log.info("connection %s from %s closed: %s", self.handler.connection_id, self.peer, conn.failure)
         self.handler.release_all()
         conn.release()
         self.broker.run_pending()
+        self._unlink()
+
+    def _unlink(self) -> None:
+        """Break the reference cycles of a closed connection (protocol, handler, proton
+        connection, TLS objects): freed at once, not at the garbage collector's next full
+        pass. Waiting for it, 5,000 TLS connections took the node from 44 to 274 MB of RSS,
+        which it kept (issue #21)."""
+        self.handler.output = None
+        self.handler.server_connection = None
+        self.conn = None
+        self.transport = None
 
     # -- output bound (issue #21) ---------------------------------------------
     # The socket's write buffer past its high-water mark: the client is not reading.
