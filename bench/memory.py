@@ -25,6 +25,8 @@ Measured, RSS read from ``/proc/PID/status`` (VmRSS) of the node process:
   ``--attack-mb`` of 10 KB messages (issue #21 saw 3 GiB buffered); a sender
   that ignores credit and writes 300,000 transfers (the queue had a 100,000
   message limit).
+* **handshake flood** (dmz): ``--flood`` sockets to the TLS listener that never
+  send a ClientHello (issue #21 saw 4.1 GB): peak RSS over its start.
 
 Clients are proton engine objects driven by this process's asyncio loop (no
 reactor). Progress lines go to stderr as the steps run; the results are one
@@ -253,7 +255,8 @@ async def slow_reader(port: int, megabytes: int, pid: int) -> dict:
     link = client.session.receiver("never-reads")
     link.source.address = "slow"
     link.open()
-    link.flow(1_000_000)
+    await client.pump(lambda: link.state & Endpoint.REMOTE_ACTIVE)  # SASL, open, attach: read
+    link.flow(1_000_000)  # then credit for everything, and the client reads no more
     client.flush()
     await client.writer.drain()
 
@@ -313,6 +316,25 @@ async def credit_ignored(port: int, pid: int) -> dict:
             "rss_peak_mb": round(peak / 1024, 1), "growth_mb": round((peak - before) / 1024, 1)}
 
 
+async def handshake_flood(port: int, count: int, pid: int) -> dict:
+    """``count`` sockets to the TLS listener that start no handshake (issue #21 saw 4.1 GB)."""
+    sockets = []
+
+    async def flood():
+        for _ in range(count):
+            try:
+                sockets.append(await asyncio.open_connection(HOST, port))
+            except OSError:
+                break
+        await asyncio.sleep(3.0)
+    before, peak = await peak_during(pid, 3.0, flood)
+    for _, writer in sockets:
+        writer.transport.abort()
+    progress(f"handshake flood: {len(sockets)} sockets, node RSS {before / 1024:.1f} -> peak {peak / 1024:.1f} MB")
+    return {"sockets": len(sockets), "rss_before_mb": round(before / 1024, 1),
+            "rss_peak_mb": round(peak / 1024, 1), "growth_mb": round((peak - before) / 1024, 1)}
+
+
 # -- nodes ----------------------------------------------------------------------------------
 def dmz_files(workdir: Path) -> list[str]:
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
@@ -351,10 +373,12 @@ async def measure(args, workdir: Path) -> dict:
             user = PLAIN_USER if kind == "dmz" else None
             section = {"churn": await churn(port, tls, user, args.cycles, pid)}
             if kind == "standard":
+                section["queued"] = await queued(port, args.queued_mb, pid)  # before memory is freed
                 section["idle"] = await idle(port, args.idle, pid)
-                section["queued"] = await queued(port, args.queued_mb, pid)
                 section["slow_reader"] = await slow_reader(port, args.attack_mb, pid)
                 section["credit_ignored"] = await credit_ignored(port, pid)
+            else:
+                section["handshake_flood"] = await handshake_flood(port, args.flood, pid)
             results[kind] = section
         finally:
             stop_process(node)
@@ -367,6 +391,7 @@ def main() -> None:
     parser.add_argument("--idle", type=int, default=2000)
     parser.add_argument("--queued-mb", type=int, default=50)
     parser.add_argument("--attack-mb", type=int, default=200)
+    parser.add_argument("--flood", type=int, default=5000, help="sockets of the TLS handshake flood")
     parser.add_argument("--skip-dmz", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
