@@ -210,8 +210,13 @@ class PartialTransfers:
     def grew(self, link, delivery) -> bool:
         """``delivery`` on ``link`` got more bytes: False if the node has no room for them."""
         size = _delivery_pending(delivery)
-        old = self.sizes.pop(link, 0)
-        self.sizes[link if old else hold(link)] = size
+        sizes = self.sizes
+        old = sizes.get(link)
+        if old is None:
+            sizes[hold(link)] = size  # the key holds the link while it is listed
+            old = 0
+        else:
+            sizes[link] = size  # an existing key stays (the held one)
         self.total += size - old
         memory = self.memory
         if self.total + memory.used <= memory.limit:
