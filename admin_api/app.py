@@ -26,7 +26,7 @@ import time
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from . import console, health, inspect_api, openapi, rules_api
+from . import console, first_run, health, inspect_api, openapi, rules_api
 from .auth import Tokens, allowed, bearer_token
 from .cluster import CLUSTER, ClusterSync, get_cluster, push_rules
 from .errors import ApiError, from_http_exception, json_response
@@ -179,6 +179,13 @@ class AdminService:
         host, port = self.node.config.admin_listen
         shown = f"[{host}]" if ":" in host else host
         app = build_app(self.node, admin_url=f"http://{shown}:{port}")
+        token_file = None
+        if not self.node.config.admin.tokens and first_run.is_loopback(host):
+            token, created = first_run.load_or_create(self.node.data_dir)
+            app[TOKENS] = Tokens.from_config(({"token": token, "role": "admin"},))
+            token_file = first_run.token_path(self.node.data_dir)
+            if created:
+                log.info("admin token made in %s (owner-only)", token_file)
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                     keepalive_timeout=self.node.config.admin.header_timeout)
         await self.runner.setup()
@@ -192,8 +199,12 @@ class AdminService:
         bound_port = self.runner.addresses[0][1] if self.runner.addresses else port
         self.url = f"http://{shown}:{bound_port}"
         app[ADMIN_URL]["url"] = self.url
-        if not self.node.config.admin.tokens:
-            log.warning("admin API on %s has no tokens configured: every API call will get 401",
+        if token_file is not None:
+            log.info("admin console: %s/ -- log in with the token in %s "
+                        "(`fedgate admin-token` prints it)", self.url, token_file)
+        elif not self.node.config.admin.tokens:
+            log.warning("admin API on %s has no tokens configured: every API call will get 401 "
+                        "(set [admin] tokens; a token is made only for a loopback listener)",
                         self.url)
         log.info("admin API listening on %s", self.url)
 

@@ -40,7 +40,7 @@ def call(args: argparse.Namespace, method: str, path: str, body: Any = None,
     url = args.admin.rstrip("/") + path
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
-    token = os.environ.get("FEDGATE_TOKEN")
+    token = os.environ.get("FEDGATE_TOKEN") or _local_token(args)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     if data is not None:
@@ -55,6 +55,34 @@ def call(args: argparse.Namespace, method: str, path: str, body: Any = None,
         except ValueError:
             parsed = raw.decode(errors="replace")
         raise ApiFailure(exc.code, parsed) from None
+
+
+def _local_token(args: argparse.Namespace) -> str | None:
+    """The token a node on this machine made for its loopback admin API (admin_api.first_run)."""
+    from .first_run import read_token
+
+    return read_token(_data_dir(args))
+
+
+def _data_dir(args: argparse.Namespace) -> str:
+    from proxy.config import settings as config_mod
+
+    if getattr(args, "data_dir", None):
+        return args.data_dir
+    config = config_mod.load(args.config) if getattr(args, "config", None) else config_mod.from_dict({})
+    return str(config.node.data_dir)
+
+
+def cmd_admin_token(args: argparse.Namespace) -> int:
+    from .first_run import load_or_create, token_path
+
+    data_dir = _data_dir(args)
+    token, created = load_or_create(data_dir)
+    print(token)
+    if created:
+        print(f"(made now in {token_path(data_dir)}; a node with this data dir and no [admin] tokens "
+              "uses it on a loopback admin listener)", file=sys.stderr)
+    return 0
 
 
 def load_rules_file(path: str) -> list:
@@ -132,7 +160,13 @@ def _run(func):
 def _admin_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin", default=os.environ.get("FEDGATE_ADMIN", DEFAULT_ADMIN),
                         help="admin API URL (default $FEDGATE_ADMIN or %(default)s); "
-                             "token from $FEDGATE_TOKEN")
+                             "token from $FEDGATE_TOKEN, else the data dir's admin-token file")
+    _data_dir_options(parser)
+
+
+def _data_dir_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="the node's config file (for its data dir)")
+    parser.add_argument("--data-dir", help="the node's data dir (default: the config's, var/fedgate)")
 
 
 def register(subparsers) -> None:
@@ -152,3 +186,8 @@ def register(subparsers) -> None:
     status = subparsers.add_parser("status", help="a running node and its cluster (admin API)")
     _admin_option(status)
     status.set_defaults(func=_run(cmd_status))
+
+    token = subparsers.add_parser("admin-token", help="print the admin token of a node's data dir "
+                                                      "(made if there is none)")
+    _data_dir_options(token)
+    token.set_defaults(func=cmd_admin_token)
