@@ -1,4 +1,7 @@
-"""``fedgate rules get | apply FILE | resolve ADDRESS`` and ``fedgate status``.
+"""``fedgate status | queues | connections | rules [get | apply FILE | resolve ADDRESS]``.
+
+``status``, ``queues``, ``connections`` and ``rules`` print tables (as
+``rabbitmqctl`` and ``qdstat`` do), or the admin API's JSON with ``--json``.
 
 They talk to a node's admin API (``--admin URL``, default ``$FEDGATE_ADMIN``
 or ``http://127.0.0.1:8080``) with the bearer token in ``$FEDGATE_TOKEN``.
@@ -104,8 +107,55 @@ def load_rules_file(path: str) -> list:
     return rules
 
 
+def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """Rows as aligned columns: ``columns`` is [(heading, key)]; numbers right-aligned."""
+    cells = [[heading.upper() for heading, _ in columns]]
+    for row in rows:
+        cells.append(["-" if row.get(key) is None else str(row.get(key)) for _, key in columns])
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    numeric = [all(isinstance(row.get(key), (int, float)) for row in rows) and rows
+               for _, key in columns]
+    lines = []
+    for line in cells:
+        parts = [value.rjust(width) if number else value.ljust(width)
+                 for value, width, number in zip(line, widths, numeric)]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _print_table(args, body: dict, key: str, columns: list[tuple[str, str]]) -> None:
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        print(table(body[key], columns))
+
+
+QUEUE_COLUMNS = [("name", "name"), ("depth", "depth"), ("unacked", "unacked"),
+                 ("consumers", "consumers"), ("producers", "producers"), ("bytes", "bytes"),
+                 ("max_depth", "max_depth"), ("max_bytes", "max_bytes"), ("temporary", "temporary")]
+CONNECTION_COLUMNS = [("id", "id"), ("peer", "peer"), ("user", "user"), ("mechanism", "mechanism"),
+                      ("links", "links"), ("sent", "sent"), ("received", "received")]
+RULE_COLUMNS = [("name", "name"), ("match", "match"), ("kind", "kind"), ("primary", "primary"),
+                ("remote", "remote")]
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    _print_table(args, call(args, "GET", "/api/v1/queues"), "queues", QUEUE_COLUMNS)
+    return 0
+
+
+def cmd_connections(args: argparse.Namespace) -> int:
+    _print_table(args, call(args, "GET", "/api/v1/connections"), "connections", CONNECTION_COLUMNS)
+    return 0
+
+
 def cmd_rules(args: argparse.Namespace) -> int:
-    if args.action == "get":
+    if args.action is None:
+        body = call(args, "GET", "/api/v1/rules")
+        if not args.json:
+            print(f"rules version {body['version']} ({body['source']}, {len(body['rules'])} rules)")
+        _print_table(args, body, "rules", RULE_COLUMNS)
+    elif args.action == "get":
         print(json.dumps(call(args, "GET", "/api/v1/rules"), indent=2))
     elif args.action == "apply":
         rules = load_rules_file(args.file)
@@ -124,6 +174,9 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     node = call(args, "GET", "/api/v1/node")
+    if args.json:
+        print(json.dumps({"node": node, "cluster": call(args, "GET", "/api/v1/cluster")}, indent=2))
+        return 0
     counters = node["counters"]
     print(f"node {node['id']} amqp {node['url']} admin {node['admin_url']} "
           f"up {node['uptime_s']:.0f}s rules v{node['rules_version']}")
@@ -164,14 +217,21 @@ def _admin_option(parser: argparse.ArgumentParser) -> None:
     _data_dir_options(parser)
 
 
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="the admin API's JSON instead of a table")
+
+
 def _data_dir_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="the node's config file (for its data dir)")
     parser.add_argument("--data-dir", help="the node's data dir (default: the config's, var/fedgate)")
 
 
 def register(subparsers) -> None:
-    rules = subparsers.add_parser("rules", help="routing rules of a running node (admin API)")
-    actions = rules.add_subparsers(dest="action", required=True)
+    rules = subparsers.add_parser("rules", help="routing rules of a running node (admin API); "
+                                                "a table without an action")
+    _admin_option(rules)
+    _json_option(rules)
+    actions = rules.add_subparsers(dest="action")
     get = actions.add_parser("get", help="print the rules and their version")
     _admin_option(get)
     apply = actions.add_parser("apply", help="replace the rules with those in FILE (JSON or TOML)")
@@ -185,7 +245,15 @@ def register(subparsers) -> None:
 
     status = subparsers.add_parser("status", help="a running node and its cluster (admin API)")
     _admin_option(status)
+    _json_option(status)
     status.set_defaults(func=_run(cmd_status))
+
+    for name, func, what in (("queues", cmd_queues, "local queues"),
+                             ("connections", cmd_connections, "client connections")):
+        command = subparsers.add_parser(name, help=f"{what} of a running node (admin API)")
+        _admin_option(command)
+        _json_option(command)
+        command.set_defaults(func=_run(func))
 
     token = subparsers.add_parser("admin-token", help="print the admin token of a node's data dir "
                                                       "(made if there is none)")

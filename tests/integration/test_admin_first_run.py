@@ -88,3 +88,33 @@ async def test_an_admin_api_on_other_addresses_needs_a_configured_token(tmp_path
     finally:
         await service.stop()
         await node.stop()
+
+
+@pytest.mark.asyncio
+async def test_fedgate_queues_connections_and_rules_print_tables(tmp_path):
+    """``fedgate queues | connections | rules`` as rabbitmqctl and qdstat users expect (--json too)."""
+    import json
+
+    cfg = config_mod.from_dict({
+        "node": {"id": "n1", "listen": "127.0.0.1:0", "data_dir": str(tmp_path / "data")},
+        "admin": {"listen": "127.0.0.1:0"},
+        "queue": [{"name": "orders", "max_depth": 10}],
+        "rules": [{"name": "no-internal", "match": "internal.#", "kind": "deny"}],
+    })
+    node, service = await started(cfg)
+    where = ["--admin", service.url, "--data-dir", str(tmp_path / "data")]
+    try:
+        code, out = await fedgate("queues", *where)
+        lines = out.splitlines()
+        assert code == 0 and lines[0].split()[:3] == ["NAME", "DEPTH", "UNACKED"]
+        assert lines[1].split()[:3] == ["orders", "0", "0"]
+        code, out = await fedgate("queues", "--json", *where)
+        assert code == 0 and [q["name"] for q in json.loads(out)["queues"]] == ["orders"]
+        code, out = await fedgate("connections", *where)
+        assert code == 0 and out.splitlines()[0].split()[:3] == ["ID", "PEER", "USER"]
+        code, out = await fedgate("rules", *where)
+        assert code == 0 and out.splitlines()[0].startswith("rules version 0")
+        assert out.splitlines()[2].split()[:3] == ["no-internal", "internal.#", "deny"]
+    finally:
+        await service.stop()
+        await node.stop()
