@@ -37,7 +37,7 @@ test: venv npm brokers
 	bash .ci/install/java.sh
 	bash .ci/install/jms.sh
 	bash .ci/install/go-client.sh
-	$(PY) -m pytest $(PYTEST_ARGS)
+	PY=$(PY) bash .ci/run-tests.sh $(PYTEST_ARGS)
 
 # the Spark load generator against its own two-node demo cluster (see README)
 load-demo: venv

@@ -231,7 +231,7 @@ class CpuMeter:
         return self.seconds
 
 
-def rabbitmq_pid(port: int = 5672) -> int:
+def rabbitmq_pid(port: int = int(os.environ.get("RABBITMQ_PORT", "5682"))) -> int:
     """Pid of RabbitMQ's Erlang VM (beam.smp) listening on ``port``."""
     pid = listener_pid(port)
     if pid is None:

@@ -16,6 +16,7 @@ See bench/README.md.
 from __future__ import annotations
 
 import argparse
+import os
 import datetime as _dt
 import json
 import shlex
@@ -279,7 +280,7 @@ def parse_args(argv=None):
     p.add_argument("--credit", type=int, default=h.DEFAULT_CREDIT_WINDOW,
                    help="receiver credit window")
     p.add_argument("--rabbitmq-host", default="127.0.0.1")
-    p.add_argument("--rabbitmq-port", type=int, default=5672)
+    p.add_argument("--rabbitmq-port", type=int, default=int(os.environ.get("RABBITMQ_PORT", "5682")))
     p.add_argument("--fedgate-bin", default=None,
                    help="fedgate executable (default: .venv/bin/fedgate)")
     p.add_argument("--node-args", default="",

@@ -8,7 +8,7 @@ Run from the repo root (``make bench-proxy`` installs RabbitMQ and the C clients
                                     [--modes concurrent,phased] [--layouts shared,split]
                                     [--skip-throughput] [--skip-idle]
 
-1. Throughput, for each primary (``rabbitmq``: RabbitMQ 3.10 on 5672, queues
+1. Throughput, for each primary (``rabbitmq``: RabbitMQ 3.10 on 5682, queues
    ``/queue/NAME``; ``artemis``: Artemis on 5673, ANYCAST queue ``NAME``;
    ``fedgate``: a second fedgate node started here), pair count, mode and CPU
    layout. Targets: ``direct`` (C senders and receivers on the primary) and
@@ -63,7 +63,7 @@ GOAL_RATIO = 0.9
 GOAL_CPU_US = 30.0
 GOAL_RSS_KB = 30.0
 GOAL_UPSTREAMS = 4
-RABBIT_HOST, RABBIT_PORT = "127.0.0.1", 5672
+RABBIT_HOST, RABBIT_PORT = "127.0.0.1", int(os.environ.get("RABBITMQ_PORT", "5682"))
 ARTEMIS_PORT = int(os.environ.get("ARTEMIS_PORT", "5673"))
 CPUS = len(os.sched_getaffinity(0))  # all of them, also while the split layout pins this process
 ADMIN_TOKEN = "bench-read-token-0123456789"
@@ -473,7 +473,7 @@ def main() -> int:
                         default=["shared", "split"],
                         help="CPU layouts for the throughput rounds: shared, split (comma-separated)")
     parser.add_argument("--primaries", type=lambda v: [x for x in v.split(",") if x], default=["rabbitmq"],
-                        help="comma-separated: rabbitmq (3.10 on 5672), artemis (5673), fedgate (a node)")
+                        help="comma-separated: rabbitmq (3.10 on 5682), artemis (5673), fedgate (a node)")
     parser.add_argument("--pairs", type=lambda v: [int(x) for x in v.split(",") if x], default=[1],
                         help="comma-separated pair counts, each pair on its own queue (e.g. 1,8)")
     parser.add_argument("--modes", type=lambda v: [x for x in v.split(",") if x], default=["concurrent"],

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install, configure and start a local RabbitMQ 3.10 (Debian bookworm package)
-# with the AMQP 1.0 plugin, listening on 127.0.0.1:5672 only.
+# with the AMQP 1.0 plugin, listening on 127.0.0.1:5682 only: a port of its own, so a
+# fedgate node (make run) can take AMQP's 5672 while it runs (RABBITMQ_PORT overrides).
 #
 # Idempotent: each step is skipped when already done; a second run while the
 # broker is up only checks it (well under 3 s).
@@ -9,7 +10,7 @@
 #   bash .ci/install/rabbitmq.sh          # install + configure + start (default)
 #   bash .ci/install/rabbitmq.sh start    # same as above
 #   bash .ci/install/rabbitmq.sh stop     # stop the broker if running
-#   bash .ci/install/rabbitmq.sh status   # exit 0 if up (port 5672 open, server VM running), else 1
+#   bash .ci/install/rabbitmq.sh status   # exit 0 if up (port open, server VM running), else 1
 #
 # Environment:
 #   RABBITMQ_STARTUP_TIMEOUT  seconds to wait for startup (default 120)
@@ -17,7 +18,7 @@ set -euo pipefail
 
 NODE=rabbit@localhost
 HOST=127.0.0.1
-PORT=5672
+PORT=${RABBITMQ_PORT:-5682}
 STARTUP_TIMEOUT=${RABBITMQ_STARTUP_TIMEOUT:-120}
 # Any Erlang VM started here (server or CLI) may spawn epmd: keep it on loopback.
 export ERL_EPMD_ADDRESS=127.0.0.1
@@ -26,7 +27,7 @@ CONF=/etc/rabbitmq/rabbitmq.conf
 # NODENAME/NODE_IP_ADDRESS as in shared/REFERENCE.md; the extra Erlang arg keeps
 # the inter-node distribution port (25672) on loopback too.
 ENV_CONTENT=$'NODENAME=rabbit@localhost\nNODE_IP_ADDRESS=127.0.0.1\nSERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"\n'
-CONF_CONTENT=$'listeners.tcp.default = 127.0.0.1:5672\n'
+CONF_CONTENT="listeners.tcp.default = 127.0.0.1:$PORT"$'\n'
 
 log() { echo "[rabbitmq.sh] $*" >&2; }
 die() { echo "[rabbitmq.sh] ERROR: $*" >&2; exit 1; }
@@ -167,14 +168,21 @@ case "$cmd" in
             write_config
             enable_plugin
             if [ "$CONFIG_CHANGED" -eq 1 ]; then
-                log "WARNING: config changed while running; apply with: $0 stop && $0"
+                log "config changed while running: restarting"
+                stop_broker
+                start_broker
             fi
-            log "already running on $HOST:$PORT"
+            log "running on $HOST:$PORT"
             exit 0
         fi
         install_pkg
         write_config
         enable_plugin
+        if [ "$CONFIG_CHANGED" -eq 1 ] && beam_running; then
+            # started with another config (an earlier port, or the package's own start)
+            log "config changed: restarting"
+            stop_broker
+        fi
         start_broker
         ;;
     stop)

@@ -10,7 +10,7 @@ from exchange_support import receive_ids, send_subjects
 from proxy.config.errors import ConfigError
 from proxy.config.settings import from_dict
 
-RABBIT = "amqp://127.0.0.1:5672"
+RABBIT = "amqp://127.0.0.1:5682"  # config checks only: nothing connects
 
 
 # -- configuration -------------------------------------------------------------------

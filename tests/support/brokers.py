@@ -22,7 +22,7 @@ How this works
 Broker semantics the tests can rely on (as configured by the installers):
 
 =========  ==================================================================
-RabbitMQ   amqp://127.0.0.1:5672. Address ``/queue/NAME`` declares and uses
+RabbitMQ   amqp://127.0.0.1:5682 (``RABBITMQ_PORT``). Address ``/queue/NAME`` declares and uses
            queue NAME; ``/amq/queue/NAME`` only an existing one. SASL
            ANONYMOUS logs in as guest.
 Artemis    amqp://127.0.0.1:5673 (``ARTEMIS_PORT``). A plain address ``NAME``
@@ -55,7 +55,7 @@ from proton.utils import BlockingConnection
 ROOT = Path(__file__).resolve().parent.parent.parent
 INSTALL = ROOT / ".ci" / "install"
 
-RABBITMQ_PORT = 5672
+RABBITMQ_PORT = int(os.environ.get("RABBITMQ_PORT", "5682"))  # its own: make run takes 5672
 RABBITMQ_URL = f"amqp://127.0.0.1:{RABBITMQ_PORT}"
 RABBITMQ_NODE = "rabbit@localhost"
 

@@ -23,6 +23,7 @@ import uuid
 
 import pytest
 from admin_client import ADMIN, ADMIN_TOKEN, admin_get, upstream_members, wait_for
+from brokers import RABBITMQ_PORT
 from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
@@ -157,7 +158,7 @@ class Rabbit:
         import pika
 
         connection = pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", 5672, blocked_connection_timeout=10, socket_timeout=10))
+            "127.0.0.1", RABBITMQ_PORT, blocked_connection_timeout=10, socket_timeout=10))
         try:
             operation(connection.channel())
         finally:

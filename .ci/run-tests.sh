@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs the test suite, then stops what it started: the brokers (RabbitMQ on 5682,
+# Artemis on 5673) and any process a test left behind, and fails if anything still
+# listens. Also on failure and on Ctrl-C, so `make test` then `make run` works.
+#   bash .ci/run-tests.sh [pytest args...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+
+stop() { bash .ci/stop-test-services.sh; }
+trap 'stop; exit 130' INT TERM
+
+"$PY" -m pytest "$@"
+status=$?
+if ! stop && [ "$status" -eq 0 ]; then
+    status=1
+fi
+exit "$status"
