@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
+from charts import save_bars  # noqa: E402
 
 TARGETS = ("fedgate", "rabbitmq")
 # Goals for the fedgate node (bench/README.md).
@@ -370,6 +371,13 @@ def main(argv=None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         log(f"wrote {h.rel(out)}")
+        targets_summary = result.get("targets", {})
+        names = list(targets_summary)
+        chart = save_bars(out.with_suffix(".png"), "local queue: medians over rounds", names,
+                          {"msg/s": [targets_summary[n].get("median_msgs_per_s") for n in names]},
+                          "msg/s")
+        if chart:
+            log(f"wrote {h.rel(chart)}")
 
     if any(not r["ok"] for r in rows):
         return 1

@@ -49,6 +49,7 @@ from pathlib import Path
 from proton import Collector, Connection, Endpoint, Event, Message, Transport
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from charts import save_bars  # noqa: E402
 from harness import free_port, machine_info, start_fedgate_node, stop_process  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -401,6 +402,16 @@ def main() -> None:
     print(text)
     if args.json:
         args.json.write_text(text + "\n")
+        steps = [(kind, step, figures) for kind in ("standard", "dmz") if kind in results
+                 for step, figures in results[kind].items()]
+        chart = save_bars(args.json.with_suffix(".png"), "node RSS per step (MB)",
+                          [f"{kind} {step}" for kind, step, _ in steps],
+                          {"before": [f.get("rss_start_mb", f.get("rss_before_mb")) for _, _, f in steps],
+                           "after / peak": [f.get("rss_end_mb", f.get("rss_peak_mb", f.get("rss_after_mb")))
+                                            for _, _, f in steps]},
+                          "RSS (MB)")
+        if chart:
+            progress(f"chart written to {chart}")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
+from charts import save_bars  # noqa: E402
 
 GOAL_RATIO = 0.9
 GOAL_CPU_US = 30.0
@@ -530,6 +531,14 @@ def main() -> int:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text + "\n")
         log(f"written to {h.rel(output)}")
+        if summary:
+            names = list(summary)
+            chart = save_bars(output.with_suffix(".png"), "proxy against direct (medians)", names,
+                              {"direct msg/s": [summary[n]["direct"]["msgs_per_s"] for n in names],
+                               "proxy msg/s": [summary[n]["proxy"]["msgs_per_s"] for n in names]},
+                              "msg/s")
+            if chart:
+                log(f"chart written to {h.rel(chart)}")
     if status:
         return status
     return 3 if missed and args.enforce_goals else 0
