@@ -32,6 +32,7 @@ from .cluster import CLUSTER, ClusterSync, get_cluster, push_rules
 from .errors import ApiError, from_http_exception, json_response
 from .inspect_api import ADMIN_URL, NODE, STARTED
 from .rules_api import MANAGER
+from .history import HISTORY, History, get_history
 from .rules_manager import RulesManager
 from .slow_clients import SLOW_CLIENTS, SlowClients
 
@@ -61,6 +62,7 @@ ROUTES = [
     ("GET", "/api/v1/fragments", inspect_api.get_fragments, False),
     ("GET", "/api/v1/upstreams", inspect_api.get_upstreams, False),
     ("GET", "/api/v1/exchanges", inspect_api.get_exchanges, False),
+    ("GET", "/api/v1/history", get_history, False),
     ("GET", "/api/v1/rules", rules_api.get_rules, False),
     ("PUT", "/api/v1/rules", rules_api.put_rules, False),
     ("POST", "/api/v1/rules", rules_api.post_rule, False),
@@ -146,6 +148,9 @@ def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.A
     sync = ClusterSync(manager, dict(settings.cluster), settings.node_token(), interval=sync_interval)
     app[CLUSTER] = sync
     app.cleanup_ctx.append(sync.context)
+    history = History(node)
+    app[HISTORY] = history
+    app.cleanup_ctx.append(history.context)
     app.on_response_prepare.append(_server_header)
     server_log = logging.getLogger("aiohttp.server")
     if _BAD_REQUESTS not in server_log.filters:

@@ -160,6 +160,8 @@ def spec() -> dict[str, Any]:
         "/api/v1/links": {"get": _op("Attached links", _json(LISTING, "links"))},
         "/api/v1/queues": {"get": _op("Local queues with depth and counters", _json(LISTING, "queues"))},
         "/api/v1/fragments": {"get": _op("Fragments of fragmented queues", _json(LISTING, "fragments"))},
+        "/api/v1/history": {"get": _op("The last hour, sampled every 5 s: message rates, connections, "
+                                       "queued bytes, deepest queues, upstreams up", _json(LISTING, "samples"))},
         "/api/v1/upstreams": {"get": _op("Upstream connections and their state",
                                          _json(LISTING, "upstreams"))},
         "/api/v1/exchanges": {"get": _op(

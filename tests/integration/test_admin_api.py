@@ -378,3 +378,29 @@ def test_cluster_token_defaults_to_an_admin_token():
         "tokens": [{"token": READ, "role": "read"}, {"token": ADMIN, "role": "admin"}],
         "cluster": {"n2": "http://127.0.0.1:8081"}}})
     assert config.admin.node_token() == ADMIN
+
+
+# -- history (issue #23) ------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_history_keeps_the_last_hour_of_rates_depths_and_connections(api):
+    from admin_api.history import HISTORY
+    from proxy.queues.local import StoredMessage
+
+    history = api.app[HISTORY]
+    history.samples.clear()
+    node = api.node
+    history.sample(now=1000.0)
+    orders = node.queues.get("orders")
+    for i in range(10):
+        node.broker.enqueue(orders, StoredMessage(b"x" * 100))
+    history.sample(now=1005.0)
+    body_ = await body(await api.get("/api/v1/history", headers=READ_H))
+    assert body_["interval_s"] == 5.0 and body_["count"] == 2
+    first, last = body_["samples"]
+    assert first["messages_in_per_s"] is None
+    assert last["messages_in_per_s"] == 2.0  # 10 messages in 5 s
+    assert last["depths"]["orders"] == 10 and last["queued_bytes"] >= 1000
+    assert last["connections"] == 0
+    for i in range(history.samples.maxlen + 50):  # an hour at most: bounded
+        history.sample(now=2000.0 + 5 * i)
+    assert len(history.samples) == history.samples.maxlen == 720
