@@ -55,9 +55,10 @@ function showMessage(error, ok) {
 async function refresh() {
   if (!api) return;
   try {
-    const [node, cluster, rules, queues, fragments, upstreams] = await Promise.all([
+    const [node, cluster, rules, queues, fragments, upstreams, history] = await Promise.all([
       api.get('/api/v1/node'), api.get('/api/v1/cluster'), api.get('/api/v1/rules'),
       api.get('/api/v1/queues'), api.get('/api/v1/fragments'), api.get('/api/v1/upstreams'),
+      api.get('/api/v1/history'),
     ]);
     $('#status').textContent = `connected — refreshed ${new Date().toLocaleTimeString()}`;
     $('#status').className = 'ok';
@@ -66,6 +67,7 @@ async function refresh() {
     renderQueues(queues);
     renderFragments(fragments);
     renderUpstreams(upstreams);
+    renderHistory(history);
   } catch (error) {
     $('#status').textContent = `error: ${error.message}`;
     $('#status').className = 'error';
@@ -98,6 +100,46 @@ function renderNode(node, cluster) {
   const notes = [];
   if (cluster.rejected) notes.push(`rejected version ${cluster.rejected.version} from ${cluster.rejected.from}: ${cluster.rejected.detail}`);
   $('#cluster-note').textContent = notes.join(' ');
+}
+
+// A line chart of one series into an <svg>: the polyline, the largest value as a label,
+// and data-last / data-max attributes (read by the console's browser test).
+function chart(id, values) {
+  const svg = $(id);
+  const points = values.map((v, i) => [i, v]).filter(([, v]) => v !== null && v !== undefined);
+  const max = Math.max(1, ...points.map(([, v]) => v));
+  const span = Math.max(1, values.length - 1);
+  const ns = 'http://www.w3.org/2000/svg';
+  const line = document.createElementNS(ns, 'polyline');
+  line.setAttribute('points', points.map(([i, v]) => `${(i / span) * 300},${76 - (v / max) * 70}`).join(' '));
+  line.setAttribute('class', 'series');
+  const label = document.createElementNS(ns, 'text');
+  label.setAttribute('x', '2');
+  label.setAttribute('y', '10');
+  label.setAttribute('class', 'chart-label');
+  const last = points.length ? points[points.length - 1][1] : null;
+  label.textContent = `max ${max.toLocaleString()}${last === null ? '' : `, now ${last.toLocaleString()}`}`;
+  const dot = document.createElementNS(ns, 'circle');  // the latest value, seen even alone
+  if (points.length) {
+    const [i, v] = points[points.length - 1];
+    dot.setAttribute('cx', String((i / span) * 300));
+    dot.setAttribute('cy', String(76 - (v / max) * 70));
+    dot.setAttribute('r', '2.5');
+    dot.setAttribute('class', 'series-dot');
+  }
+  svg.replaceChildren(line, dot, label);
+  svg.dataset.max = String(points.length ? max : 0);
+  svg.dataset.last = last === null ? '' : String(last);
+  svg.dataset.samples = String(values.length);
+}
+
+function renderHistory(doc) {
+  const samples = doc.samples;
+  chart('#chart-in', samples.map((s) => s.messages_in_per_s));
+  chart('#chart-out', samples.map((s) => s.messages_out_per_s));
+  chart('#chart-connections', samples.map((s) => s.connections));
+  chart('#chart-bytes', samples.map((s) => s.queued_bytes));
+  chart('#chart-upstreams', samples.map((s) => s.upstreams_up));
 }
 
 function target(rule) {

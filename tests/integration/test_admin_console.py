@@ -35,6 +35,10 @@ def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, cl
     assert result["added"] == "rule ui-deny added (version 1)"
     assert "rule.primary" in result["invalid_error"]  # the server's validation, shown as is
     assert result["queues"] == ["orders"]
+    history = result["history"]  # the charts of the last hour, read from the page
+    assert history["in"]["max"] > 0 and history["in"]["samples"] >= 2  # the 5 messages sent
+    assert history["bytes"]["last"] > 0  # they wait in "orders"
+    assert history["connections"]["samples"] == history["in"]["samples"]
     unexpected = [e for e in result["console_errors"] if "422" not in e]
     assert unexpected == [], unexpected
 

@@ -7,7 +7,7 @@
 //        [--chromium /usr/bin/chromium] [--rule-name N --rule-match M]
 //
 // Prints one JSON line: {"rules": [names shown], "added": text, "invalid_error": text,
-// "queues": [names shown], "console_errors": [...], "error": null | "..."}.
+// "queues": [names shown], "history": {chart: {max, last, samples}}, "console_errors": [...], "error": null | "..."}.
 'use strict';
 
 const { chromium } = require('playwright-core');
@@ -38,7 +38,7 @@ async function texts(page, selector) {
 
 async function main() {
   const opts = options(process.argv);
-  const result = { rules: [], added: null, invalid_error: null, queues: [], console_errors: [], error: null };
+  const result = { rules: [], added: null, invalid_error: null, queues: [], history: null, console_errors: [], error: null };
   const browser = await chromium.launch({ executablePath: opts.chromium, args: LAUNCH_ARGS, timeout: 30000 });
   try {
     const page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
@@ -74,6 +74,15 @@ async function main() {
 
     result.rules = await texts(page, '#rules tbody td:nth-child(2)');
     result.queues = await texts(page, '#queues tbody td:nth-child(1)');
+    // the charts of the last hour: wait until the node's samples show the messages sent
+    await page.waitForFunction(() => Number(document.querySelector('#chart-in').dataset.max || 0) > 0,
+      null, { timeout: 30000 });
+    result.history = {};
+    for (const name of ['in', 'out', 'connections', 'bytes', 'upstreams']) {
+      result.history[name] = await page.$eval(`#chart-${name}`, (svg) => ({
+        max: Number(svg.dataset.max), last: svg.dataset.last === '' ? null : Number(svg.dataset.last),
+        samples: Number(svg.dataset.samples) }));
+    }
     await page.screenshot({ path: opts.screenshot, fullPage: true });
   } catch (err) {
     result.error = String(err && err.stack ? err.stack : err);
