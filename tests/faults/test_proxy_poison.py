@@ -65,10 +65,14 @@ def test_poison_message_is_rejected_to_its_sender_and_bystanders_lose_nothing(ra
     assert waited < 30, f"poison settled after {waited:.1f}s"
     (sent,) = bystander.finish(timeout=120)
     assert sent["error"] is None and sent["accepted"] == 1000, sent
-    lines = clients("go", "receive", brokers.ensure_rabbitmq(), address=f"/queue/{bystander_queue}",
+    # read back with proton: go-amqp's receiver stalls on RabbitMQ 3.10 itself (a flow
+    # sent while deliveries are in flight gets more than its credit, see docs/primaries.md)
+    lines = clients("proton", "receive", brokers.ensure_rabbitmq(), address=f"/queue/{bystander_queue}",
                     count=0, credit=200, idle_ms=3000, timeout_ms=60000).finish(timeout=90)
     got = [line["id"] for line in lines if "id" in line]
-    assert set(got) == {f"b-{n}" for n in range(1000)}
+    missing = {f"b-{n}" for n in range(1000)} - set(got)
+    assert not missing, (f"{len(missing)} missing, {brokers.rabbitmq_queue_count(bystander_queue)} "
+                         f"left on RabbitMQ", sorted(missing)[:5], lines[-1])
     dups = sum(c - 1 for c in collections.Counter(got).values())
     assert dups <= 100, f"{dups} duplicates: more than the bystander's in-flight window"
     suspects = upstream_of(rabbit_proxy)["suspects"]

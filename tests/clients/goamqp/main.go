@@ -250,6 +250,15 @@ func send(ctx context.Context, o options) int {
 	if waitErr := <-outcomes; sendErr == nil {
 		sendErr = waitErr
 	}
+	if sendErr == nil && o.presettled {
+		// pre-settled transfers have no outcome to wait for, and go-amqp's conn.Close
+		// closes the socket without waiting for the peer's close: messages written just
+		// before it can be lost (about 1 run in 10 of 1,000 against fedgate). The
+		// detach round trip shows the peer read them all first.
+		detachCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		sendErr = sender.Close(detachCtx)
+		cancel()
+	}
 	// the connection's close ends the link too (RabbitMQ 3.10 leaves go-amqp's
 	// link detach unanswered until the deadline)
 	if sendErr == nil {
