@@ -21,14 +21,17 @@ def _load_config(path: str | None, **overrides) -> config_mod.Config:
     return config_mod.apply_overrides(config, **overrides)
 
 
-async def _serve(config: config_mod.Config) -> int:
+async def _serve(config: config_mod.Config, worker=None) -> int:
     from proxy.node import build_node
 
     # plug-ins register what they serve before the listener accepts anyone
-    node = build_node(config)
+    node = build_node(config, worker=worker)
     try:
         await node.start()
-        print(f"fedgate node {node.node_id} listening on {node.url}", flush=True)
+        if worker is None:
+            print(f"fedgate node {node.node_id} listening on {node.url}", flush=True)
+        else:  # the supervisor says where the node listens, once every worker is ready
+            worker.send(b"R", "")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -40,10 +43,20 @@ async def _serve(config: config_mod.Config) -> int:
     return 0
 
 
+def _passed_on(args: argparse.Namespace) -> list[str]:
+    """The command-line overrides a worker process gets from ``fedgate serve``."""
+    passed = []
+    for flag in ("config", "admin", "node_id", "data_dir", "log_level"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            passed += [f"--{flag.replace('_', '-')}", value]
+    return passed
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _load_config(
         args.config, listen=args.listen, admin=args.admin, node_id=args.node_id,
-        data_dir=args.data_dir, log_level=args.log_level,
+        data_dir=args.data_dir, log_level=args.log_level, workers=args.workers,
     )
     logging.basicConfig(
         level=config.node.log_level.upper(),
@@ -51,13 +64,50 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     from proxy.journal.journal import JournalError
 
+    workers = config_mod.worker_count(config.node.workers)
     try:
+        if workers > 1:
+            from proxy.workers import supervisor
+
+            return asyncio.run(supervisor.run(config, workers, _passed_on(args)))
         return asyncio.run(_serve(config))
     except JournalError as exc:  # e.g. the data dir's journal is another node's
         print(f"fedgate: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"fedgate: cannot listen on {config.node.listen}: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """One worker process of a node (started by ``fedgate serve`` with workers > 1)."""
+    import dataclasses
+    import socket
+    from pathlib import Path
+
+    from proxy.journal.journal import JournalError
+    from proxy.workers.ownership import QueueOwners
+    from proxy.workers.worker import WorkerContext
+
+    config = _load_config(args.config, listen=args.listen, admin=args.admin, node_id=args.node_id,
+                          data_dir=args.data_dir, log_level=args.log_level)
+    logging.basicConfig(
+        level=config.node.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s w{args.index} %(name)s: %(message)s",
+    )
+    exchanges = bool(config.exchanges)
+    if args.index != 0:  # one admin API (worker 0's); exchanges route on worker 0 only
+        config = dataclasses.replace(config, admin=dataclasses.replace(config.admin, enabled=False),
+                                     exchanges=(), bindings=())
+    worker = WorkerContext(
+        index=args.index, count=args.count, data_dir=Path(config.node.data_dir).absolute(),
+        owners=QueueOwners(config.node.id, args.count, everything_on_first=exchanges),
+        channel=socket.socket(fileno=args.channel_fd))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
+    try:
+        return asyncio.run(_serve(config, worker=worker))
+    except JournalError as exc:
+        print(f"fedgate: worker {args.index}: {exc}", file=sys.stderr)
         return 1
 
 
@@ -108,6 +158,15 @@ def cmd_users(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workers_flag(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'a number or "auto", not {value!r}') from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedgate", description="AMQP 1.0 federation proxy node")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,7 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--node-id", help="this node's id")
     serve.add_argument("--data-dir", help="directory for the node's state")
     serve.add_argument("--log-level", choices=config_mod.LOG_LEVELS)
+    serve.add_argument("--workers", type=_workers_flag,
+                       help='worker processes behind the one listener: a number or "auto" (one per core)')
     serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("_worker")  # started by serve --workers N; not for people
+    for flag in ("--config", "--listen", "--admin", "--node-id", "--data-dir"):
+        worker.add_argument(flag)
+    worker.add_argument("--log-level", choices=config_mod.LOG_LEVELS)
+    worker.add_argument("--index", type=int, required=True)
+    worker.add_argument("--count", type=int, required=True)
+    worker.add_argument("--channel-fd", type=int, required=True)
+    worker.set_defaults(func=cmd_worker)
 
     check = sub.add_parser("check-config", help="validate a config file without serving")
     check.add_argument("file")

@@ -105,17 +105,20 @@ def failover_properties(config: Config) -> dict | None:
     return {symbol("failover-server-list"): servers} if servers else None
 
 
-def build_node(config: Config, *, network: Network | None = None, services=None) -> "Node":
+def build_node(config: Config, *, network: Network | None = None, services=None,
+               worker=None) -> "Node":
     """A node as ``fedgate serve`` runs it: every ``fedgate.services`` plug-in (or those
-    named in ``services``), on ``network`` (default: TCP)."""
+    named in ``services``), on ``network`` (default: TCP); ``worker`` (a
+    ``proxy.workers.worker.WorkerContext``) when it is one worker process of a node."""
     return Node(config, network=network,
-                service_factories=plugins.load("fedgate.services", services))
+                service_factories=plugins.load("fedgate.services", services), worker=worker)
 
 
 class Node:
     def __init__(self, config: Config, *, network: Network | None = None,
-                 service_factories=()) -> None:
+                 service_factories=(), worker=None) -> None:
         self.config = config
+        self.worker = worker  # proxy.workers.worker.WorkerContext, or None: a single process
         self.network = network or TcpNetwork()
         self.node_id = config.node.id
         self.data_dir = Path(config.node.data_dir)
@@ -146,11 +149,14 @@ class Node:
         engine.partial_transfers.memory = self.queues.memory  # incomplete transfers count too
         # the journal of durable queues (opened, and the queues refilled, by start)
         wanted = defaults.durable or any(q.durable for q in config.queue)
-        self.journal = open_journal(self.data_dir / "journal", config.journal, wanted=wanted)
+        journal_dir = self.data_dir / "journal"
+        if worker is not None and worker.count > 1:  # each worker journals the queues it owns
+            journal_dir = self.data_dir / "workers" / str(worker.index) / "journal"
+        self.journal = open_journal(journal_dir, config.journal, wanted=wanted)
         self.broker = Broker(
             node_id=self.node_id,
             queues=self.queues,
-            resolve=self.routing.resolve,
+            resolve=self.routing.resolve if worker is None else worker.resolver(self.routing.resolve),
             credit_window=defaults.credit_window,
             max_message_size=config.limits.max_message_size,
             max_output_buffer=config.limits.max_output_buffer,
@@ -162,6 +168,10 @@ class Node:
             journal=self.journal,
             network=self.network,
         )
+        if worker is not None:
+            from proxy.workers.ownership import temp_prefix
+
+            self.broker.temp_prefix = temp_prefix(self.node_id, worker.index)
         if self.journal is not None:
             self.journal.on_progress.append(self.broker.run_pending)
         self.run_pending = self.broker.run_pending  # shared by every client connection
@@ -186,6 +196,11 @@ class Node:
             properties=failover_properties(config),
             offered_capabilities=(anonymous_relay.CAPABILITY,),
         )
+        # links forwarded by the node's other workers (proxy.workers): trusted, no SASL, no limits
+        self.internal_settings = ConnectionSettings(
+            container_id=self.node_id, max_frame_size=limits.max_frame_size, idle_timeout=0.0,
+            handshake_timeout=limits.handshake_timeout, max_sessions=0)
+        self.internal_server = None
         self.connections: set[AmqpProtocol] = set()
         self.handshaking = 0  # TLS handshakes under way (admitted, not yet AMQP connections)
         self._ip_of: dict[AmqpProtocol, str] = {}  # for the per-IP limit
@@ -206,6 +221,10 @@ class Node:
 
     def admit(self, protocol: AmqpProtocol) -> str | None:
         """None to accept a new connection, else the reason to refuse it."""
+        if self.worker is not None and self.worker.channel is not None:
+            # the supervisor admitted it (node-wide counts); we tell it when it closes
+            self._ip_of[protocol] = protocol.ip
+            return None
         limits = self.config.limits
         if limits.max_connections and len(self.connections) + self.handshaking >= limits.max_connections:
             return f"connection limit {limits.max_connections} reached"
@@ -238,12 +257,18 @@ class Node:
             return None  # anonymous clients are bounded per source IP
         user = identity.user
         count = self.per_user.get(user, 0)
+        if limit and self.worker is not None and user in self.worker.full_users:
+            log.warning("connection from %s refused: user %s already has %d connections on this "
+                        "node (max_connections_per_user)", protocol.peer, user, limit)
+            return f"user {user!r} already has {limit} connections (max_connections_per_user)"
         if limit and count >= limit:
             log.warning("connection from %s refused: user %s already has %d connections "
                         "(max_connections_per_user)", protocol.peer, user, count)
             return f"user {user!r} already has {count} connections (max_connections_per_user)"
         self.per_user[user] = count + 1
         self._user_of[protocol] = user
+        if self.worker is not None:
+            self.worker.send(b"u", user)
         return None
 
     def sasl_failed(self, ip: str, now: float) -> float:
@@ -258,6 +283,14 @@ class Node:
     def release(self, protocol: AmqpProtocol) -> None:
         """A connection is gone: forget it in the per-IP and per-user counts."""
         self.connections.discard(protocol)
+        worker = self.worker
+        if worker is not None and worker.channel is not None:
+            ip = self._ip_of.pop(protocol, None)
+            if ip is not None:
+                worker.send(b"c", ip)
+            user = self._user_of.get(protocol)
+            if user is not None:
+                worker.send(b"v", user)
         for owner, counts in ((self._ip_of, self.per_ip), (self._user_of, self.per_user)):
             key = owner.pop(protocol, None)
             if key is not None:
@@ -305,10 +338,24 @@ class Node:
         loop = asyncio.get_running_loop()
         self._recover_durable_queues(loop)
         self.exchanges.start()
-        self.server, self.address = await self.network.serve(
-            lambda: AmqpProtocol(self), host, port, ssl_context=self.tls_context,
-            handshake_timeout=self.config.limits.handshake_timeout)
-        log.info("fedgate node %s listening on %s", self.node_id, self.url)
+        worker = self.worker
+        if worker is not None:  # links forwarded by the other workers come on our Unix socket
+            path = worker.socket_path(worker.index)
+            Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.internal_server, _ = await self.network.serve_unix(
+                lambda: AmqpProtocol(self, internal=True), path)
+        if worker is not None and worker.channel is not None:
+            # the supervisor listens and accepts; it passes us our share of the connections
+            self.server = self._adopting_server()
+            self.address = (host, port)
+            worker.listen(self._adopt)
+            log.info("fedgate node %s worker %d of %d serving %s", self.node_id, worker.index,
+                     worker.count, self.url)
+        else:
+            self.server, self.address = await self.network.serve(
+                lambda: AmqpProtocol(self), host, port, ssl_context=self.tls_context,
+                handshake_timeout=self.config.limits.handshake_timeout)
+            log.info("fedgate node %s listening on %s", self.node_id, self.url)
         for service in self.services:
             await service.start()
 
@@ -317,6 +364,8 @@ class Node:
             await service.stop()
         if self.server is not None:
             self.server.close()
+        if self.internal_server is not None:
+            self.internal_server.close()
         for protocol in list(self.connections):
             protocol.close("amqp:connection:forced", "node shutting down")
         loop = asyncio.get_running_loop()
@@ -335,6 +384,20 @@ class Node:
         if self.server is not None:
             await self.server.wait_closed()
         log.info("fedgate node %s stopped", self.node_id)
+
+    def _adopting_server(self):
+        from proxy.net.tcp_server import TcpServer
+
+        return TcpServer.without_listener(lambda: AmqpProtocol(self))
+
+    def _adopt(self, sock) -> None:
+        """A client connection the supervisor accepted and passed to this worker."""
+        if self.tls_context is None:
+            self.server.adopt(sock)
+        else:  # asyncio's transport, which start_tls can upgrade (AmqpProtocol)
+            sock.setblocking(False)
+            asyncio.get_running_loop().create_task(
+                asyncio.get_running_loop().connect_accepted_socket(lambda: AmqpProtocol(self), sock))
 
     def _recover_durable_queues(self, loop) -> None:
         """Open the journal under the data dir and refill durable queues, before listening."""

@@ -28,11 +28,14 @@ log = logging.getLogger("fedgate.server")
 
 
 class AmqpProtocol(EngineProtocol):
-    __slots__ = ("node", "broker", "handler", "peer", "ip", "_failed", "_tls", "_early")
+    __slots__ = ("node", "broker", "handler", "peer", "ip", "_failed", "_tls", "_early", "internal")
 
-    def __init__(self, node) -> None:
+    def __init__(self, node, *, internal: bool = False) -> None:
         super().__init__(node.run_pending)  # one bound method for all connections
         self.node = node
+        # internal: another worker of this node forwarding its clients' links
+        # (proxy.workers): no TLS, no SASL, no limits, no ACL (applied where they connected)
+        self.internal = internal
         self.broker: Broker = node.broker
         self.handler: ClientHandler | None = None
         self.peer = ""
@@ -45,6 +48,9 @@ class AmqpProtocol(EngineProtocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.ip = sys.intern(str(peer[0])) if peer else "?"  # one string per client address
+        if self.internal:
+            self._start(transport, None)
+            return
         if self.node.tls_context is not None and self._tls is None:
             # TLS listener: the limits first, then the handshake (no TLS work for a refused one)
             refusal = self.node.admit(self)
@@ -86,10 +92,13 @@ class AmqpProtocol(EngineProtocol):
         """Admitted (or refused with ``refusal``): the AMQP connection's state begins."""
         super().connection_made(transport)
         settings: ConnectionSettings = self.node.connection_settings
-        self.handler = ClientHandler(self.broker, peer=self.peer, output=self,
-                                     max_links=self.node.config.limits.max_links_per_connection)
+        max_links = self.node.config.limits.max_links_per_connection
+        if self.internal:
+            settings, max_links, self.peer = self.node.internal_settings, 0, "worker"
+        self.handler = ClientHandler(self.broker, peer=self.peer, output=self, max_links=max_links,
+                                     trusted=self.internal)
         cert_identity = None
-        if self.node.tls_context is not None:
+        if self.node.tls_context is not None and not self.internal:
             cert_identity = certificate_identity(transport.get_extra_info("peercert"),
                                                  self.node.config.sasl.external_identity)
         self.conn = ServerConnection(

@@ -10,6 +10,7 @@ the wrong type fails at start with a message naming the key
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -42,15 +43,34 @@ def parse_hostport(text: str, key: str) -> tuple[str, int]:
     return host, port
 
 
+MAX_WORKERS = 256
+
+
+def worker_count(workers: int | str) -> int:
+    """``[node] workers`` as a number: "auto" is one per core this process may use."""
+    if workers == "auto":
+        try:
+            return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+        except AttributeError:  # not Linux
+            return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+    return int(workers)
+
+
 @dataclass(frozen=True)
 class NodeSection:
     id: str = "fedgate"
     listen: str = DEFAULT_LISTEN
     data_dir: str = "var/fedgate"
     log_level: str = "info"
+    # worker processes behind the one listener (proxy.workers): a number, or "auto" (one per core)
+    workers: int | str = 1
 
     def check(self, key: str) -> None:
         parse_hostport(self.listen, f"{key}.listen")
+        if isinstance(self.workers, str) and self.workers != "auto":
+            raise ConfigError(f"{key}.workers", f'a number of processes or "auto", not {self.workers!r}')
+        if isinstance(self.workers, int) and not 1 <= self.workers <= MAX_WORKERS:
+            raise ConfigError(f"{key}.workers", f"between 1 and {MAX_WORKERS}, not {self.workers}")
         if not self.id or any(c.isspace() for c in self.id):
             raise ConfigError(f"{key}.id", f"invalid node id {self.id!r}")
         if self.log_level not in LOG_LEVELS:
@@ -320,7 +340,15 @@ def _check_type(value: Any, hint: Any, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _check_type(value, inner[0], key)
+        if len(inner) == 1:
+            return _check_type(value, inner[0], key)
+        for hint in inner:  # int | str: the first type the value is
+            try:
+                return _check_type(value, hint, key)
+            except ConfigError:
+                pass
+        names = {int: "an integer", str: "a string", float: "a number", bool: "true or false"}
+        raise ConfigError(key, "expected " + " or ".join(names.get(h, str(h)) for h in inner))
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(key, "expected true or false")
@@ -432,7 +460,7 @@ def apply_overrides(config: Config, **flags: Any) -> Config:
     node_changes = {
         key: flags[flag]
         for flag, key in (("listen", "listen"), ("node_id", "id"), ("data_dir", "data_dir"),
-                          ("log_level", "log_level"))
+                          ("log_level", "log_level"), ("workers", "workers"))
         if flags.get(flag) is not None
     }
     if node_changes:

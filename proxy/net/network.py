@@ -56,3 +56,11 @@ class TcpNetwork:
     async def connect(self, factory, host, port, *, ssl_context=None, server_hostname=None):
         return await asyncio.get_running_loop().create_connection(
             factory, host, port, ssl=ssl_context, server_hostname=server_hostname)
+
+    async def serve_unix(self, factory, path: str):
+        """Listen on a Unix socket (a node's workers reach each other there)."""
+        server = await TcpServer.start_unix(factory, path)
+        return server, path
+
+    async def connect_unix(self, factory, path: str):
+        return await asyncio.get_running_loop().create_unix_connection(factory, path)

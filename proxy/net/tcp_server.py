@@ -278,6 +278,28 @@ class TcpServer:
             raise
         return cls(loop, protocol_factory, sockets)
 
+    @classmethod
+    async def start_unix(cls, protocol_factory, path: str, *, backlog: int = 4096) -> "TcpServer":
+        """Listen on a Unix socket at ``path`` (replacing a stale one)."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            sock.listen(backlog)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        return cls(asyncio.get_running_loop(), protocol_factory, [sock])
+
+    @classmethod
+    def without_listener(cls, protocol_factory) -> "TcpServer":
+        """No listening socket: connections come through ``adopt`` only."""
+        return cls(asyncio.get_running_loop(), protocol_factory, [])
+
     def _accept(self, listener: socket.socket) -> None:
         for _ in range(ACCEPT_BATCH):
             try:
@@ -294,21 +316,27 @@ class TcpServer:
                 self.loop.remove_reader(listener.fileno())
                 self.loop.call_later(ACCEPT_RETRY, self._resume, listener)
                 return
-            sock.setblocking(False)
+            self.adopt(sock)
+
+    def adopt(self, sock: socket.socket, factory=None) -> None:
+        """Serve an accepted socket (ours, or one a node's supervisor accepted and passed
+        on, ``proxy.workers``) with a protocol from ``factory`` (default: the listener's)."""
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            fd = sock.detach()  # from here on a bare descriptor (module note)
-            try:
-                protocol = self._factory()
-            except Exception:
-                log.exception("no protocol for an accepted connection; closing it")
-                os.close(fd)
-                continue
-            transport = SocketTransport(self, fd, protocol)
-            try:
-                transport.start()
-            except Exception:
-                log.exception("setting up an accepted connection failed; closing it")
-                transport.abort()  # connection_lost follows, then the descriptor is closed
+        fd = sock.detach()  # from here on a bare descriptor (module note)
+        try:
+            protocol = (factory or self._factory)()
+        except Exception:
+            log.exception("no protocol for an accepted connection; closing it")
+            os.close(fd)
+            return
+        transport = SocketTransport(self, fd, protocol)
+        try:
+            transport.start()
+        except Exception:
+            log.exception("setting up an accepted connection failed; closing it")
+            transport.abort()  # connection_lost follows, then the descriptor is closed
 
     def _poll(self) -> None:
         transports = self.transports

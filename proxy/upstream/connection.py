@@ -39,7 +39,7 @@ class UpstreamConnection:
             sasl.allowed_mechs("ANONYMOUS")
         connection = Connection()
         connection.container = container_id
-        connection.hostname = target.host
+        connection.hostname = "localhost" if target.unix_path else target.host
         if target.user:
             connection.user = target.user
             connection.password = target.password or ""

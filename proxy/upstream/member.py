@@ -153,12 +153,15 @@ class PoolMember:
         target = upstream.target
         self.conn = UpstreamConnection(target, self, f"{upstream.node_id}-up-{next(_container_ids)}")
         try:
-            _, protocol = await asyncio.wait_for(
-                upstream.network.connect(lambda: UpstreamProtocol(self), target.host, target.port,
-                                         ssl_context=target.ssl_context(),
-                                         server_hostname=target.host if target.scheme == "amqps" else None),
-                timeout=max(2.0, target.heartbeat),
-            )
+            if target.unix_path is not None:  # another worker of this node
+                connecting = upstream.network.connect_unix(lambda: UpstreamProtocol(self),
+                                                           target.unix_path)
+            else:
+                connecting = upstream.network.connect(
+                    lambda: UpstreamProtocol(self), target.host, target.port,
+                    ssl_context=target.ssl_context(),
+                    server_hostname=target.host if target.scheme == "amqps" else None)
+            _, protocol = await asyncio.wait_for(connecting, timeout=max(2.0, target.heartbeat))
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
             self.conn = None
             self._schedule_retry(f"connect failed: {exc!r}")

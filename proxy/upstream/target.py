@@ -9,6 +9,8 @@ from urllib.parse import unquote, urlsplit
 
 log = logging.getLogger("fedgate.upstream")
 
+UNIX_SCHEME = "amqp+unix"  # amqp+unix:///path: AMQP over a Unix socket, between a node's workers
+
 @dataclass(frozen=True)
 class UpstreamTarget:
     """Where and how to connect: a primary URL plus per-rule options."""
@@ -33,12 +35,21 @@ class UpstreamTarget:
 
     @property
     def display(self) -> str:
+        if self.scheme == UNIX_SCHEME:
+            return f"{self.scheme}://{self.host}"
         user = f"{self.user}@" if self.user else ""
         return f"{self.scheme}://{user}{self.host}:{self.port}"
+
+    @property
+    def unix_path(self) -> str | None:
+        """The socket path of an ``amqp+unix:///path`` target (another worker of this node)."""
+        return self.host if self.scheme == UNIX_SCHEME else None
 
     @classmethod
     def from_url(cls, url: str, **options) -> "UpstreamTarget":
         parts = urlsplit(url)
+        if parts.scheme == UNIX_SCHEME and parts.path:  # a worker of this node (proxy.workers)
+            return cls(scheme=UNIX_SCHEME, host=parts.path, port=0, **options)
         if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
             raise ValueError(f"not an amqp:// or amqps:// URL: {url!r}")
         port = parts.port or (5671 if parts.scheme == "amqps" else 5672)

@@ -34,8 +34,9 @@ def add_user(users, name: str, password: str) -> None:
                    capture_output=True)
 
 
-@pytest.fixture(scope="module")
-def dmz(tmp_path_factory, certs):
+# one process, and two workers behind one listener (issue #18): the limits are the node's
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-worker", "2-workers"])
+def dmz(request, tmp_path_factory, certs):
     workdir = tmp_path_factory.mktemp("dmz")
     users = workdir / "users.json"
     add_user(users, "alice", "alice pw")
@@ -51,6 +52,7 @@ def dmz(tmp_path_factory, certs):
             {"user": "alice", "send": ["orders.#", "canary"], "receive": ["orders.#", "canary"]},
             {"user": "bob", "send": ["bob.#"], "receive": ["bob.#"]},
         ],
+        "node": {"workers": request.param},
     }).start()
     yield node
     node.stop()

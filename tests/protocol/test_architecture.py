@@ -29,7 +29,7 @@ LAYERS = [
     ["proxy.links"],
     ["proxy.exchanges"],
     ["proxy.broker"],
-    ["proxy.server", "proxy.plugins"],
+    ["proxy.server", "proxy.plugins", "proxy.workers"],
     ["proxy.node"],
     ["fragments"],
     ["admin_api"],

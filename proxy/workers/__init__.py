@@ -1,0 +1,1 @@
+"""Worker processes behind one listener: ``[node] workers = N`` (supervisor, worker, ownership)."""

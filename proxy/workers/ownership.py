@@ -1,0 +1,67 @@
+"""Which worker of a node owns a queue: pure logic, no I/O.
+
+How this works
+--------------
+A node with ``[node] workers = N`` runs N worker processes behind one listener
+(``proxy.workers.supervisor``). A local queue must stay one FIFO wherever its
+clients land, so each one has exactly one owner: the worker whose ketama ring
+(uhashring, the ring fragmented queues use for their members) maps the name to
+it. A link attached on another worker is forwarded to the owner as a proxy
+link to a peer node is (``proxy.workers.worker``).
+
+Exceptions to the ring:
+
+* a temporary queue belongs to the worker of the connection that made it: its
+  name says which (``tmp.<node>.w<K>.<n>``), so a reply-to reaches it from any
+  worker;
+* with exchanges declared (``[[exchanges]]``), every local queue and every
+  fragmented queue is owned by worker 0, where the exchanges route (an exchange
+  delivers straight into local queues); so are fragmented queues, whose
+  fragment and steal-on-empty run on worker 0 for the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from uhashring import HashRing
+
+
+def temp_prefix(node_id: str, worker: int) -> str:
+    """The name prefix of the temporary queues worker ``worker`` makes."""
+    return f"tmp.{node_id}.w{worker}."
+
+
+@dataclass
+class QueueOwners:
+    node_id: str
+    workers: int
+    everything_on_first: bool = False  # exchanges declared: all local queues on worker 0
+    _ring: HashRing | None = field(default=None, init=False, repr=False)
+    _temp: str = field(default="", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, not {self.workers}")
+        if self.workers > 1:
+            self._ring = HashRing(nodes=[f"w{k}" for k in range(self.workers)])
+        self._temp = f"tmp.{self.node_id}.w"
+
+    def owner(self, address: str) -> int:
+        """The worker that holds local queue ``address``."""
+        if self._ring is None or self.everything_on_first:
+            return 0
+        if address.startswith(self._temp):
+            digits, dot, _ = address[len(self._temp):].partition(".")
+            if dot and digits.isdigit() and int(digits) < self.workers:
+                return int(digits)
+        return int(self._ring.get_node(address)[1:])
+
+    def owner_of_kind(self, kind: str, address: str) -> int | None:
+        """The worker that serves an address routed as ``kind``; None: any worker (its own
+        links: proxy rules have upstream connections in every worker)."""
+        if kind == "local":
+            return self.owner(address)
+        if kind == "fragmented":
+            return 0
+        return None

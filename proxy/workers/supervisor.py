@@ -1,0 +1,324 @@
+"""The supervisor of a node with ``[node] workers = N``: one listener, N worker processes.
+
+How this works
+--------------
+``fedgate serve`` with more than one worker runs this instead of a node. It
+binds the node's ``listen`` address, starts N worker processes (``fedgate
+_worker``, each a full ``proxy.node.Node`` told which worker it is, see
+``proxy.workers.worker``) and waits until each says it is ready. Then it
+accepts: every connection is checked against the node-wide limits
+(``max_connections``, ``max_connections_per_ip``) and passed, as a file
+descriptor, to the worker that has the fewest connections; refused ones are
+closed at once, as a single-process node does. Workers report closed
+connections and authenticated users back, so the counts are the node's, and
+the supervisor tells every worker when a user reaches or leaves
+``max_connections_per_user``.
+
+Supervision: a worker that exits is started again (after 1 s, doubling up to
+30 s while it keeps dying within a minute of its start); its clients were
+disconnected and reconnect to the others, the others' clients see nothing.
+SIGTERM or SIGINT stop the accepting, pass SIGTERM to every worker (each drains
+as a single node does) and wait for them, killing what is left after
+``STOP_TIMEOUT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+
+from proxy.config.settings import Config
+
+log = logging.getLogger("fedgate.supervisor")
+
+READY_TIMEOUT = 60.0  # seconds for a worker to start (durable queues recover first)
+STOP_TIMEOUT = 15.0  # seconds for the workers to drain on SIGTERM
+RESTART_DELAY = 1.0
+RESTART_DELAY_MAX = 30.0
+STABLE_AFTER = 60.0  # a worker up this long is healthy again: its next restart waits RESTART_DELAY
+ACCEPT_BATCH = 128
+
+
+@dataclass
+class WorkerProcess:
+    index: int
+    channel: socket.socket | None = None
+    process: asyncio.subprocess.Process | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    per_ip: dict[str, int] = field(default_factory=dict)  # its open client connections
+    per_user: dict[str, int] = field(default_factory=dict)  # its authenticated connections
+    connections: int = 0
+    started: float = 0.0
+    restart_delay: float = RESTART_DELAY
+    restarts: int = 0
+
+
+class Supervisor:
+    def __init__(self, config: Config, count: int, worker_args: list[str]) -> None:
+        self.config = config
+        self.count = count
+        self.worker_args = worker_args  # the command-line overrides every worker gets
+        self.workers = [WorkerProcess(k) for k in range(count)]
+        self.per_ip: dict[str, int] = {}
+        self.per_user: dict[str, int] = {}
+        self.listeners: list[socket.socket] = []
+        self.address: tuple[str, int] | None = None
+        self.stopping = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- start and stop ------------------------------------------------------------
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        host, port = self.config.listen
+        self._bind(host, port)
+        data_dir = os.path.abspath(self.config.node.data_dir)
+        os.makedirs(os.path.join(data_dir, "workers"), mode=0o700, exist_ok=True)
+        for worker in self.workers:
+            await self._spawn(worker)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(w.ready.wait() for w in self.workers)),
+                                   READY_TIMEOUT)
+        except asyncio.TimeoutError:
+            late = [w.index for w in self.workers if not w.ready.is_set()]
+            raise RuntimeError(f"workers {late} did not start within {READY_TIMEOUT:.0f}s") from None
+        for sock in self.listeners:
+            self.loop.add_reader(sock.fileno(), self._accept, sock)
+
+    def _bind(self, host: str, port: int) -> None:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, type_, proto, _, address in dict.fromkeys((i[0], i[1], i[2], None, i[4]) for i in infos):
+            sock = socket.socket(family, type_, proto)
+            self.listeners.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(4096)
+            sock.setblocking(False)
+            if port == 0:  # the other families listen on the port the first one got
+                port = sock.getsockname()[1]
+        self.address = self.listeners[0].getsockname()[:2]
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        scheme = "amqps" if self.config.tls is not None else "amqp"
+        host = f"[{host}]" if ":" in host else host
+        return f"{scheme}://{host}:{port}"
+
+    async def _spawn(self, worker: WorkerProcess) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        host, port = self.address
+        args = [sys.executable, "-m", "proxy", "_worker", "--index", str(worker.index),
+                "--count", str(self.count), "--channel-fd", str(theirs.fileno()),
+                "--listen", f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+                *self.worker_args]
+        try:
+            worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        worker.channel = ours
+        worker.ready.clear()
+        worker.started = self.loop.time()
+        self.loop.add_reader(ours.fileno(), self._read, worker)
+        self._track(self.loop.create_task(self._watch(worker, worker.process)))
+        log.info("worker %d started (pid %d)", worker.index, worker.process.pid)
+
+    def _track(self, task: asyncio.Task) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        for sock in self.listeners:
+            self.loop.remove_reader(sock.fileno())
+            sock.close()
+        running = [w.process for w in self.workers if w.process and w.process.returncode is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in running)), STOP_TIMEOUT)
+        except asyncio.TimeoutError:
+            for process in running:
+                if process.returncode is None:
+                    log.error("worker pid %d did not stop within %.0fs; killing it",
+                              process.pid, STOP_TIMEOUT)
+                    process.kill()
+            await asyncio.gather(*(p.wait() for p in running))
+        for worker in self.workers:
+            self._close_channel(worker)
+
+    # -- supervision ---------------------------------------------------------------
+    async def _watch(self, worker: WorkerProcess, process) -> None:
+        code = await process.wait()
+        if self.stopping or worker.process is not process:
+            return
+        self._close_channel(worker)
+        self._forget(worker)
+        up_for = self.loop.time() - worker.started
+        if up_for > STABLE_AFTER:
+            worker.restart_delay = RESTART_DELAY
+        delay = worker.restart_delay
+        worker.restart_delay = min(RESTART_DELAY_MAX, delay * 2)
+        log.error("worker %d (pid %d) exited with %s after %.0fs; starting it again in %.0fs",
+                  worker.index, process.pid, code, up_for, delay)
+        await asyncio.sleep(delay)
+        if not self.stopping:
+            worker.restarts += 1
+            await self._spawn(worker)
+
+    def _close_channel(self, worker: WorkerProcess) -> None:
+        if worker.channel is not None:
+            self.loop.remove_reader(worker.channel.fileno())
+            worker.channel.close()
+            worker.channel = None
+
+    def _forget(self, worker: WorkerProcess) -> None:
+        """A worker is gone and its connections with it."""
+        for ip, n in worker.per_ip.items():
+            self._count(self.per_ip, ip, -n)
+        for user, n in worker.per_user.items():
+            self._user_count(user, -n)
+        worker.per_ip.clear()
+        worker.per_user.clear()
+        worker.connections = 0
+
+    # -- accepting -----------------------------------------------------------------
+    def _accept(self, listener: socket.socket) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, peer = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                log.error("cannot accept (%s); pausing 1s", exc)
+                self.loop.remove_reader(listener.fileno())
+                self.loop.call_later(1.0, self._resume, listener)
+                return
+            try:
+                self._pass(sock, str(peer[0]), f"{peer[0]}:{peer[1]}")
+            finally:
+                sock.close()  # the worker has its own descriptor now (or it was refused)
+
+    def _resume(self, listener: socket.socket) -> None:
+        if not self.stopping:
+            self.loop.add_reader(listener.fileno(), self._accept, listener)
+
+    def _refuse(self, peer: str, reason: str) -> None:
+        # worded as a single-process node says it
+        where = " before TLS" if self.config.tls is not None else ""
+        log.warning("connection from %s refused%s: %s", peer, where, reason)
+
+    def _pass(self, sock: socket.socket, ip: str, peer: str) -> None:
+        limits = self.config.limits
+        total = sum(w.connections for w in self.workers)
+        if limits.max_connections and total >= limits.max_connections:
+            self._refuse(peer, f"connection limit {limits.max_connections} reached")
+            return
+        count = self.per_ip.get(ip, 0)
+        if limits.max_connections_per_ip and count >= limits.max_connections_per_ip:
+            self._refuse(peer, f"{count} connections from {ip} (max_connections_per_ip)")
+            return
+        alive = [w for w in self.workers if w.channel is not None and w.ready.is_set()]
+        if not alive:
+            self._refuse(peer, "no worker running")
+            return
+        worker = min(alive, key=lambda w: w.connections)
+        try:
+            socket.send_fds(worker.channel, [b"C" + ip.encode()], [sock.fileno()])
+        except OSError as exc:
+            log.error("passing a connection to worker %d failed (%s); closing it", worker.index, exc)
+            return
+        worker.connections += 1
+        self._count(worker.per_ip, ip, 1)
+        self._count(self.per_ip, ip, 1)
+
+    # -- what the workers say --------------------------------------------------------
+    def _read(self, worker: WorkerProcess) -> None:
+        channel = worker.channel
+        while channel is not None:
+            try:
+                message = channel.recv(1024)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                message = b""
+            if not message:  # the worker is gone; _watch restarts it
+                self.loop.remove_reader(channel.fileno())
+                return
+            tag, text = message[:1], message[1:].decode("utf-8", "replace")
+            if tag == b"R":
+                worker.ready.set()
+                log.info("worker %d ready", worker.index)
+            elif tag == b"c":
+                if worker.per_ip.get(text):
+                    worker.connections -= 1
+                    self._count(worker.per_ip, text, -1)
+                    self._count(self.per_ip, text, -1)
+            elif tag == b"u":
+                self._count(worker.per_user, text, 1)
+                self._user_count(text, 1)
+            elif tag == b"v":
+                if worker.per_user.get(text):
+                    self._count(worker.per_user, text, -1)
+                    self._user_count(text, -1)
+
+    @staticmethod
+    def _count(counts: dict[str, int], key: str, delta: int) -> None:
+        n = counts.get(key, 0) + delta
+        if n > 0:
+            counts[key] = n
+        else:
+            counts.pop(key, None)
+
+    def _user_count(self, user: str, delta: int) -> None:
+        limit = self.config.limits.max_connections_per_user
+        before = self.per_user.get(user, 0)
+        self._count(self.per_user, user, delta)
+        after = self.per_user.get(user, 0)
+        if not limit:
+            return
+        if before < limit <= after:
+            self._tell_all(b"F" + user.encode())
+        elif after < limit <= before:
+            self._tell_all(b"f" + user.encode())
+
+    def _tell_all(self, message: bytes) -> None:
+        for worker in self.workers:
+            if worker.channel is not None:
+                try:
+                    worker.channel.send(message)
+                except OSError as exc:
+                    log.error("telling worker %d failed: %s", worker.index, exc)
+
+    def describe(self) -> list[dict]:
+        return [{"worker": w.index, "pid": w.process.pid if w.process else None,
+                 "connections": w.connections, "restarts": w.restarts,
+                 "ready": w.ready.is_set()} for w in self.workers]
+
+
+async def run(config: Config, count: int, worker_args: list[str]) -> int:
+    supervisor = Supervisor(config, count, worker_args)
+    try:
+        await supervisor.start()
+        print(f"fedgate node {config.node.id} listening on {supervisor.url} "
+              f"({count} workers)", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("signal received, stopping %d workers", count)
+    finally:
+        await supervisor.stop()
+    return 0
+

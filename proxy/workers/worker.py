@@ -1,0 +1,161 @@
+"""One worker process of a node: what it adds to a ``Node``.
+
+How this works
+--------------
+The supervisor (``proxy.workers.supervisor``) accepts every client connection,
+applies the node-wide limits (total, per source IP) and passes the socket to
+the worker with the fewest connections, over a ``SOCK_SEQPACKET`` channel of
+the worker's own (``SCM_RIGHTS``). The worker serves it exactly as if it had
+accepted it (TLS, SASL, ACL, its links). Messages on the channel:
+
+====================  ======================  ======================================
+supervisor -> worker  ``C<ip>`` + descriptor  a client connection, admitted
+                      ``F<user>`` / ``f<user>``  the user is at / below its connection limit
+worker -> supervisor  ``c<ip>``               that connection closed
+                      ``u<user>`` / ``v<user>``  a connection of that user authenticated / closed
+====================  ======================  ======================================
+
+Per-user limits: the supervisor counts each user's connections over all workers
+and tells every worker when a user reaches ``max_connections_per_user``; a
+worker refuses that user's next connections until it hears the count fell. Two
+workers authenticating the same user in the same instant can each admit one
+before the news arrives, so a user may briefly hold up to ``workers - 1``
+connections over the limit.
+
+Each worker also listens on a Unix socket of its own (``<data_dir>/workers/
+worker-K.sock``) for links forwarded by the other workers. Routing here is the
+node's routing plus ownership (``proxy.workers.ownership``): an attach to a
+local queue another worker owns becomes a proxy link to that worker (one shared
+upstream connection per worker pair, end-to-end settlement, bodies never
+decoded), exactly as a proxy rule to a peer node. Proxy rules need no
+forwarding: every worker has its own upstream connections. Connections on the
+Unix socket are trusted (the ACL was applied where the client connected), carry
+no SASL and have no link or session limit: one of them carries the links of
+many clients.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from routing import Decision, Rule, UpstreamOptions
+
+from .ownership import QueueOwners
+
+log = logging.getLogger("fedgate.workers")
+
+MAX_MESSAGE = 1024  # a channel message: a tag byte and an address or user name
+
+
+def socket_dir(data_dir: Path) -> Path:
+    return data_dir / "workers"
+
+
+@dataclass
+class WorkerContext:
+    """What a node needs to know to run as worker ``index`` of ``count``."""
+
+    index: int
+    count: int
+    data_dir: Path
+    owners: QueueOwners
+    channel: socket.socket | None = None  # to the supervisor; None: tests wire workers by hand
+    full_users: set[str] = field(default_factory=set)  # at max_connections_per_user node-wide
+    _rules: dict[int, Rule] = field(default_factory=dict, repr=False)
+
+    def socket_path(self, worker: int) -> str:
+        return str(socket_dir(self.data_dir) / f"worker-{worker}.sock")
+
+    def url(self, worker: int) -> str:
+        return f"amqp+unix://{self.socket_path(worker)}"
+
+    def _rule(self, worker: int) -> Rule:
+        rule = self._rules.get(worker)
+        if rule is None:
+            # a peer id, not a URL, as primary: the decision carries the socket's URL
+            rule = Rule(name=f"worker-{worker}", match="#", kind="proxy", primary=f"worker-{worker}",
+                        # no idle re-check: a probe attach would make the queue on its owner
+                        upstream=UpstreamOptions(recheck_interval=0.0, split_directions=False))
+            self._rules[worker] = rule
+        return rule
+
+    def resolver(self, resolve):
+        """``resolve`` (the routing table's) with ownership: addresses another worker
+        serves become proxy decisions to that worker."""
+        owners, me = self.owners, self.index
+
+        def resolve_here(address: str) -> Decision:
+            decision = resolve(address)
+            owner = owners.owner_of_kind(decision.kind, address)
+            if owner is None or owner == me:
+                return decision
+            url = self.url(owner)
+            return Decision(kind="proxy", rule=self._rule(owner), address=address,
+                            remote_address=address, primary=f"worker-{owner}", primary_url=url,
+                            reason=f"{decision.kind} queue on worker {owner} of this node "
+                                   f"({decision.reason})")
+
+        return resolve_here
+
+    # -- the supervisor's channel ------------------------------------------------
+    def listen(self, adopt) -> None:
+        """Serve what the supervisor sends: ``adopt(sock)`` for each connection."""
+        if self.channel is None:
+            return
+        self.channel.setblocking(False)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self.channel.fileno(), self._read, adopt)
+
+    def _read(self, adopt) -> None:
+        while True:
+            try:
+                message, fds, _, _ = socket.recv_fds(self.channel, MAX_MESSAGE, 4)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.error("worker %d: channel to the supervisor failed (%s); stopping", self.index, exc)
+                self._orphaned()
+                return
+            if not message and not fds:  # the supervisor is gone: so are we
+                self._orphaned()
+                return
+            tag, text = message[:1], message[1:].decode("utf-8", "replace")
+            if tag == b"C" and fds:
+                for extra in fds[1:]:
+                    os.close(extra)
+                sock = socket.socket(fileno=fds[0])
+                try:
+                    adopt(sock)
+                except Exception:
+                    log.exception("worker %d: serving a passed connection failed", self.index)
+                    sock.close()
+                    self.send(b"c", text)
+            else:
+                for fd in fds:
+                    os.close(fd)
+                if tag == b"F":
+                    self.full_users.add(text)
+                elif tag == b"f":
+                    self.full_users.discard(text)
+
+    def _orphaned(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self.channel.fileno())
+        os.kill(os.getpid(), 15)  # SIGTERM: the node drains and stops
+
+    def send(self, tag: bytes, text: str) -> None:
+        if self.channel is None:
+            return
+        try:
+            self.channel.send(tag + text.encode()[:MAX_MESSAGE - 1])
+        except (BlockingIOError, InterruptedError):
+            # the supervisor is not reading: the count drifts (logged) rather than block a worker
+            log.error("worker %d: supervisor channel full; %r for %r not sent", self.index, tag, text)
+        except OSError:
+            pass  # the supervisor is gone; _read sees it

@@ -1,0 +1,73 @@
+"""Which worker owns a local queue (proxy.workers.ownership): pure logic."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import pytest
+from proxy.workers.ownership import QueueOwners, temp_prefix
+from proxy.workers.worker import WorkerContext
+from routing import Decision
+
+
+def test_every_name_has_one_owner_and_the_ring_spreads_them():
+    owners = QueueOwners("n1", 4)
+    counts = collections.Counter(owners.owner(f"queue-{i}") for i in range(4000))
+    assert set(counts) == {0, 1, 2, 3}
+    assert min(counts.values()) > 600  # ketama: roughly a quarter each
+    # the same answer in every worker process (no per-process salt)
+    again = QueueOwners("n1", 4)
+    assert all(owners.owner(f"queue-{i}") == again.owner(f"queue-{i}") for i in range(4000))
+
+
+def test_a_temporary_queue_belongs_to_the_worker_that_made_it():
+    owners = QueueOwners("n1", 3)
+    for worker in range(3):
+        assert owners.owner(temp_prefix("n1", worker) + "17") == worker
+    # a look-alike outside the range, or another node's prefix, goes by the ring
+    from uhashring import HashRing
+
+    ring = HashRing(nodes=["w0", "w1", "w2"])
+    for name in ("tmp.n1.w9.1", "tmp.n2.w2.1", "tmp.n1.wx.1"):
+        assert f"w{owners.owner(name)}" == ring.get_node(name)
+
+
+def test_one_worker_owns_everything():
+    owners = QueueOwners("n1", 1)
+    assert {owners.owner(f"q{i}") for i in range(100)} == {0}
+
+
+def test_with_exchanges_worker_0_owns_every_local_queue():
+    owners = QueueOwners("n1", 4, everything_on_first=True)
+    assert {owners.owner(f"q{i}") for i in range(100)} == {0}
+
+
+def test_fragmented_addresses_go_to_worker_0_and_proxy_rules_stay_where_they_are():
+    owners = QueueOwners("n1", 4)
+    assert owners.owner_of_kind("fragmented", "orders") == 0
+    assert owners.owner_of_kind("proxy", "ext.orders") is None
+    assert owners.owner_of_kind("deny", "secret") is None
+
+
+def test_at_least_one_worker():
+    with pytest.raises(ValueError):
+        QueueOwners("n1", 0)
+
+
+def test_routing_forwards_what_another_worker_owns_to_its_socket():
+    context = WorkerContext(index=0, count=2, data_dir=Path("/var/fg"), owners=QueueOwners("n1", 2))
+    resolve = context.resolver(lambda address: Decision(kind="local", rule=None, address=address))
+    names = [f"q{i}" for i in range(50)]
+    mine = [n for n in names if context.owners.owner(n) == 0]
+    theirs = [n for n in names if context.owners.owner(n) == 1]
+    assert mine and theirs
+    assert all(resolve(n).kind == "local" for n in mine)
+    for name in theirs:
+        decision = resolve(name)
+        assert decision.kind == "proxy"
+        assert decision.remote_address == name
+        assert decision.primary_url == "amqp+unix:///var/fg/workers/worker-1.sock"
+        assert "worker 1" in decision.reason
+    # one rule (so one upstream pool) per worker
+    assert resolve(theirs[0]).rule is resolve(theirs[-1]).rule
