@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from aiohttp import web
@@ -35,6 +36,7 @@ from .rules_api import MANAGER
 from .history import HISTORY, History, get_history
 from .rules_manager import RulesManager
 from .slow_clients import SLOW_CLIENTS, SlowClients
+from .workers import WORKER_PEERS, WorkerPeers, admin_socket, aggregate_middleware
 
 log = logging.getLogger("fedgate.admin")
 
@@ -136,7 +138,8 @@ async def _server_header(request: web.Request, response: web.StreamResponse) -> 
 def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.Application:
     settings = node.config.admin
     slow = SlowClients(settings.header_timeout, settings.body_timeout)
-    app = web.Application(middlewares=[slow.middleware, errors_middleware, auth_middleware],
+    app = web.Application(middlewares=[slow.middleware, errors_middleware, auth_middleware,
+                                       aggregate_middleware],
                           client_max_size=MAX_BODY)
     app[SLOW_CLIENTS] = slow
     manager = RulesManager(node)
@@ -181,9 +184,18 @@ class AdminService:
         self.url: str | None = None
 
     async def start(self) -> None:
+        worker = getattr(self.node, "worker", None)
+        if worker is not None and worker.count > 1 and worker.index != 0:
+            await self._start_on_socket(worker)
+            return
         host, port = self.node.config.admin_listen
         shown = f"[{host}]" if ":" in host else host
         app = build_app(self.node, admin_url=f"http://{shown}:{port}")
+        if worker is not None and worker.count > 1:  # worker 0 answers for the whole node
+            peers = WorkerPeers({k: admin_socket(worker.data_dir, k) for k in range(1, worker.count)},
+                                worker.admin_token, app[MANAGER])
+            app[WORKER_PEERS] = peers
+            app.cleanup_ctx.append(peers.context)
         token_file = None
         if not self.node.config.admin.tokens and first_run.is_loopback(host):
             token, created = first_run.load_or_create(self.node.data_dir)
@@ -212,6 +224,24 @@ class AdminService:
                         "(set [admin] tokens; a token is made only for a loopback listener)",
                         self.url)
         log.info("admin API listening on %s", self.url)
+
+    async def _start_on_socket(self, worker) -> None:
+        """Workers other than 0: their admin app answers worker 0 on a Unix socket only."""
+        path = admin_socket(worker.data_dir, worker.index)
+        app = build_app(self.node, admin_url=f"unix:{path}")
+        app[TOKENS] = Tokens.from_config(({"token": worker.admin_token, "role": "admin"},))
+        app[CLUSTER].peers = {}  # worker 0 syncs rules with other nodes and hands them on
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self.runner.setup()
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        await web.UnixSite(self.runner, path).start()
+        os.chmod(path, 0o600)
+        self.url = f"unix:{path}"
+        log.info("admin API of worker %d on %s (worker 0's admin API answers for the node)",
+                 worker.index, path)
 
     async def stop(self) -> None:
         if self.runner is not None:

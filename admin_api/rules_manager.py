@@ -71,6 +71,8 @@ class RulesManager:
         self.store = node.rules_store
         self.lock = asyncio.Lock()
         self.listeners: list[Callable[[RulesRecord], None]] = []
+        # told of every record taken here, made here or adopted (the node's other workers)
+        self.followers: list[Callable[[RulesRecord], None]] = []
 
     @property
     def current(self) -> RulesRecord:
@@ -94,7 +96,7 @@ class RulesManager:
             record = RulesRecord(current.version + 1, time.time(), self.node.node_id, listed)
             await self._commit(record, ruleset)
         log.info("rules version %d accepted here (%d rules)", record.version, len(record.rules))
-        for listener in self.listeners:
+        for listener in (*self.listeners, *self.followers):
             listener(record)
         return record
 
@@ -108,6 +110,8 @@ class RulesManager:
             record = RulesRecord(record.version, record.updated_at, record.origin, listed)
             await self._commit(record, ruleset)
         log.info("rules version %d from %s adopted", record.version, record.origin)
+        for follower in self.followers:
+            follower(record)
         return True
 
     async def _validated(self, rules: list) -> tuple[RuleSet, tuple]:

@@ -21,6 +21,7 @@ state; ``admit_user`` applies the per-user limit when SASL succeeds;
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import ssl
 from pathlib import Path
@@ -172,6 +173,8 @@ class Node:
             from proxy.workers.ownership import temp_prefix
 
             self.broker.temp_prefix = temp_prefix(self.node_id, worker.index)
+            # connection ids unique on the node: worker K of N numbers K+1, K+1+N, ...
+            self.broker.connection_ids = itertools.count(worker.index + 1, worker.count)
         if self.journal is not None:
             self.journal.on_progress.append(self.broker.run_pending)
         self.run_pending = self.broker.run_pending  # shared by every client connection
@@ -201,7 +204,8 @@ class Node:
             container_id=self.node_id, max_frame_size=limits.max_frame_size, idle_timeout=0.0,
             handshake_timeout=limits.handshake_timeout, max_sessions=0)
         self.internal_server = None
-        self.connections: set[AmqpProtocol] = set()
+        self.internal_connections: set[AmqpProtocol] = set()  # from the other workers
+        self.connections: set[AmqpProtocol] = set()  # clients
         self.handshaking = 0  # TLS handshakes under way (admitted, not yet AMQP connections)
         self._ip_of: dict[AmqpProtocol, str] = {}  # for the per-IP limit
         self._user_of: dict[AmqpProtocol, str] = {}  # for the per-user limit
@@ -283,6 +287,7 @@ class Node:
     def release(self, protocol: AmqpProtocol) -> None:
         """A connection is gone: forget it in the per-IP and per-user counts."""
         self.connections.discard(protocol)
+        self.internal_connections.discard(protocol)
         worker = self.worker
         if worker is not None and worker.channel is not None:
             ip = self._ip_of.pop(protocol, None)
@@ -366,13 +371,13 @@ class Node:
             self.server.close()
         if self.internal_server is not None:
             self.internal_server.close()
-        for protocol in list(self.connections):
+        for protocol in [*self.connections, *self.internal_connections]:
             protocol.close("amqp:connection:forced", "node shutting down")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SHUTDOWN_GRACE
-        while self.connections and loop.time() < deadline:
+        while (self.connections or self.internal_connections) and loop.time() < deadline:
             await asyncio.sleep(0.02)
-        for protocol in list(self.connections):
+        for protocol in [*self.connections, *self.internal_connections]:
             protocol.abort()
         self.exchanges.close()
         self.upstreams.close()

@@ -112,7 +112,7 @@ class AmqpProtocol(EngineProtocol):
             self.conn.failure = refusal
             transport.abort()
             return
-        self.node.connections.add(self)
+        (self.node.internal_connections if self.internal else self.node.connections).add(self)
         self._schedule(self.conn.tick(self.loop.time()))
 
     def _admit_user(self, identity):

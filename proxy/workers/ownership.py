@@ -14,10 +14,13 @@ Exceptions to the ring:
 * a temporary queue belongs to the worker of the connection that made it: its
   name says which (``tmp.<node>.w<K>.<n>``), so a reply-to reaches it from any
   worker;
-* with exchanges declared (``[[exchanges]]``), every local queue and every
-  fragmented queue is owned by worker 0, where the exchanges route (an exchange
-  delivers straight into local queues); so are fragmented queues, whose
-  fragment and steal-on-empty run on worker 0 for the node.
+* with exchanges declared (``[[exchanges]]``) or a default ``[queues]
+  dead_letter``, every local queue is owned by worker 0: an exchange, and a
+  queue dead-lettering, deliver straight into local queues of their worker;
+* a declared queue with a ``dead_letter`` and its dead-letter queue (``pinned``)
+  are owned by worker 0, for the same reason;
+* fragmented queues: their fragment and steal-on-empty run on worker 0 for the
+  node.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class QueueOwners:
     node_id: str
     workers: int
     everything_on_first: bool = False  # exchanges declared: all local queues on worker 0
+    pinned: frozenset[str] = frozenset()  # queues on worker 0 (dead-lettering ones and targets)
     _ring: HashRing | None = field(default=None, init=False, repr=False)
     _temp: str = field(default="", init=False, repr=False)
 
@@ -49,7 +53,7 @@ class QueueOwners:
 
     def owner(self, address: str) -> int:
         """The worker that holds local queue ``address``."""
-        if self._ring is None or self.everything_on_first:
+        if self._ring is None or self.everything_on_first or address in self.pinned:
             return 0
         if address.startswith(self._temp):
             digits, dot, _ = address[len(self._temp):].partition(".")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -71,6 +72,8 @@ class Supervisor:
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
+        # worker 0 asks the other workers' admin apps (admin_api.workers) with this token
+        self.admin_token = secrets.token_urlsafe(32)
 
     # -- start and stop ------------------------------------------------------------
     async def start(self) -> None:
@@ -120,7 +123,9 @@ class Supervisor:
                 "--listen", f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
                 *self.worker_args]
         try:
-            worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=(theirs.fileno(),))
+            worker.process = await asyncio.create_subprocess_exec(
+                *args, pass_fds=(theirs.fileno(),),
+                env={**os.environ, "FEDGATE_WORKER_TOKEN": self.admin_token})
         finally:
             theirs.close()
         ours.setblocking(False)

@@ -66,6 +66,7 @@ class WorkerContext:
     data_dir: Path
     owners: QueueOwners
     channel: socket.socket | None = None  # to the supervisor; None: tests wire workers by hand
+    admin_token: str = ""  # the other workers' admin sockets accept this one only (admin_api.workers)
     full_users: set[str] = field(default_factory=set)  # at max_connections_per_user node-wide
     _rules: dict[int, Rule] = field(default_factory=dict, repr=False)
 

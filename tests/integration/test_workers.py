@@ -19,6 +19,7 @@ import time
 
 import pytest
 from proton import Message
+from admin_client import ADMIN, ADMIN_TOKEN, admin, http
 from proton.utils import BlockingConnection
 from proxy.workers.ownership import QueueOwners
 
@@ -207,3 +208,95 @@ def test_proxy_rules_work_from_every_worker(start_node, clients):
     assert set(served_by(front)) == set(range(WORKERS))
     # each worker has its own upstream connection: the primary served more than one
     assert len(re.findall(r"authenticated", primary.log_path.read_text())) >= WORKERS
+
+
+def test_a_rejected_message_reaches_its_dead_letter_queue_from_any_worker(start_node):
+    work, dead = owned_by("n1", 1, "work"), owned_by("n1", 0, "dead")  # apart on the ring
+    node = start_node({"node": {"workers": WORKERS}, "queue": [{"name": work, "dead_letter": dead}]})
+    producer = BlockingConnection(node.url, timeout=10)  # worker 0
+    consumer = BlockingConnection(node.url, timeout=10)  # worker 1
+    try:
+        sender = producer.create_sender(work)
+        for n in range(10):
+            sender.send(Message(id=f"bad-{n}", body=n))
+        receiver = consumer.create_receiver(work, credit=10)
+        for _ in range(10):
+            receiver.receive(timeout=10)
+            receiver.reject()
+        consumer.close()  # the rejects go out (a blocking client sends them when it runs)
+        dead_letters = producer.create_receiver(dead, credit=10)
+        got = []
+        for _ in range(10):
+            got.append(dead_letters.receive(timeout=10).id)
+            dead_letters.accept()
+        assert got == [f"bad-{n}" for n in range(10)]
+    finally:
+        producer.close()
+        consumer.close()
+
+
+# -- one admin API for the node ------------------------------------------------------
+@pytest.fixture
+def admin_node(start_node):
+    return start_node({"node": {"workers": WORKERS}, "admin": ADMIN})
+
+
+def test_the_admin_api_shows_every_worker_and_closes_a_connection_wherever_it_is(admin_node):
+    first = BlockingConnection(admin_node.url, timeout=10)  # worker 0
+    second = BlockingConnection(admin_node.url, timeout=10)  # worker 1
+    try:
+        queues = {w: owned_by("n1", w, "inspect") for w in range(WORKERS)}
+        for queue in queues.values():  # each sent from worker 0, held by its owner
+            first.create_sender(queue).send(Message(body="x"))
+        receiver = second.create_receiver(queues[0], credit=0)  # a consumer on worker 1
+        view = admin(admin_node, "/api/v1/connections")
+        assert view["count"] == 2 and view["workers"] == WORKERS and view["workers_unreachable"] == []
+        by_worker = {c["worker"]: c for c in view["connections"]}
+        assert set(by_worker) == {0, 1}
+        assert len({c["id"] for c in view["connections"]}) == 2  # ids unique on the node
+        held = {q["name"]: q for q in admin(admin_node, "/api/v1/queues")["queues"]}
+        for owner, queue in queues.items():  # each queue once, shown with its owner
+            assert held[queue]["worker"] == owner and held[queue]["depth"] == 1
+        assert held[queues[0]]["consumers"] == 1
+        node = admin(admin_node, "/api/v1/node")
+        assert node["counters"]["connections"] == 2 and node["counters"]["queues"] >= 2
+        metrics = http("GET", admin_node.admin_url + "/metrics")[1]
+        assert 'fedgate_connections{worker="0"} 1' in metrics
+        assert 'fedgate_connections{worker="1"} 1' in metrics
+        closed = admin(admin_node, f"/api/v1/connections/{by_worker[1]['id']}", method="DELETE")
+        assert closed["condition"] == "amqp:connection:forced"
+        with pytest.raises(Exception) as ended:
+            receiver.receive(timeout=10)
+        assert "amqp:connection:forced" in str(ended.value)
+    finally:
+        first.close()
+        try:
+            second.close()
+        except Exception:  # closed by the administrator above
+            pass
+
+
+def test_a_rule_changed_through_the_admin_api_applies_on_every_worker(admin_node):
+    rules = admin(admin_node, "/api/v1/rules")
+    admin(admin_node, "/api/v1/rules", method="PUT", headers={"If-Match": rules_etag(admin_node)},
+          body={"rules": [*rules["rules"], {"name": "no-secrets", "match": "secret.#", "kind": "deny"}]})
+    connections = [BlockingConnection(admin_node.url, timeout=10) for _ in range(WORKERS)]
+    try:
+        for conn in connections:  # one on each worker
+            with pytest.raises(Exception) as refused:
+                conn.create_sender("secret.plans")
+            assert "amqp:unauthorized-access" in str(refused.value)
+            conn.create_sender("public.plans").send(Message(body="fine"))
+    finally:
+        for conn in connections:
+            conn.close()
+    assert set(served_by(admin_node)) == set(range(WORKERS))
+
+
+def rules_etag(node) -> str:
+    import urllib.request
+
+    request = urllib.request.Request(node.admin_url + "/api/v1/rules",
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.headers["ETag"]

@@ -71,3 +71,12 @@ def test_routing_forwards_what_another_worker_owns_to_its_socket():
         assert "worker 1" in decision.reason
     # one rule (so one upstream pool) per worker
     assert resolve(theirs[0]).rule is resolve(theirs[-1]).rule
+
+
+def test_pinned_queues_live_on_worker_0():
+    free = QueueOwners("n1", 4)
+    names = [f"q{i}" for i in range(40)]
+    elsewhere = [n for n in names if free.owner(n) != 0][:3]
+    pinned = QueueOwners("n1", 4, pinned=frozenset(elsewhere))
+    assert [pinned.owner(n) for n in elsewhere] == [0, 0, 0]
+    assert all(pinned.owner(n) == free.owner(n) for n in names if n not in elsewhere)

@@ -1,0 +1,222 @@
+"""One admin API for a node of several workers (``[node] workers``, issue #18).
+
+How this works
+--------------
+Every worker runs the admin app. Worker 0 serves it on ``[admin] listen`` as a
+single-process node does; each other worker serves it only on a Unix socket of
+its own (``<data_dir>/workers/admin-K.sock``), where the one token accepted is
+the node's internal one (made by the supervisor for this run, passed to the
+workers in ``FEDGATE_WORKER_TOKEN``).
+
+On worker 0, ``aggregate_middleware`` answers the inspection views for the
+whole node: it asks every other worker the same question (bounded by
+``TIMEOUT``) and merges the answers with ``merge``: lists are concatenated with
+a ``worker`` key on each item, numbers summed, flags or-ed, other values (ids,
+versions, URLs) are worker 0's. ``/metrics`` gets a ``worker`` label on every
+sample. A worker that does not answer is named in ``workers_unreachable``.
+Closing a connection goes to the worker that has it (connection ids are unique
+on the node: worker K of N numbers its connections K+1, K+1+N, ...).
+
+Rule changes reach every worker through the cluster sync (``admin_api.cluster``):
+worker 0 counts the other workers among its peers, so a change is pushed to
+them at once and a worker that missed it converges on the next pull.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from .cluster import PUSH_PATH
+from .errors import ApiError, json_response
+
+log = logging.getLogger("fedgate.admin.workers")
+
+TIMEOUT = 5.0
+BASE = "http://worker"  # the host part of a URL sent over a Unix socket
+
+# views answered for the whole node, and the values that are worker 0's alone
+AGGREGATED = ("/api/v1/node", "/api/v1/connections", "/api/v1/links", "/api/v1/queues",
+              "/api/v1/fragments", "/api/v1/upstreams", "/api/v1/exchanges")
+FIRST_ONLY = {"rules_version", "routing_table_version", "uptime_s", "id", "url", "admin_url"}
+
+
+def admin_socket(data_dir, worker: int) -> str:
+    return str(data_dir / "workers" / f"admin-{worker}.sock")
+
+
+def merge(parts: list[tuple[int, Any]]) -> Any:
+    """The node's answer from each worker's (``(worker, body)``, worker 0 first)."""
+    first = parts[0][1]
+    if not isinstance(first, dict):
+        return first
+    out: dict[str, Any] = {}
+    for key, value in first.items():
+        values = [(k, body[key]) for k, body in parts if isinstance(body, dict) and key in body]
+        if key in FIRST_ONLY:
+            out[key] = value
+        elif isinstance(value, list):
+            out[key] = [dict(item, worker=k) if isinstance(item, dict) else item
+                        for k, items in values for item in (items or [])]
+        elif isinstance(value, bool):
+            out[key] = any(v for _, v in values)
+        elif isinstance(value, (int, float)):
+            out[key] = sum(v for _, v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
+        elif isinstance(value, dict):
+            out[key] = merge([(k, v) for k, v in values])
+        else:
+            out[key] = value
+    return out
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?(\s.*)$")
+
+
+def label_metrics(text: str, worker: int, *, keep_comments: bool) -> list[str]:
+    """Prometheus text with ``worker="K"`` on every sample."""
+    lines = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            if keep_comments and line:
+                lines.append(line)
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, labels, rest = match.groups()
+        inner = labels[1:-1] if labels else ""
+        inner = f'worker="{worker}"' + (f",{inner}" if inner else "")
+        lines.append(f"{name}{{{inner}}}{rest}")
+    return lines
+
+
+class WorkerPeers:
+    """Worker 0's sessions to the other workers' admin sockets."""
+
+    def __init__(self, sockets: dict[int, str], token: str, manager) -> None:
+        self.sockets = sockets
+        self.token = token
+        self.manager = manager
+        self.sessions: dict[int, aiohttp.ClientSession] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    async def context(self, app: web.Application):
+        headers = {"Authorization": f"Bearer {self.token}"}
+        timeout = aiohttp.ClientTimeout(total=TIMEOUT)
+        for worker, path in self.sockets.items():
+            self.sessions[worker] = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=path), headers=headers, timeout=timeout)
+        self.manager.followers.append(self.on_rules)
+        puller = asyncio.create_task(self._keep_in_step(), name="fedgate-workers-rules")
+        try:
+            yield
+        finally:
+            self.manager.followers.remove(self.on_rules)
+            puller.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(puller, *self._tasks, return_exceptions=True)
+            for session in self.sessions.values():
+                await session.close()
+            self.sessions.clear()
+
+    # -- rules: every worker routes by worker 0's ----------------------------------------
+    def on_rules(self, record) -> None:
+        for worker in self.sessions:
+            task = asyncio.create_task(self._push(worker, record))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _push(self, worker: int, record) -> bool:
+        try:
+            async with self.sessions[worker].post(BASE + PUSH_PATH, json=record.to_dict()) as response:
+                if response.status >= 400:
+                    log.error("worker %d refused rules version %d: %s %s", worker, record.version,
+                              response.status, await response.text())
+                return response.status < 400
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            log.info("rules version %d not yet on worker %d (%r); retried", record.version, worker, exc)
+            return False
+
+    async def _keep_in_step(self) -> None:
+        """A worker restarted, or one a push missed: it gets worker 0's rules again."""
+        known: dict[int, int] = {}
+        while True:
+            await asyncio.sleep(1.0)
+            record = self.manager.current
+            if record.version == 0:
+                continue
+            for worker, answer in (await self.ask_all("GET", "/api/v1/rules")).items():
+                if answer is None or answer[0] != 200:
+                    known.pop(worker, None)
+                    continue
+                version = orjson.loads(answer[1]).get("version")
+                if version != record.version and known.get(worker) != record.version:
+                    if await self._push(worker, record):
+                        known[worker] = record.version
+
+    async def ask(self, worker: int, method: str, path_qs: str) -> tuple[int, bytes] | None:
+        try:
+            async with self.sessions[worker].request(method, BASE + path_qs) as response:
+                return response.status, await response.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            log.warning("worker %d's admin did not answer %s %s: %r", worker, method, path_qs, exc)
+            return None
+
+    async def ask_all(self, method: str, path_qs: str) -> dict[int, tuple[int, bytes] | None]:
+        workers = sorted(self.sessions)
+        answers = await asyncio.gather(*(self.ask(k, method, path_qs) for k in workers))
+        return dict(zip(workers, answers))
+
+
+WORKER_PEERS = web.AppKey("worker_peers", WorkerPeers)
+
+
+@web.middleware
+async def aggregate_middleware(request: web.Request, handler):
+    peers = request.app.get(WORKER_PEERS)
+    if peers is None:
+        return await handler(request)
+    path = request.path
+    if request.method == "GET" and path in AGGREGATED:
+        response = await handler(request)
+        if response.status != 200:
+            return response
+        parts = [(0, orjson.loads(response.body))]
+        unreachable = []
+        for worker, answer in (await peers.ask_all("GET", request.path_qs)).items():
+            if answer is None or answer[0] != 200:
+                unreachable.append(worker)
+            else:
+                parts.append((worker, orjson.loads(answer[1])))
+        body = merge(parts)
+        body["workers"] = 1 + len(peers.sockets)
+        body["workers_unreachable"] = unreachable
+        return json_response(body)
+    if request.method == "GET" and path == "/metrics":
+        response = await handler(request)
+        if response.status != 200:
+            return response
+        lines = label_metrics(response.body.decode(), 0, keep_comments=True)
+        for worker, answer in (await peers.ask_all("GET", "/metrics")).items():
+            if answer is not None and answer[0] == 200:
+                lines += label_metrics(answer[1].decode(), worker, keep_comments=False)
+        return web.Response(body=("\n".join(lines) + "\n").encode(),
+                            headers={"Content-Type": response.headers.get("Content-Type", "text/plain")})
+    if request.method == "DELETE" and path.startswith("/api/v1/connections/"):
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            for answer in (await peers.ask_all("DELETE", request.path_qs)).values():
+                if answer is not None and answer[0] == 200:
+                    return web.Response(body=answer[1], status=200, content_type="application/json")
+            raise
+    return await handler(request)
