@@ -28,6 +28,7 @@ run: venv
 
 brokers:
 	bash .ci/install/rabbitmq.sh
+	bash .ci/install/rabbitmq4.sh
 	bash .ci/install/artemis.sh
 
 test: venv npm brokers

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 log() { echo "[stop-test-services] $*" >&2; }
 rc=0
 bash .ci/install/rabbitmq.sh stop || rc=1
+bash .ci/install/rabbitmq4.sh stop || rc=1
 bash .ci/install/artemis.sh stop || rc=1
 # the Erlang port mapper RabbitMQ's tools started (refuses while a node is registered)
 if command -v epmd >/dev/null 2>&1; then epmd -kill >/dev/null 2>&1 || true; fi
@@ -22,7 +23,7 @@ if [ -n "$leftover" ]; then
     rc=1
 fi
 
-for port in "${RABBITMQ_PORT:-5682}" "${ARTEMIS_PORT:-5673}"; do
+for port in "${RABBITMQ_PORT:-5682}" "${RABBITMQ4_PORT:-5684}" "${ARTEMIS_PORT:-5673}"; do
     if timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null; then
         log "something still listens on 127.0.0.1:$port"
         rc=1

@@ -44,7 +44,12 @@ port_open() {
 # True when the RabbitMQ server's Erlang VM (beam.smp ... -s rabbit boot) is
 # running; CLI VMs (rabbitmqctl, rabbitmq-plugins) do not match.
 beam_running() {
-    pgrep -f 'beam\.smp .* -s rabbit boot' >/dev/null 2>&1
+    # the host's broker only: RabbitMQ 4 (.ci/install/rabbitmq4.sh) runs in a root of its own
+    local pid
+    for pid in $(pgrep -f 'beam\.smp .* -s rabbit boot' 2>/dev/null); do
+        [ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "/" ] && return 0
+    done
+    return 1
 }
 
 # Fast check: port answers and the beam process is there.

@@ -7,9 +7,10 @@ attach. The proxy checks that answer before it fetches anything
 (``proxy_links.unhonoured_source``). Some brokers echo the client's source
 whole, though:
 
-* RabbitMQ before 4.0 (its ``rabbitmq_amqp1_0`` plugin; measured with 3.10.8):
-  answers ``copy`` and moves the messages (a browser empties the queue), and
-  answers a ``selector`` filter and delivers every message.
+* RabbitMQ before 4.1 (its ``rabbitmq_amqp1_0`` plugin, measured with 3.10.8,
+  and 4.0's native AMQP 1.0, measured with 4.0.5): answers ``copy`` and moves
+  the messages (a browser empties the queue), and answers a ``selector``
+  filter and delivers every message.
 
 For such a primary the proxy refuses browsers and filters itself, with
 ``amqp:not-implemented``, instead of trusting the echo.
@@ -43,14 +44,19 @@ def echoes_source_unapplied(properties: dict | None) -> str | None:
         return None
     product = str(properties.get("product", ""))
     version = str(properties.get("version", ""))
-    if product == "RabbitMQ" and _major(version) < 4:
+    if product == "RabbitMQ" and _version(version) < (4, 1):
         return f"RabbitMQ {version} neither browses nor filters (it echoes the request)"
     return None
 
 
+def _version(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string; 0 for what is not a number."""
+    parts = (version.split(".") + ["0", "0"])[:2]
+    return tuple(int(p) if p.isdigit() else 0 for p in parts)
+
+
 def _major(version: str) -> int:
-    head = version.split(".", 1)[0]
-    return int(head) if head.isdigit() else 0
+    return _version(version)[0]
 
 
 def drain_unanswered(properties: dict | None) -> str | None:

@@ -25,26 +25,44 @@ from blocking_checks import (
 from proton import Message
 from proton.reactor import Copy, Selector
 
-BROKERS = ["rabbitmq", "artemis"]
+BROKERS = ["rabbitmq", "rabbitmq4", "artemis"]
 
 
 class Primary:
     def __init__(self, name: str) -> None:
         self.name = name
-        self.url = brokers.ensure_rabbitmq() if name == "rabbitmq" else brokers.ensure_artemis()
-        # RabbitMQ's AMQP 1.0 plugin names queues /queue/NAME; Artemis uses the plain name
-        self.template = "/queue/{1}" if name == "rabbitmq" else "{1}"
+        self.url = {"rabbitmq": brokers.ensure_rabbitmq, "rabbitmq4": brokers.ensure_rabbitmq4,
+                    "artemis": brokers.ensure_artemis}[name]()
+        # RabbitMQ 3.10's AMQP 1.0 plugin names queues /queue/NAME, RabbitMQ 4 (address
+        # v2) /queues/NAME; Artemis uses the plain name
+        self.template = {"rabbitmq": "/queue/{1}", "rabbitmq4": "/queues/{1}"}.get(name, "{1}")
+
+    def queue(self, tag: str) -> str:
+        """A queue of this test's own; RabbitMQ 4 needs it declared before an attach."""
+        name = queue_name(tag)
+        if self.name == "rabbitmq4":
+            brokers.rabbitmq4_declare_queue(name)
+        return name
 
     def direct(self, queue: str) -> str:
-        return f"/queue/{queue}" if self.name == "rabbitmq" else queue
+        return self.template.replace("{1}", queue)
 
     def existing(self, queue: str) -> str:
         """An address that uses the queue as it is (RabbitMQ: no re-declare, no durability clash)."""
-        return f"/amq/queue/{queue}" if self.name == "rabbitmq" else queue
+        return f"/amq/queue/{queue}" if self.name == "rabbitmq" else self.direct(queue)
+
+    @property
+    def reader(self) -> str:
+        """The client that reads the primary directly: rhea 3.0.5's receivers fail on RabbitMQ
+        4.0.5 with amqp:session:window-violation (its flow's next-incoming-id 0 against
+        rhea's initial next-outgoing-id 4294967292), so proton there."""
+        return "proton" if self.name == "rabbitmq4" else "rhea"
 
     def restart(self) -> None:
         if self.name == "rabbitmq":
             brokers.restart_rabbitmq()
+        elif self.name == "rabbitmq4":
+            brokers.restart_rabbitmq4()
         else:
             brokers.kill_artemis(restart=True)
 
@@ -74,7 +92,7 @@ def ids_of(lines):
     ("proxy", "primary"), ("primary", "proxy"), ("proxy", "proxy"),
 ])
 def test_message_set_through_the_proxy(primary, proxy, clients, send_via, receive_via):
-    queue = queue_name("set")
+    queue = primary.queue("set")
     where = {"proxy": (proxy.url, f"ext.{queue}"), "primary": (primary.url, primary.direct(queue))}
     send_url, send_address = where[send_via]
     receive_url, receive_address = where[receive_via]
@@ -91,26 +109,26 @@ def test_message_set_through_the_proxy(primary, proxy, clients, send_via, receiv
 
 
 def test_killed_client_unsettled_messages_come_back(primary, proxy, clients):
-    queue = queue_name("kill")
+    queue = primary.queue("kill")
     (sent,) = clients("rhea", "send", primary.url, address=primary.direct(queue), count=20,
                       prefix="k").finish()
     assert sent["accepted"] == 20
     holder = clients("proton", "receive", proxy.url, address=f"ext.{queue}", credit=5, hold=True)
     held = {holder.readline()["id"] for _ in range(5)}
     holder.kill()
-    lines = clients("rhea", "receive", primary.url, address=primary.direct(queue), count=20,
+    lines = clients(primary.reader, "receive", primary.url, address=primary.direct(queue), count=20,
                     timeout_ms=30000).finish()
     assert set(ids_of(lines)) == {f"k-{i}" for i in range(20)} and held <= set(ids_of(lines))
 
 
 def test_credit_one_fetches_one(primary, proxy, clients):
-    queue = queue_name("credit")
+    queue = primary.queue("credit")
     (sent,) = clients("rhea", "send", primary.url, address=primary.direct(queue), count=30,
                       prefix="c").finish()
     assert sent["accepted"] == 30
     holder = clients("proton", "receive", proxy.url, address=f"ext.{queue}", credit=1, hold=True)
     first = holder.readline()["id"]
-    direct = ids_of(clients("rhea", "receive", primary.url, address=primary.direct(queue),
+    direct = ids_of(clients(primary.reader, "receive", primary.url, address=primary.direct(queue),
                             count=0, idle_ms=2000).finish())
     assert len(direct) == 29 and first not in direct
     holder.kill()
@@ -118,7 +136,7 @@ def test_credit_one_fetches_one(primary, proxy, clients):
 
 def test_large_messages_cross_the_proxy_whole(primary, proxy):
     # multi-frame on both sides of the node, larger than proton's output buffer
-    address = f"ext.{queue_name('large')}"
+    address = f"ext.{primary.queue('large')}"
     bodies = large_bodies()
     send_messages(proxy.url, address, [Message(id=f"l{i}", body=b) for i, b in enumerate(bodies)])
     got = receive_messages(proxy.url, address, len(bodies))
@@ -132,16 +150,16 @@ def test_drain_passes_through_the_proxy(primary, proxy):
     # drain of 10 on a queue of 3 got 2 messages and no answer; with credit 1 its
     # channel failed), so the node never sends it one and answers the client
     # itself after a grace period (proxy.primaries)
-    check_drain(proxy.url, f"ext.{queue_name('drain')}")
+    check_drain(proxy.url, f"ext.{primary.queue('drain')}")
 
 
 def test_browsing_through_the_proxy_takes_nothing(primary, proxy):
-    # Artemis browses (§3.5.3 distribution-mode copy). RabbitMQ 3.10 answers "copy"
-    # and moves the messages, so the proxy refuses a browser there (proxy.primaries)
-    queue = queue_name("browse")
+    # Artemis browses (§3.5.3 distribution-mode copy). RabbitMQ 3.10 and 4.0 answer
+    # "copy" and move the messages, so the proxy refuses a browser there (proxy.primaries)
+    queue = primary.queue("browse")
     send_messages(primary.url, primary.direct(queue),
                   [Message(id=f"b{i}", body="x") for i in range(3)])
-    if primary.name == "rabbitmq":
+    if primary.name in ("rabbitmq", "rabbitmq4"):
         assert refusal(proxy.url, f"ext.{queue}", Copy()) == "amqp:not-implemented"
     else:
         assert browse(proxy.url, f"ext.{queue}", 3) == ["b0", "b1", "b2"]
@@ -150,12 +168,12 @@ def test_browsing_through_the_proxy_takes_nothing(primary, proxy):
 
 
 def test_a_selector_through_the_proxy_selects_or_is_refused(primary, proxy):
-    # Artemis applies a JMS selector; RabbitMQ 3.10 echoes it and delivers everything
-    queue = queue_name("select")
+    # Artemis applies a JMS selector; RabbitMQ 3.10 and 4.0 echo it and deliver everything
+    queue = primary.queue("select")
     send_messages(primary.url, primary.direct(queue),
                   [Message(id=f"s{i}", body="x", properties={"color": "red" if i % 2 else "blue"})
                    for i in range(4)])
-    if primary.name == "rabbitmq":
+    if primary.name in ("rabbitmq", "rabbitmq4"):
         assert refusal(proxy.url, f"ext.{queue}", Selector("color = 'red'")) == "amqp:not-implemented"
         left = ["s0", "s1", "s2", "s3"]
     else:
@@ -166,8 +184,8 @@ def test_a_selector_through_the_proxy_selects_or_is_refused(primary, proxy):
 
 
 def test_not_found_reaches_the_client(primary, start_node, clients):
-    missing = "/amq/queue/fg-missing-" + uuid.uuid4().hex[:8] if primary.name == "rabbitmq" \
-        else "strict." + uuid.uuid4().hex[:8]
+    missing = {"rabbitmq": "/amq/queue/fg-missing-", "rabbitmq4": "/queues/fg-missing-"}.get(
+        primary.name, "strict.") + uuid.uuid4().hex[:8]
     node = start_node({"rules": [{"name": "all", "match": "#", "kind": "proxy",
                                   "primary": primary.url}]})
     lines = clients("rhea", "receive", node.url, address=missing, count=1, timeout_ms=10000).finish()
@@ -184,7 +202,7 @@ def test_primary_restarted_mid_stream_loses_nothing(primary, start_node, clients
         "rules": [{"name": "ext", "match": "ext.*", "kind": "proxy", "primary": primary.url,
                    "remote": primary.template, "upstream": {"heartbeat": 2.0}}],
     })
-    queue = queue_name("restart")
+    queue = primary.queue("restart")
     producer = clients("proton", "send", proxy.url, address=f"ext.{queue}", count=20000,
                        prefix="d", durable=True, report_accepted=True, timeout_ms=150000)
     accepted = set()
@@ -198,7 +216,7 @@ def test_primary_restarted_mid_stream_loses_nothing(primary, start_node, clients
     assert result["error"] is None, result  # the client's link survived the restart
     assert result["accepted"] == 20000  # replayed after reconnecting: real outcomes only
     assert upstream_reconnects(proxy) >= 1
-    lines = clients("rhea", "receive", primary.url, address=primary.existing(queue), count=0,
+    lines = clients(primary.reader, "receive", primary.url, address=primary.existing(queue), count=0,
                     credit=200, idle_ms=3000, timeout_ms=150000).finish(timeout=180)
     assert lines[-1]["error"] is None, lines[-1]
     got = ids_of(lines)

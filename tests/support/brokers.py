@@ -25,6 +25,11 @@ Broker semantics the tests can rely on (as configured by the installers):
 RabbitMQ   amqp://127.0.0.1:5682 (``RABBITMQ_PORT``). Address ``/queue/NAME`` declares and uses
            queue NAME; ``/amq/queue/NAME`` only an existing one. SASL
            ANONYMOUS logs in as guest.
+RabbitMQ4  amqp://127.0.0.1:5684 (``RABBITMQ4_PORT``; RabbitMQ 4.0.5 in a Debian 13 root,
+           .ci/install/rabbitmq4.sh). Address v2: ``/queues/NAME`` uses an existing queue
+           only (a missing one: ``amqp:not-found``; ``rabbitmq4_declare_queue``),
+           ``/exchanges/NAME[/KEY]``. SASL is mandatory: ANONYMOUS (as guest) or PLAIN
+           guest/guest from anywhere.
 Artemis    amqp://127.0.0.1:5673 (``ARTEMIS_PORT``). A plain address ``NAME``
            is an ANYCAST queue NAME, auto-created on the first attach of a
            sender *or* a receiver, durable, never auto-deleted. Under
@@ -205,6 +210,56 @@ def rabbitmq_queue_count(queue: str) -> int | None:
         if name == queue:
             return int(count)
     return None
+
+
+# -- RabbitMQ 4 (.ci/install/rabbitmq4.sh: Debian 13's 4.0.5 in a root of its own) -----
+RABBITMQ4_PORT = int(os.environ.get("RABBITMQ4_PORT", "5684"))
+RABBITMQ4_URL = f"amqp://127.0.0.1:{RABBITMQ4_PORT}"
+
+
+def ensure_rabbitmq4() -> str:
+    """AMQP URL of the local RabbitMQ 4.0 (installed and started when needed)."""
+    return _ensure("rabbitmq4", RABBITMQ4_URL, port_open(RABBITMQ4_PORT))
+
+
+def restart_rabbitmq4() -> str:
+    proc = _script("rabbitmq4", "stop", STOP_TIMEOUT)
+    if proc.returncode != 0:
+        raise BrokerError(f"rabbitmq4.sh stop failed: {proc.stderr.strip()[-600:]}")
+    return _ensure("rabbitmq4", RABBITMQ4_URL, False)
+
+
+def _rabbitmq4_channel():
+    import pika
+
+    ensure_rabbitmq4()
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", RABBITMQ4_PORT, credentials=pika.PlainCredentials("guest", "guest"),
+        blocked_connection_timeout=30, socket_timeout=10))
+    return conn, conn.channel()
+
+
+def rabbitmq4_declare_queue(queue: str, queue_type: str = "classic") -> None:
+    """Declare durable queue ``queue`` on RabbitMQ 4 (AMQP 0-9-1 on the same port): an
+    AMQP 1.0 attach to ``/queues/NAME`` only uses an existing queue."""
+    conn, channel = _rabbitmq4_channel()
+    try:
+        channel.queue_declare(queue, durable=True, arguments={"x-queue-type": queue_type})
+    finally:
+        conn.close()
+
+
+def rabbitmq4_queue_count(queue: str) -> int | None:
+    import pika.exceptions
+
+    conn, channel = _rabbitmq4_channel()
+    try:
+        return channel.queue_declare(queue, passive=True).method.message_count
+    except pika.exceptions.ChannelClosedByBroker:
+        return None
+    finally:
+        if conn.is_open:
+            conn.close()
 
 
 # -- Artemis -----------------------------------------------------------------
