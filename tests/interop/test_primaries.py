@@ -12,17 +12,18 @@ def props(product: str, version: str) -> dict:
     return {symbol("product"): product, symbol("version"): version}
 
 
-@pytest.mark.parametrize("properties, untrusted", [
-    (props("RabbitMQ", "3.10.8"), True),  # measured: see the module note
-    (props("RabbitMQ", "3.13.7"), True),
-    (props("RabbitMQ", "4.0.5"), False),
-    (props("apache-activemq-artemis", "2.40.0"), False),
-    (props("RabbitMQ", "unknown"), True),  # an unreadable version counts as old
-    ({}, False),
-    (None, False),
+@pytest.mark.parametrize("properties, echoes, no_drain", [
+    (props("RabbitMQ", "3.10.8"), True, True),  # measured: see the module note
+    (props("RabbitMQ", "3.13.7"), True, True),
+    (props("RabbitMQ", "4.0.5"), True, False),  # measured: echoes browse/selector, drains
+    (props("RabbitMQ", "4.1.0"), False, False),
+    (props("apache-activemq-artemis", "2.40.0"), False, False),
+    (props("RabbitMQ", "unknown"), True, True),  # an unreadable version counts as old
+    ({}, False, False),
+    (None, False, False),
 ])
-def test_known_primaries(properties, untrusted):
-    for check in (echoes_source_unapplied, drain_unanswered):
+def test_known_primaries(properties, echoes, no_drain):
+    for check, untrusted in ((echoes_source_unapplied, echoes), (drain_unanswered, no_drain)):
         reason = check(properties)
         assert (reason is not None) == untrusted
         if untrusted:
