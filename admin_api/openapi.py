@@ -65,7 +65,10 @@ ETAG_HEADER = {"ETag": {"description": "Rules version and digest", "schema": {"t
 UPSTREAM = {
     "type": "object", "additionalProperties": False,
     "properties": {
-        "credentials": {"type": "string", "minLength": 1},
+        "user": {"type": "string", "minLength": 1},
+        "password_file": {"type": "string", "minLength": 1},
+        "password_env": {"type": "string", "minLength": 1},
+        "vhost": {"type": "string", "minLength": 1},
         "idle_timeout": {"type": "number", "exclusiveMinimum": 0},
         "pool_size": {"type": "integer", "minimum": 1, "maximum": 16},
         "heartbeat": {"type": "number", "exclusiveMinimum": 0},

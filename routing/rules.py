@@ -98,7 +98,14 @@ def _unknown_keys(d: Mapping, allowed: tuple[str, ...], prefix: str) -> list[Rul
 
 def _upstream_problems(u: Any, p: str) -> list[RuleError]:
     problems: list[RuleError] = []
-    _opt_str(problems, f"{p}.credentials", u.credentials)
+    for name in ("user", "password_file", "password_env", "vhost"):
+        _opt_str(problems, f"{p}.{name}", getattr(u, name))
+        if getattr(u, name) == "":
+            problems.append(RuleError(f"{p}.{name}", "must not be empty"))
+    if u.password_file is not None and u.password_env is not None:
+        problems.append(RuleError(f"{p}.password_env", "give password_file or password_env, not both"))
+    if (u.password_file is not None or u.password_env is not None) and u.user is None:
+        problems.append(RuleError(f"{p}.user", "a password needs a user (SASL PLAIN)"))
     for name in ("idle_timeout", "heartbeat"):
         v = getattr(u, name)
         if not _is_number(v):
@@ -135,7 +142,12 @@ def _upstream_problems(u: Any, p: str) -> list[RuleError]:
 class UpstreamOptions:
     """How the node connects to the upstream broker of a proxy/fragment."""
 
-    credentials: str | None = None  # key into the secrets file
+    # SASL PLAIN to the primary: the password is read from a file or an environment
+    # variable, never written in the rules (without user: ANONYMOUS, or the URL's)
+    user: str | None = None
+    password_file: str | None = None
+    password_env: str | None = None
+    vhost: str | None = None  # the open frame's hostname says "vhost:NAME" (RabbitMQ)
     idle_timeout: float = 60.0
     pool_size: int = 1
     heartbeat: float = 10.0

@@ -39,7 +39,10 @@ class UpstreamConnection:
             sasl.allowed_mechs("ANONYMOUS")
         connection = Connection()
         connection.container = container_id
-        connection.hostname = "localhost" if target.unix_path else target.host
+        if target.vhost:
+            connection.hostname = f"vhost:{target.vhost}"
+        else:
+            connection.hostname = "localhost" if target.unix_path else target.host
         if target.user:
             connection.user = target.user
             connection.password = target.password or ""

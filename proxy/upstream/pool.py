@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 from proxy.upstream.member import MemberState, PoolMember
 from proxy.upstream.probe import INCONCLUSIVE, PROBE_TIMEOUT, RemoteProbe
@@ -192,25 +193,42 @@ class Upstream:
 
 
 
+def read_password(rule: str, options) -> str | None:
+    """A rule's password for SASL PLAIN: ``password_file`` (first line) or ``password_env``.
+    Unreadable: logged, and the primary refuses the login (the rule's links wait)."""
+    if options.password_file is not None:
+        try:
+            with open(options.password_file, encoding="utf-8") as handle:
+                return handle.readline().rstrip("\r\n")
+        except OSError as exc:
+            log.error("rule %s: password_file %s cannot be read (%s)", rule, options.password_file,
+                      exc.strerror or exc)
+            return None
+    if options.password_env is not None:
+        password = os.environ.get(options.password_env)
+        if password is None:
+            log.error("rule %s: environment variable %s (password_env) is not set", rule,
+                      options.password_env)
+        return password
+    return None
+
+
 class UpstreamRegistry:
     """All pools of a node, by primary; created on first use."""
 
-    def __init__(self, *, node_id: str, dirty: set, run_pending, network,
-                 secrets: dict | None = None) -> None:
+    def __init__(self, *, node_id: str, dirty: set, run_pending, network) -> None:
         self.node_id = node_id
         self.network = network
         self.dirty = dirty
         self.run_pending = run_pending
-        self.secrets = secrets or {}
         self.pools: dict[tuple, Upstream] = {}
 
     def for_decision(self, decision) -> Upstream:
         rule = decision.rule
         options = rule.upstream
-        credentials = self.secrets.get(options.credentials) if options.credentials else None
-        extra = {}
-        if credentials:
-            extra = {"user": credentials.get("user"), "password": credentials.get("password")}
+        extra = {"vhost": options.vhost}
+        if options.user is not None:
+            extra.update(user=options.user, password=read_password(rule.name, options))
         target = UpstreamTarget.from_url(
             decision.primary_url or decision.primary,
             heartbeat=options.heartbeat, idle_timeout=options.idle_timeout,

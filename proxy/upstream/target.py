@@ -28,10 +28,11 @@ class UpstreamTarget:
     tls_key: str | None = None
     split_directions: bool = True
     max_send_failures: int = 2  # proxy.upstream.suspects
+    vhost: str | None = None  # RabbitMQ's virtual host: the open frame's hostname "vhost:NAME"
 
     @property
     def key(self) -> tuple:
-        return (self.scheme, self.host, self.port, self.user, self.tls_ca, self.tls_cert)
+        return (self.scheme, self.host, self.port, self.user, self.tls_ca, self.tls_cert, self.vhost)
 
     @property
     def display(self) -> str:

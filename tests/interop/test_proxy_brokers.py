@@ -224,3 +224,55 @@ def test_primary_restarted_mid_stream_loses_nothing(primary, start_node, clients
     assert set(got) == accepted  # 0 lost
     duplicates = sum(c - 1 for c in collections.Counter(got).values())
     print(f"{primary.name}: restart mid-stream: 0 lost of 20000, {duplicates} duplicates")
+
+
+# -- RabbitMQ 4: SASL PLAIN with the password out of the rules, a virtual host ----------
+@pytest.fixture(scope="module")
+def rabbitmq4_tenant():
+    """A virtual host of its own on RabbitMQ 4 and a user who may use only it."""
+    brokers.ensure_rabbitmq4()
+    tenant = f"fg-{uuid.uuid4().hex[:6]}"
+    password = uuid.uuid4().hex
+    brokers.rabbitmq4_ctl("add_vhost", tenant)
+    brokers.rabbitmq4_ctl("add_user", tenant, password)
+    brokers.rabbitmq4_ctl("set_permissions", "-p", tenant, tenant, ".*", ".*", ".*")
+    brokers.rabbitmq4_ctl("set_permissions", "-p", tenant, "guest", ".*", ".*", ".*")  # the test's
+    yield tenant, password
+    brokers.rabbitmq4_ctl("delete_vhost", tenant)
+    brokers.rabbitmq4_ctl("delete_user", tenant)
+
+
+@pytest.mark.parametrize("where", ["password_file", "password_env"])
+def test_plain_login_and_a_virtual_host_on_rabbitmq4(rabbitmq4_tenant, start_node, clients,
+                                                      tmp_path, where):
+    tenant, password = rabbitmq4_tenant
+    queue = queue_name("tenant")
+    brokers.rabbitmq4_declare_queue(queue, vhost=tenant)
+    upstream = {"user": tenant, "vhost": tenant}
+    env_name = f"FG_TEST_PASSWORD_{tenant.replace('-', '_').upper()}"
+    if where == "password_file":
+        secret = tmp_path / "rabbitmq-password"
+        secret.write_text(password + "\n")
+        secret.chmod(0o600)
+        upstream["password_file"] = str(secret)
+    else:
+        upstream["password_env"] = env_name
+    import os
+
+    os.environ[env_name] = password  # the node process inherits it
+    try:
+        node = start_node({"rules": [{"name": "tenant", "match": "t.*", "kind": "proxy",
+                                      "primary": brokers.RABBITMQ4_URL, "remote": "/queues/{1}",
+                                      "upstream": upstream}]})
+    finally:
+        del os.environ[env_name]
+    assert password not in node.config_path.read_text()  # never in the rules
+    (sent,) = clients("rhea", "send", node.url, address=f"t.{queue}", count=200,
+                      prefix="v").finish(timeout=60)
+    assert sent["error"] is None and sent["accepted"] == 200, sent
+    # the messages are in the tenant's virtual host, not in "/"
+    assert brokers.rabbitmq4_queue_count(queue, vhost=tenant) == 200
+    assert brokers.rabbitmq4_queue_count(queue) is None
+    lines = clients("proton", "receive", node.url, address=f"t.{queue}", count=200,
+                    timeout_ms=30000).finish(timeout=60)
+    assert sorted(ids_of(lines)) == sorted(f"v-{n}" for n in range(200))

@@ -174,7 +174,9 @@ def full_rule_dict():
         "primary": "b",
         "remote": "/exchange/orders/{1}.{2}",
         "upstream": {
-            "credentials": "orders-user",
+            "user": "orders-user",
+            "password_env": "ORDERS_PASSWORD",
+            "vhost": "orders",
             "idle_timeout": 30.0,
             "pool_size": 4,
             "heartbeat": 5,

@@ -229,30 +229,51 @@ def restart_rabbitmq4() -> str:
     return _ensure("rabbitmq4", RABBITMQ4_URL, False)
 
 
-def _rabbitmq4_channel():
+RABBITMQ4_ROOT = os.environ.get("RABBITMQ4_ROOT", "/opt/fedgate/rabbitmq4-trixie")
+
+
+def rabbitmq4_ctl(*args: str) -> str:
+    """``rabbitmqctl`` of RabbitMQ 4 (in its root); raises BrokerError when it fails."""
+    ensure_rabbitmq4()
+    cmd = ["chroot", RABBITMQ4_ROOT, "env", "ERL_EPMD_PORT=4370", "HOME=/var/lib/rabbitmq",
+           "rabbitmqctl", "-n", "rabbit4@localhost", "-q", *args]
+    if os.geteuid() != 0:
+        cmd = ["sudo", "-n", *cmd]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RABBITMQCTL_TIMEOUT,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise BrokerError(f"rabbitmqctl {' '.join(args)} took over {RABBITMQCTL_TIMEOUT}s")
+    if proc.returncode != 0:
+        raise BrokerError(f"rabbitmqctl {' '.join(args)}: {(proc.stdout + proc.stderr).strip()}")
+    return proc.stdout
+
+
+def _rabbitmq4_channel(vhost: str = "/", user: str = "guest", password: str = "guest"):
     import pika
 
     ensure_rabbitmq4()
     conn = pika.BlockingConnection(pika.ConnectionParameters(
-        "127.0.0.1", RABBITMQ4_PORT, credentials=pika.PlainCredentials("guest", "guest"),
+        "127.0.0.1", RABBITMQ4_PORT, virtual_host=vhost,
+        credentials=pika.PlainCredentials(user, password),
         blocked_connection_timeout=30, socket_timeout=10))
     return conn, conn.channel()
 
 
-def rabbitmq4_declare_queue(queue: str, queue_type: str = "classic") -> None:
+def rabbitmq4_declare_queue(queue: str, queue_type: str = "classic", vhost: str = "/") -> None:
     """Declare durable queue ``queue`` on RabbitMQ 4 (AMQP 0-9-1 on the same port): an
     AMQP 1.0 attach to ``/queues/NAME`` only uses an existing queue."""
-    conn, channel = _rabbitmq4_channel()
+    conn, channel = _rabbitmq4_channel(vhost)
     try:
         channel.queue_declare(queue, durable=True, arguments={"x-queue-type": queue_type})
     finally:
         conn.close()
 
 
-def rabbitmq4_queue_count(queue: str) -> int | None:
+def rabbitmq4_queue_count(queue: str, vhost: str = "/") -> int | None:
     import pika.exceptions
 
-    conn, channel = _rabbitmq4_channel()
+    conn, channel = _rabbitmq4_channel(vhost)
     try:
         return channel.queue_declare(queue, passive=True).method.message_count
     except pika.exceptions.ChannelClosedByBroker:
