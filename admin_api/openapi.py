@@ -69,6 +69,13 @@ UPSTREAM = {
         "password_file": {"type": "string", "minLength": 1},
         "password_env": {"type": "string", "minLength": 1},
         "vhost": {"type": "string", "minLength": 1},
+        "declare": {"oneOf": [
+            {"type": "boolean", "enum": [True]},
+            {"type": "object", "additionalProperties": False, "properties": {
+                "type": {"type": "string", "enum": ["classic", "quorum", "stream"]},
+                "durable": {"type": "boolean"},
+                "arguments": {"type": "object"}}},
+        ]},
         "idle_timeout": {"type": "number", "exclusiveMinimum": 0},
         "pool_size": {"type": "integer", "minimum": 1, "maximum": 16},
         "heartbeat": {"type": "number", "exclusiveMinimum": 0},

@@ -12,7 +12,7 @@ from .changes import changed_addresses_policy
 from .decision import DEFAULT_REASON, Decision
 from .errors import RoutingError, RuleError, RuleValidationError, VersionConflict
 from .patterns import Pattern, compile_pattern, pattern_covers, split_words
-from .rules import KINDS, ON_CHANGE, FragmentMember, Rule, UpstreamOptions, is_amqp_url
+from .rules import KINDS, ON_CHANGE, FragmentMember, QueueDeclare, Rule, UpstreamOptions, is_amqp_url
 from .ruleset import RuleSet
 from .table import RoutingTable, Snapshot
 from .templates import Template, compile_template
@@ -33,6 +33,7 @@ __all__ = [
     "Snapshot",
     "Template",
     "UpstreamOptions",
+    "QueueDeclare",
     "VersionConflict",
     "changed_addresses_policy",
     "compile_pattern",

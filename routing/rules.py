@@ -95,13 +95,58 @@ def _unknown_keys(d: Mapping, allowed: tuple[str, ...], prefix: str) -> list[Rul
 # --------------------------------------------------------------------------
 # UpstreamOptions
 
+QUEUE_TYPES = ("classic", "quorum", "stream")
+
+
+@dataclass(frozen=True)
+class QueueDeclare:
+    """What a proxy rule declares on a RabbitMQ 4 primary before it uses a ``/queues/``
+    address (``upstream.declare``): the queue's type, durability and arguments."""
+
+    type: str = "classic"
+    durable: bool = True
+    arguments: tuple[tuple[str, Any], ...] = ()  # x-arguments, as sorted pairs (hashable)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "durable": self.durable}
+        if self.arguments:
+            out["arguments"] = dict(self.arguments)
+        return out
+
+
+def _parse_declare(d: object, p: str) -> tuple[QueueDeclare | None, list[RuleError]]:
+    if d is True:
+        return QueueDeclare(), []
+    if not isinstance(d, Mapping):
+        return None, [RuleError(p, f"expected a table (type, durable, arguments) or true, got {_type_name(d)}")]
+    problems = _unknown_keys(d, ("type", "durable", "arguments"), p)
+    kind = d.get("type", "classic")
+    if kind not in QUEUE_TYPES:
+        problems.append(RuleError(f"{p}.type", f"one of {', '.join(QUEUE_TYPES)}, got {kind!r}"))
+    durable = d.get("durable", True)
+    if not isinstance(durable, bool):
+        problems.append(RuleError(f"{p}.durable", f"expected true or false, got {durable!r}"))
+    arguments = d.get("arguments", {})
+    if not isinstance(arguments, Mapping) or not all(isinstance(k, str) for k in arguments):
+        problems.append(RuleError(f"{p}.arguments", "expected a table of x-arguments"))
+    elif "x-queue-type" in arguments:
+        problems.append(RuleError(f"{p}.arguments", "give the queue type as declare.type"))
+    else:
+        for key, value in arguments.items():
+            if not isinstance(value, (str, int, float, bool)):
+                problems.append(RuleError(f"{p}.arguments.{key}", "expected a string, number or boolean"))
+    if problems:
+        return None, problems
+    return QueueDeclare(kind, durable, tuple(sorted(arguments.items()))), []
+
+
 
 def _upstream_problems(u: Any, p: str) -> list[RuleError]:
     problems: list[RuleError] = []
     for name in ("user", "password_file", "password_env", "vhost"):
         _opt_str(problems, f"{p}.{name}", getattr(u, name))
-        if getattr(u, name) == "":
-            problems.append(RuleError(f"{p}.{name}", "must not be empty"))
+    if u.declare is not None and not isinstance(u.declare, QueueDeclare):
+        problems.append(RuleError(f"{p}.declare", f"expected a table, got {_type_name(u.declare)}"))
     if u.password_file is not None and u.password_env is not None:
         problems.append(RuleError(f"{p}.password_env", "give password_file or password_env, not both"))
     if (u.password_file is not None or u.password_env is not None) and u.user is None:
@@ -148,6 +193,8 @@ class UpstreamOptions:
     password_file: str | None = None
     password_env: str | None = None
     vhost: str | None = None  # the open frame's hostname says "vhost:NAME" (RabbitMQ)
+    # RabbitMQ 4: declare a /queues/NAME remote before the first attach (management node)
+    declare: QueueDeclare | None = None
     idle_timeout: float = 60.0
     pool_size: int = 1
     heartbeat: float = 10.0
@@ -183,9 +230,9 @@ class UpstreamOptions:
     def to_dict(self) -> dict[str, Any]:
         """Non-default fields only (``{}`` for the defaults)."""
         return {
-            f.name: getattr(self, f.name)
+            f.name: (value.to_dict() if isinstance(value, QueueDeclare) else value)
             for f in fields(self)
-            if getattr(self, f.name) != getattr(_DEFAULT_UPSTREAM, f.name)
+            if (value := getattr(self, f.name)) != getattr(_DEFAULT_UPSTREAM, f.name)
         }
 
 
@@ -198,6 +245,11 @@ def _parse_upstream(d: object, p: str) -> tuple[UpstreamOptions | None, list[Rul
         return None, [RuleError(p, f"expected a table, got {_type_name(d)}")]
     problems = _unknown_keys(d, _UPSTREAM_KEYS, p)
     values = {k: d[k] for k in _UPSTREAM_KEYS if k in d}
+    if "declare" in values:
+        values["declare"], declare_problems = _parse_declare(values["declare"], f"{p}.declare")
+        problems += declare_problems
+        if declare_problems:
+            values.pop("declare")
     problems += _upstream_problems(SimpleNamespace(**{**_DEFAULT_UPSTREAM.__dict__, **values}), p)
     if problems:
         return None, problems
@@ -324,6 +376,10 @@ def _rule_problems(r: Any, p: str) -> list[RuleError]:
             bad("upstream", f"expected UpstreamOptions, got {_type_name(r.upstream)}")
         elif known and kind in ("local", "deny") and not r.upstream.is_default:
             bad("upstream", f"not allowed for kind {kind!r} (only proxy/fragmented)")
+        elif (r.upstream.declare is not None and isinstance(r.remote, str)
+              and not r.remote.startswith("/queues/")):
+            bad("upstream.declare", "declares RabbitMQ 4 queues: needs remote = \"/queues/...\", "
+                                    f"not {r.remote!r}")
 
     members: tuple = ()
     if r.fragments is not _BAD:

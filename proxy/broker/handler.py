@@ -345,7 +345,7 @@ class ClientHandler:
             extension.attach(self, link, decision)
         elif decision.kind == "proxy":
             upstream = self.broker.upstreams.for_decision(decision)
-            self.attach_proxy_producer(link, upstream, decision.remote_address)
+            self.attach_proxy_producer(link, upstream, decision.remote_address, rule=decision.rule)
         else:
             self.attach_queue_producer(link, self._local_queue(remote.address))
 
@@ -391,14 +391,15 @@ class ClientHandler:
         else:
             endpoint = ProxyConsumer(self, link, upstream, remote_address, presettled=presettled,
                                      capabilities=capabilities, recheck_interval=recheck,
-                                     check_source=bool(private))
+                                     check_source=bool(private), rule=rule)
         self.links[endpoint.link_ptr] = endpoint
         return endpoint
 
     def attach_proxy_producer(self, link: Link, upstream, remote_address: str,
-                              capabilities: tuple[str, ...] = ()) -> ProxyProducer:
+                              capabilities: tuple[str, ...] = (), rule=None) -> ProxyProducer:
         self._open_client_link(link, False)
-        endpoint = ProxyProducer(self, link, upstream, remote_address, capabilities=capabilities)
+        endpoint = ProxyProducer(self, link, upstream, remote_address, capabilities=capabilities,
+                                 rule=rule)
         self.links[endpoint.link_ptr] = endpoint
         return endpoint
 

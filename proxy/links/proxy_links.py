@@ -120,8 +120,13 @@ class _ProxyEndpoint(ClientLinkEndpoint, UpstreamLinkOwner):
 
     sender_upstream = False  # role of our upstream link
 
+    rule_name = None  # the proxy rule that routed the client here (messages name it)
+
     def __init__(self, handler, client_link: Link, upstream, remote_address: str,
-                 capabilities: tuple[str, ...] = ()) -> None:
+                 capabilities: tuple[str, ...] = (), rule=None) -> None:
+        if rule is not None:
+            self.rule_name = rule.name
+            self.declare = rule.upstream.declare  # proxy.upstream.owner: before the first attach
         self.handler = handler
         self.capabilities = capabilities  # added to the upstream terminus (e.g. fragment links)
         self.link_ptr = hold(client_link._impl)
@@ -152,6 +157,9 @@ class _ProxyEndpoint(ClientLinkEndpoint, UpstreamLinkOwner):
             return
         name = condition.name if condition else "amqp:link:detach-forced"
         description = condition.description if condition else "detached by the primary"
+        if name == "amqp:not-found" and self.rule_name and self.declare is None:
+            description = (f"{description or 'not found'} (rule {self.rule_name!r}: the primary has "
+                           f"no {self.remote_address!r}; upstream.declare makes it on RabbitMQ 4)")
         log.info("proxy link %s -> %s detached by primary: %s %s", self.link.name,
                  self.remote_address, name, description)
         self.handler.close_link(self.link, name, description or "")
@@ -172,7 +180,7 @@ class ProxyConsumer(_ProxyEndpoint):
 
     def __init__(self, handler, client_link, upstream, remote_address, *, presettled: bool,
                  capabilities: tuple[str, ...] = (), recheck_interval: float = 0.0,
-                 check_source: bool = False) -> None:
+                 check_source: bool = False, rule=None) -> None:
         self.presettled = presettled
         if check_source:  # the client asked for a browser or a filter: see link_attached
             self.check_source = True
@@ -184,7 +192,7 @@ class ProxyConsumer(_ProxyEndpoint):
         self.held = _NONE_HELD
         self.draining = False
         self.sent = 0
-        super().__init__(handler, client_link, upstream, remote_address, capabilities)
+        super().__init__(handler, client_link, upstream, remote_address, capabilities, rule)
         if recheck_interval > 0 and not self.closed:
             self.recheck_interval = recheck_interval
             upstream.watch(self)
@@ -398,12 +406,12 @@ class ProxyProducer(_ProxyEndpoint):
     sender_upstream = True
 
     def __init__(self, handler, client_link, upstream, remote_address,
-                 capabilities: tuple[str, ...] = ()) -> None:
+                 capabilities: tuple[str, ...] = (), rule=None) -> None:
         self.pending: deque = deque()  # (payload, client delivery | None) not yet sent upstream
         self.inflight: dict = {}  # upstream delivery -> (payload, client delivery | None)
         self.suspects = 0  # deliveries being sent again alone (proxy.upstream.suspects)
         self.received = 0
-        super().__init__(handler, client_link, upstream, remote_address, capabilities)
+        super().__init__(handler, client_link, upstream, remote_address, capabilities, rule)
 
     def configure_upstream(self, link: Link) -> None:
         link.target.copy(self.link.remote_target)  # durability etc. as the client asked

@@ -51,6 +51,7 @@ from proton import Link, Session
 from proxy.amqp import engine
 from proxy.upstream.connection import UpstreamConnection, UpstreamProtocol
 from proxy.upstream.primaries import drain_unanswered, echoes_source_unapplied, modified_unsupported
+from proxy.upstream.management import ManagementRequest
 from proxy.upstream.probe import RemoteProbe
 
 if TYPE_CHECKING:
@@ -262,6 +263,9 @@ class PoolMember:
         self.links.clear()
         self.attaching.clear()
         self.unopened.clear()
+        for holder in list(self.side_sessions.values()):
+            if isinstance(holder, ManagementRequest):
+                holder.abandon()
         self.side_sessions.clear()
         for endpoint in list(self.endpoints):
             endpoint.upstream_down()

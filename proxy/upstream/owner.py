@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 
 from cproton import pn_link_close
-from proton import Link
+from proton import Condition, Link
 
 from proxy.amqp import engine
 
@@ -76,6 +76,11 @@ class UpstreamLinkOwner:
     up_ptr = None  # our link on the member (held: engine.hold), None while there is none
     up_attached = False  # up_state is ATTACHED (kept by _move for the hot path)
     closed = False
+    # RabbitMQ 4: the rule's upstream.declare (routing.QueueDeclare) for our /queues/ remote,
+    # declared through the management node before the first attach (proxy.upstream.management)
+    declare = None
+    remote_address = ""
+    _declaring = False
 
     # -- hooks (the owner's) ---------------------------------------------------------
     def link_name(self) -> str:
@@ -125,6 +130,12 @@ class UpstreamLinkOwner:
             return
         if not self.wants_link():
             return
+        if self.declare is not None and self.remote_address not in self.upstream.declared:
+            if not self._declaring:  # WAITING until the primary answers
+                self._declaring = True
+                self.upstream.declare_queue(member, self.remote_address, self.declare,
+                                            self._queue_declared)
+            return
         link = member.new_link(self.link_name(), sender=self.sender_upstream)
         self.configure_link(link)
         self._move(UplinkState.ATTACHING)
@@ -140,7 +151,20 @@ class UpstreamLinkOwner:
         self._move(UplinkState.REFUSED)
         self.link_refused(condition)
 
+    def _queue_declared(self, status: int, description: str) -> None:
+        from proxy.upstream.management import OK, refusal
+
+        self._declaring = False
+        if self.closed or self.up_state is UplinkState.LEFT or status < 0:
+            return  # gone, or the connection was lost: asked again when it is back
+        if status in OK:
+            self.reattach()
+            return
+        self.link_refused(Condition(refusal(status), f"declaring {self.remote_address} on the "
+                                                     f"primary: {status} {description}".strip()))
+
     def upstream_down(self) -> None:
+        self._declaring = False  # a declare under way went with the connection
         if self.up_state is UplinkState.LEFT:
             return
         self._move(UplinkState.WAITING)

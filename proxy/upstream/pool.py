@@ -37,6 +37,8 @@ import asyncio
 import logging
 import os
 
+from proxy.upstream.management import OK as DECLARED
+from proxy.upstream.management import ManagementRequest, declare_body, queue_path
 from proxy.upstream.member import MemberState, PoolMember
 from proxy.upstream.probe import INCONCLUSIVE, PROBE_TIMEOUT, RemoteProbe
 from proxy.upstream.suspects import SuspectSender
@@ -75,6 +77,33 @@ class Upstream:
         # mirror_auto_delete: one upstream receiver per (address, presettled), shared by
         # every client consumer of it (proxy.links.shared_consumers)
         self.shared: dict[tuple, object] = {}
+        # RabbitMQ 4 queues declared through the management node (upstream.declare), by
+        # remote address; and the owners waiting for a declare under way
+        self.declared: set[str] = set()
+        self._declaring: dict[str, list] = {}
+
+    def declare_queue(self, member: PoolMember, remote_address: str, spec, done) -> None:
+        """Declare ``remote_address`` (``/queues/NAME``) as ``spec`` says; ``done(status,
+        description)`` for every owner that asked while the request was under way."""
+        waiting = self._declaring.get(remote_address)
+        if waiting is not None:
+            waiting.append(done)
+            return
+        self._declaring[remote_address] = [done]
+        log.info("upstream %s: declaring %s (%s)", self.target.display, remote_address, spec.type)
+        ManagementRequest(member, "PUT", queue_path(remote_address), declare_body(spec),
+                          lambda status, text: self._queue_declared(remote_address, status, text))
+
+    def _queue_declared(self, remote_address: str, status: int, description: str) -> None:
+        waiting = self._declaring.pop(remote_address, [])
+        if status in DECLARED:
+            self.declared.add(remote_address)
+        elif status >= 0:
+            log.warning("upstream %s: declaring %s was answered %d %s", self.target.display,
+                        remote_address, status, description)
+        for done in waiting:
+            done(status, description)
+        self.run_pending()
 
     def add(self, endpoint) -> PoolMember:
         """Assign a link owner to the least-loaded member of its side; connect if needed."""

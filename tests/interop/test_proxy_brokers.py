@@ -276,3 +276,58 @@ def test_plain_login_and_a_virtual_host_on_rabbitmq4(rabbitmq4_tenant, start_nod
     lines = clients("proton", "receive", node.url, address=f"t.{queue}", count=200,
                     timeout_ms=30000).finish(timeout=60)
     assert sorted(ids_of(lines)) == sorted(f"v-{n}" for n in range(200))
+
+
+# -- RabbitMQ 4: queues the rule declares on first use ----------------------------------
+def declaring_node(start_node, url: str, declare):
+    upstream = {} if declare is None else {"declare": declare}
+    return start_node({"rules": [{"name": "made", "match": "m.*", "kind": "proxy", "primary": url,
+                                  "remote": "/queues/{1}", "upstream": upstream}]})
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_rule_declares_its_queue_on_rabbitmq4(start_node, clients, queue_type):
+    url = brokers.ensure_rabbitmq4()
+    node = declaring_node(start_node, url, {"type": queue_type, "arguments": {"x-max-length": 5000}})
+    queue = queue_name(f"made-{queue_type}")
+    # producers and a consumer at once: one declare, then everyone attaches
+    consumer = clients("proton", "receive", node.url, address=f"m.{queue}", count=400,
+                       timeout_ms=60000)
+    senders = [clients(kind, "send", node.url, address=f"m.{queue}", count=200, prefix=kind)
+               for kind in ("proton", "rhea")]
+    for sender in senders:
+        (sent,) = sender.finish(timeout=60)
+        assert sent["error"] is None and sent["accepted"] == 200, sent
+    got = ids_of(consumer.finish(timeout=60))
+    assert sorted(got) == sorted(f"{k}-{n}" for k in ("proton", "rhea") for n in range(200))
+    info = brokers.rabbitmq4_ctl("list_queues", "name", "type", "arguments", "--no-table-headers")
+    line = next(line for line in info.splitlines() if line.startswith(queue + "\t"))
+    assert queue_type in line and "x-max-length" in line, line
+    assert node.log_path.read_text().count(f"declaring /queues/{queue}") == 1
+
+
+def test_a_declare_that_clashes_with_the_queue_refuses_the_client(start_node, clients):
+    url = brokers.ensure_rabbitmq4()
+    queue = queue_name("clash")
+    brokers.rabbitmq4_declare_queue(queue, "classic")
+    node = declaring_node(start_node, url, {"type": "quorum"})
+    (sent,) = clients("rhea", "send", node.url, address=f"m.{queue}", count=1,
+                      timeout_ms=20000).finish(timeout=40)
+    assert sent["error"]["condition"] == "amqp:precondition-failed", sent
+    assert "409" in sent["error"]["description"] and "x-queue-type" in sent["error"]["description"]
+
+
+def test_without_declare_a_missing_queue_is_not_found_naming_the_rule(start_node, clients):
+    node = declaring_node(start_node, brokers.ensure_rabbitmq4(), None)
+    lines = clients("rhea", "receive", node.url, address=f"m.{queue_name('absent')}", count=1,
+                    timeout_ms=20000).finish(timeout=40)
+    error = lines[-1]["error"]
+    assert error["condition"] == "amqp:not-found", error
+    assert "rule 'made'" in error["description"] and "upstream.declare" in error["description"]
+
+
+def test_declare_on_a_primary_without_a_management_node_is_not_implemented(start_node, clients):
+    node = declaring_node(start_node, brokers.ensure_rabbitmq(), True)  # RabbitMQ 3.10
+    (sent,) = clients("rhea", "send", node.url, address=f"m.{queue_name('old')}", count=1,
+                      timeout_ms=20000).finish(timeout=40)
+    assert sent["error"]["condition"] == "amqp:not-implemented", sent
