@@ -66,6 +66,7 @@ GOAL_RSS_KB = 30.0
 GOAL_UPSTREAMS = 4
 RABBIT_HOST, RABBIT_PORT = "127.0.0.1", int(os.environ.get("RABBITMQ_PORT", "5682"))
 ARTEMIS_PORT = int(os.environ.get("ARTEMIS_PORT", "5673"))
+RABBIT4_PORT = int(os.environ.get("RABBITMQ4_PORT", "5684"))  # .ci/install/rabbitmq4.sh
 CPUS = len(os.sched_getaffinity(0))  # all of them, also while the split layout pins this process
 ADMIN_TOKEN = "bench-read-token-0123456789"
 
@@ -117,6 +118,13 @@ class Primary:
         if name == "rabbitmq":
             self.port, self.template = RABBIT_PORT, "/queue/{1}"
             self.pid = h.rabbitmq_pid(RABBIT_PORT)
+        elif name == "rabbitmq4":  # address v2: queues exist before an attach (declared below)
+            self.port, self.template = RABBIT4_PORT, "/queues/{1}"
+            pid = h.listener_pid(RABBIT4_PORT)
+            if pid is None:
+                raise h.BenchError(f"RabbitMQ 4 is not listening on {RABBIT4_PORT} "
+                                   "(bash .ci/install/rabbitmq4.sh)")
+            self.pid = pid
         elif name == "artemis":
             self.port, self.template = ARTEMIS_PORT, "{1}"  # an ANYCAST queue, made on first attach
             pid = h.listener_pid(ARTEMIS_PORT)
@@ -131,17 +139,21 @@ class Primary:
                                              ready_timeout=args.node_start_timeout)
             self.pid = self.proc.pid
         else:
-            raise h.BenchError(f"unknown primary {name!r} (rabbitmq, artemis, fedgate)")
+            raise h.BenchError(f"unknown primary {name!r} (rabbitmq, rabbitmq4, artemis, fedgate)")
         self.queues: list[str] = []
         log(f"primary {name}: pid {self.pid} on 127.0.0.1:{self.port}")
 
     def direct_address(self, queue: str) -> str:
         self.queues.append(queue)
+        if self.name == "rabbitmq4":
+            rabbit4_queues("declare", [queue])
         return self.template.replace("{1}", queue)
 
     def stop(self) -> None:
         if self.name == "rabbitmq":
             delete_rabbit_queues(self.queues)
+        elif self.name == "rabbitmq4":
+            rabbit4_queues("delete", self.queues)
         if self.proc is not None:
             h.stop_process(self.proc)
             shutil.rmtree(self.tmp, ignore_errors=True)
@@ -165,7 +177,9 @@ class ProxyNode:
             f'[limits]\nmax_links_per_connection = 16\n'
             f'[[rules]]\nname = "px"\nmatch = "{rule_match}"\nkind = "proxy"\n'
             f'mirror_auto_delete = {"true" if mirror else "false"}\n'
-            f'primary = "amqp://127.0.0.1:{port}"\nremote = "{template}"\n')
+            f'primary = "amqp://127.0.0.1:{port}"\nremote = "{template}"\n'
+            # RabbitMQ 4: the rule declares its queues (management node) on first use
+            + ('upstream = { declare = true }\n' if primary and primary.name == "rabbitmq4" else ""))
         self.log_path = Path(self.tmp) / "node.log"
         self.proc = h.start_fedgate_node(self.port, Path(self.tmp) / "data", log_path=self.log_path,
                                          extra_args=["--config", str(config)], admin=self.admin,
@@ -198,6 +212,23 @@ class ProxyNode:
             log(f"node data and log kept in {self.tmp}")
         else:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def rabbit4_queues(action: str, names) -> None:
+    """Declare (durable classic) or delete queues on RabbitMQ 4 over AMQP 0-9-1 (pika)."""
+    import pika
+
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", RABBIT4_PORT, credentials=pika.PlainCredentials("guest", "guest")))
+    try:
+        channel = conn.channel()
+        for name in names:
+            if action == "declare":
+                channel.queue_declare(name, durable=True, arguments={"x-queue-type": "classic"})
+            else:
+                channel.queue_delete(name)
+    finally:
+        conn.close()
 
 
 def delete_rabbit_queues(names) -> None:

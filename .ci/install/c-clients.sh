@@ -132,6 +132,22 @@ patch_send() {
   app.body_size = (argc > 5 && atoi(argv[5]) >= 0) ? atoi(argv[5]) : 100;'
 }
 
+# SASL ANONYMOUS offered (stock: no SASL layer): RabbitMQ 4 requires SASL; fedgate,
+# RabbitMQ 3.10 and Artemis take either.
+patch_sasl() {
+    local f
+    for f in "$SRC/send.c" "$SRC/receive.c"; do
+        edit "$f" 'pn_proactor_connect2\(app\.proactor, NULL, NULL, addr\);' \
+            '{
+    pn_transport_t *t = pn_transport();
+    pn_sasl_allowed_mechs(pn_sasl(t), "ANONYMOUS");
+    pn_proactor_connect2(app.proactor, NULL, t, addr);
+  }'
+        edit "$f" '(#include <proton/connection\.h>)' '$1
+#include <proton/sasl.h>'
+    done
+}
+
 build() {
     local exdir flags stamp want
     exdir=$(examples_dir)
@@ -150,6 +166,7 @@ build() {
     chmod u+w "$SRC"/*.c
     patch_send
     patch_receive
+    patch_sasl
     flags=$(pkg-config --cflags --libs libqpid-proton) || die "pkg-config libqpid-proton failed"
     local t
     for t in send receive; do

@@ -170,20 +170,22 @@ def test_message_set_through_a_fragmented_queue_across_nodes(start_node, clients
 # -- proxy rules to third-party brokers and to another fedgate node ------------------
 
 def primary_of(name: str, start_node):
-    """(primary URL, remote address template) for a proxy rule."""
+    """(primary URL, remote address template, upstream options) for a proxy rule."""
     if name == "rabbitmq":
-        return brokers.ensure_rabbitmq(), "/queue/{1}"
+        return brokers.ensure_rabbitmq(), "/queue/{1}", {}
+    if name == "rabbitmq4":  # address v2: the rule declares the queue
+        return brokers.ensure_rabbitmq4(), "/queues/{1}", {"declare": True}
     if name == "artemis":
-        return brokers.ensure_artemis(), "{1}"
-    return start_node(name="primary").url, "{1}"
+        return brokers.ensure_artemis(), "{1}", {}
+    return start_node(name="primary").url, "{1}", {}
 
 
-@pytest.mark.parametrize("primary", ["rabbitmq", "artemis", "fedgate"])
+@pytest.mark.parametrize("primary", ["rabbitmq", "rabbitmq4", "artemis", "fedgate"])
 def test_message_set_through_a_proxy_rule(start_node, clients, primary):
-    url, remote = primary_of(primary, start_node)
+    url, remote, upstream = primary_of(primary, start_node)
     proxy = start_node({"rules": [{"name": "ext", "match": "ext.*", "kind": "proxy",
                                    "primary": url, "remote": remote,
-                                   "upstream": {"heartbeat": 2.0}}]}, name="proxy")
+                                   "upstream": {"heartbeat": 2.0, **upstream}}]}, name="proxy")
     queue = f"fg-go-{uuid.uuid4().hex[:8]}"
     message_set(clients, proxy.url, f"ext.{queue}", receive_options={"credit": 100})
     message_set(clients, proxy.url, f"ext.{queue}", prefix="go1", count=50,

@@ -125,13 +125,22 @@ def test_jms_selector_and_transactions_are_refused_by_name(node, jms):
     assert jms("receive", node.url, "jms.refused", 0, 1500).result()["ids"] == ["r-0", "r-1"]
 
 
-@pytest.mark.parametrize("broker", ["rabbitmq", "artemis"])
+def primary_rule(broker: str) -> tuple[str, str, dict]:
+    """(URL, remote template, upstream options) of a proxy rule to ``broker``: RabbitMQ 4's
+    queues are declared by the rule (address v2 uses existing queues only)."""
+    if broker == "rabbitmq":
+        return brokers.ensure_rabbitmq(), "/queue/{1}", {}
+    if broker == "rabbitmq4":
+        return brokers.ensure_rabbitmq4(), "/queues/{1}", {"declare": True}
+    return brokers.ensure_artemis(), "{1}", {}
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "rabbitmq4", "artemis"])
 def test_jms_message_set_through_the_proxy(start_node, jms, broker):
     # JMS messages (with Qpid JMS's annotations) cross the proxy as bytes, both ways
-    url = brokers.ensure_rabbitmq() if broker == "rabbitmq" else brokers.ensure_artemis()
-    template = "/queue/{1}" if broker == "rabbitmq" else "{1}"
+    url, template, upstream = primary_rule(broker)
     node = start_node({"rules": [{"name": "ext", "match": "ext.*", "kind": "proxy",
-                                  "primary": url, "remote": template}]})
+                                  "primary": url, "remote": template, "upstream": upstream}]})
     queue = "ext.fg-jms-set-" + node.url.rsplit(":", 1)[1]
     senders = [jms("send", node.url, queue, 150, prefix) for prefix in ("a", "b")]
     for sender in senders:
@@ -141,16 +150,16 @@ def test_jms_message_set_through_the_proxy(start_node, jms, broker):
     assert duplicates(got) == []
 
 
-@pytest.mark.parametrize("broker", ["rabbitmq", "artemis"])
+@pytest.mark.parametrize("broker", ["rabbitmq", "rabbitmq4", "artemis"])
 def test_jms_prefetch_zero_through_the_proxy(start_node, jms, broker):
     # With prefetch 0 each receive grants one credit and drains it. RabbitMQ 3.10
     # fails such a drain (amqp:internal-error: the same client directly gets that
     # error), which would end the proxy's shared session for every client on it:
     # the node never sends it a drain and answers the client's itself.
-    url = brokers.ensure_rabbitmq() if broker == "rabbitmq" else brokers.ensure_artemis()
-    template = "/queue/{1}" if broker == "rabbitmq" else "{1}"
+    url, template, upstream = primary_rule(broker)
     node = start_node({"admin": ADMIN, "rules": [
-        {"name": "ext", "match": "ext.*", "kind": "proxy", "primary": url, "remote": template}]})
+        {"name": "ext", "match": "ext.*", "kind": "proxy", "primary": url, "remote": template,
+         "upstream": upstream}]})
     queue = "ext.fg-jms-pull-" + node.url.rsplit(":", 1)[1]
     assert jms("send", node.url, queue, 5, "z").result()["sent"] == 5
     pulled = jms("receive", node.url + "?jms.prefetchPolicy.all=0", queue, 0, 1000).result()

@@ -221,10 +221,11 @@ FAULTS = {
 
 # -- RabbitMQ, killed ------------------------------------------------------------
 def rabbitmq_pid() -> int | None:
-    """Pid of the RabbitMQ server VM (not of a CLI VM such as rabbitmqctl)."""
+    """Pid of the RabbitMQ 3.10 server VM (not of a CLI VM such as rabbitmqctl, nor of
+    RabbitMQ 4, which runs in a root of its own: .ci/install/rabbitmq4.sh)."""
     proc = subprocess.run(["pgrep", "-f", r"beam\.smp .* -s rabbit boot"], capture_output=True,
                           text=True, timeout=10)
-    pids = [int(p) for p in proc.stdout.split()]
+    pids = [int(p) for p in proc.stdout.split() if os.path.realpath(f"/proc/{p}/root") == "/"]
     return pids[0] if pids else None
 
 
