@@ -10,8 +10,8 @@ back). Durable messages on durable queues, since a process dies.
   consumers on node Q (also proxying to the primary). P keeps its clients'
   links attached while the primary is down and replays its in-flight sends
   after reconnecting, so the producers finish with every message accepted.
-* RabbitMQ primary: the same producers through P; RabbitMQ's server VM is
-  SIGKILLed (``toxi.kill_rabbitmq``) and started again; then the queue is
+* RabbitMQ primary (3.10, and 4.0 with a quorum queue): the same producers through P;
+  RabbitMQ's server VM is SIGKILLed (``toxi.kill_rabbitmq``) and started again; then the queue is
   drained directly from RabbitMQ. The queue is declared durable and written
   to disk beforehand, as an operator's queue would be: RabbitMQ can lose a
   queue declared a moment before a crash, messages and all
@@ -89,24 +89,38 @@ def test_fedgate_primary_killed_mid_stream_loses_nothing_it_accepted(start_node,
     assert reconnects(proxy_p) >= 1 and reconnects(proxy_q) >= 1
 
 
-@pytest.fixture
-def rabbitmq_queue():
+RABBITS = {  # version: (url, durable declare, count, delete, rule remote, direct address)
+    3: (brokers.RABBITMQ_URL, brokers.rabbitmq_declare_durable_queue, brokers.rabbitmq_queue_count,
+        brokers.rabbitmq_delete_queue, "/queue/{1}", "/amq/queue/{0}"),
+    4: (brokers.RABBITMQ4_URL, brokers.rabbitmq4_declare_durable_queue,
+        brokers.rabbitmq4_queue_count, brokers.rabbitmq4_delete_queue, "/queues/{1}", "/queues/{0}"),
+}
+
+
+@pytest.fixture(params=[3, 4], ids=["rabbitmq", "rabbitmq4"])
+def rabbitmq_queue(request):
+    """(RabbitMQ version, queue name). The queue is declared durable (on 4.0 a quorum
+    queue) and written to disk before the test: a queue RabbitMQ declared a moment before
+    a SIGKILL can be gone after it, with its messages."""
+    version = request.param
+    _, declare, _, delete, _, _ = RABBITS[version]
+    (brokers.ensure_rabbitmq if version == 3 else brokers.ensure_rabbitmq4)()
     name = f"fg-kill-{uuid.uuid4().hex[:8]}"
-    # declared (durable) and written to disk before the test: a queue RabbitMQ
-    # declared a moment before a SIGKILL can be gone after it, with its messages
-    brokers.rabbitmq_declare_durable_queue(name)
-    yield name
-    brokers.ensure_rabbitmq()  # a failed test may have left it down
-    brokers.rabbitmq_delete_queue(name)
+    declare(name)
+    yield version, name
+    (brokers.ensure_rabbitmq if version == 3 else brokers.ensure_rabbitmq4)()  # a failed test may have left it down
+    delete(name)
 
 
 def test_rabbitmq_killed_mid_stream_loses_nothing_it_accepted(start_node, clients, rabbitmq_queue):
+    version, queue = rabbitmq_queue
+    url, _, queue_count, _, remote, direct = RABBITS[version]
     started = time.monotonic()
     proxy_p = start_node({"admin": ADMIN, "rules": [
-        {"name": "rq", "match": "rq.*", "kind": "proxy", "primary": brokers.RABBITMQ_URL,
-         "remote": "/queue/{1}", "upstream": {"heartbeat": 1.0}}]}, name="p")
-    run = MessageSet(clients, send_url=proxy_p.url, receive_url=brokers.RABBITMQ_URL,
-                     address=f"rq.{rabbitmq_queue}", producers=PRODUCERS,
+        {"name": "rq", "match": "rq.*", "kind": "proxy", "primary": url,
+         "remote": remote, "upstream": {"heartbeat": 1.0}}]}, name="p")
+    run = MessageSet(clients, send_url=proxy_p.url, receive_url=url,
+                     address=f"rq.{queue}", producers=PRODUCERS,
                      per_producer=PER_PRODUCER, rate=300, timeout_ms=120000, durable=True,
                      report_accepted=True)
     try:
@@ -117,19 +131,19 @@ def test_rabbitmq_killed_mid_stream_loses_nothing_it_accepted(start_node, client
             time.sleep(0.05)
         accepted_before = len(run.accepted_ids())
         kill_started = time.monotonic()
-        kill_rabbitmq(restart=True)  # SIGKILL beam.smp, then start it again
+        kill_rabbitmq(restart=True, version=version)  # SIGKILL beam.smp, then start it again
         restart_seconds = time.monotonic() - kill_started
         # what RabbitMQ kept: nothing consumes yet, so a count below what it
         # had accepted before the kill is a loss inside RabbitMQ, not the proxy
-        queued_after_restart = brokers.rabbitmq_queue_count(rabbitmq_queue)
+        queued_after_restart = queue_count(queue)
         finals = run.wait_producers(timeout=120)
         # drain directly from RabbitMQ (the queue as it is: no re-declare)
-        run.address = f"/amq/queue/{rabbitmq_queue}"
+        run.address = direct.format(queue)
         run.start_consumers()
         result = run.finish(timeout=60, want=run.accepted_ids())
     finally:
         run.stop()
-    report("rabbitmq", run, result, accepted_at_kill=accepted_before,
+    report(f"rabbitmq{version}", run, result, accepted_at_kill=accepted_before,
            queued_after_restart=queued_after_restart,
            restart=f"{restart_seconds:.1f}s", reconnects=reconnects(proxy_p),
            seconds=f"{time.monotonic() - started:.1f}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import time
 
+import pytest
 from blocking_checks import large_bodies, receive_messages, send_messages
 from fragment_cluster import admin, cpu_seconds, fragments, start_cluster
 from proton import Message
@@ -108,14 +109,20 @@ def test_idle_group_uses_almost_no_cpu(start_node, clients):
     assert all(w.proc.poll() is None for w in waiting)  # consumers were attached all along
 
 
-def test_group_with_a_remote_fragment_on_rabbitmq(start_node, clients):
+@pytest.mark.parametrize("broker", ["rabbitmq", "rabbitmq4"])
+def test_group_with_a_remote_fragment_on_rabbitmq(start_node, clients, broker):
     import uuid
 
     import brokers
 
-    rabbit = brokers.ensure_rabbitmq()
     queue = f"fg-frag-{uuid.uuid4().hex[:8]}"
-    remote = {"url": rabbit, "address": f"/queue/{queue}"}
+    if broker == "rabbitmq":  # address v1: /queue/NAME declares the queue
+        remote = {"url": brokers.ensure_rabbitmq(), "address": f"/queue/{queue}"}
+        count = brokers.rabbitmq_queue_count
+    else:  # address v2: the queue must exist
+        brokers.rabbitmq4_declare_queue(queue)
+        remote = {"url": brokers.ensure_rabbitmq4(), "address": f"/queues/{queue}"}
+        count = brokers.rabbitmq4_queue_count
     nodes = start_cluster(start_node, names=("n1", "n2", "n3"),
                           members=["n1", "n2", remote])
     # producers on n3 (no fragment there): hashed over n1, n2 and RabbitMQ
@@ -127,16 +134,16 @@ def test_group_with_a_remote_fragment_on_rabbitmq(start_node, clients):
                 sender.send(Message(id=f"r{p}-{i}", body="x", properties={"producer": f"r{p}", "seq": i}))
     finally:
         conn.close()
-    assert brokers.rabbitmq_queue_count(queue) > 0  # some producers landed on RabbitMQ
+    assert count(queue) > 0  # some producers landed on RabbitMQ
     lines = clients("rhea", "receive", nodes["n1"].url, address="work.remote", count=300,
                     timeout_ms=60000).finish(timeout=90)
     got = ids_of(lines)
     expected = {f"r{p}-{i}" for p in range(30) for i in range(10)}
     assert set(got) == expected, (f"lost {sorted(expected - set(got))}, "
                                   f"dups {collections.Counter(got).most_common(2)}, "
-                                  f"left in rabbit {brokers.rabbitmq_queue_count(queue)}")
+                                  f"left in rabbit {count(queue)}")
     assert len(got) == len(expected), collections.Counter(got).most_common(3)
-    assert brokers.rabbitmq_queue_count(queue) == 0
+    assert count(queue) == 0
 
 
 def test_fragment_less_node_forwards_producers_and_consumes_from_the_nearest(start_node, clients):

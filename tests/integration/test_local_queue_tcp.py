@@ -129,9 +129,9 @@ def test_presettled_sends_and_receives(node, clients):
 
 
 def test_node_closes_clients_with_connection_forced_on_sigterm(node, clients):
-    waiting = clients("rhea", "receive", node.url, address="idle", count=1, timeout_ms=20000)
-    (sent,) = clients("rhea", "send", node.url, address="canary", count=1).finish()
-    assert sent["accepted"] == 1  # the receiver's connection is surely up by now
+    waiting = clients("rhea", "receive", node.url, address="idle", count=1, timeout_ms=20000,
+                      announce=True)
+    assert waiting.readline() == {"attached": "idle"}  # the receiver is in place
     assert node.stop() == 0
     lines = waiting.finish()
     assert lines[-1]["error"]["condition"] == "amqp:connection:forced"

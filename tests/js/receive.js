@@ -8,12 +8,15 @@ const common = require('./common.js');
 const USAGE = `usage: node receive.js --url amqp://HOST:PORT (--address ADDR | --dynamic) --count N
                     [--credit C] [--idle-ms I] [--timeout-ms T]
                     [--username U --password P] [--sasl auto|anonymous|plain|none]
-                    [--hostname H] [--tls-insecure]`;
+                    [--hostname H] [--tls-insecure] [--announce]`;
 
 const values = common.parseCli(USAGE, {
     credit: { type: 'string', default: '100' },
     'idle-ms': { type: 'string' },
     dynamic: { type: 'boolean', default: false },
+    // --announce: print {"attached": ADDRESS} once the peer has attached the link,
+    // so a test knows the receiver is in place before it goes on
+    announce: { type: 'boolean', default: false },
 });
 if (values.dynamic && values.address !== undefined) common.usageError(USAGE, '--address and --dynamic are mutually exclusive');
 if (!values.dynamic && values.address === undefined) common.usageError(USAGE, '--address (or --dynamic) is required');
@@ -101,6 +104,7 @@ container.on('receiver_open', (ctx) => {
         }
         common.emit({ dynamic_address: src.address });
     }
+    if (values.announce) common.emit({ attached: src.address });
     armIdle();
 });
 

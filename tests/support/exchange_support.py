@@ -4,9 +4,9 @@
   one proton connection and returns each message's outcome and condition
   (``{"id": ("accepted", None)}``, ``("rejected", "amqp:not-found")`` ...).
 * ``receive_ids(url, address)`` drains an address until it stays quiet.
-* ``Rabbit`` declares exchanges, queues and bindings over AMQP 0-9-1 (pika):
-  RabbitMQ 3.10's AMQP 1.0 plugin cannot declare them, and ``rabbitmqctl``
-  cannot either. Everything a test declares is deleted by ``cleanup()``,
+* ``Rabbit`` declares exchanges, queues and bindings over AMQP 0-9-1 (pika) on
+  RabbitMQ 3.10 or 4.0 (``any_rabbit`` runs a test against both): 3.10's AMQP 1.0
+  plugin cannot declare them, and ``rabbitmqctl`` cannot either. Everything a test declares is deleted by ``cleanup()``,
   including the subscription queues RabbitMQ 3.10 makes for
   ``/exchange/X/KEY`` sources (it never deletes them itself).
 * ``admin_get(node, path)`` reads the node's admin API.
@@ -147,18 +147,63 @@ def rabbit_bound_queues(source: str, key: str) -> list[str]:
 
 
 class Rabbit:
-    """Declarations over short-lived AMQP 0-9-1 connections (no idle connection to time out)."""
+    """Declarations over short-lived AMQP 0-9-1 connections (no idle connection to time out).
 
-    def __init__(self) -> None:
+    ``version`` 3 is RabbitMQ 3.10 (AMQP 1.0 plugin, address v1), 4 is RabbitMQ 4.0
+    (address v2: ``/queues/NAME``, ``/exchanges/NAME``; receivers only on queues).
+    """
+
+    def __init__(self, version: int = 3) -> None:
+        import brokers
+
+        self.version = version
+        self.port = brokers.RABBITMQ_PORT if version == 3 else brokers.RABBITMQ4_PORT
         self.exchanges: list[str] = []
         self.queues: list[str] = []
         self.subscriptions: list[tuple[str, str]] = []  # (exchange, key) of /exchange/ sources
+
+    # -- addresses -----------------------------------------------------------
+    def queue_address(self, name: str) -> str:
+        return f"/amq/queue/{name}" if self.version == 3 else f"/queues/{name}"
+
+    def exchange_address(self, name: str) -> str:
+        """The exchange as a target (3.10 routes on the message's subject; 4.0 routes with an
+        empty key: measured on 4.0.5, a subject is not used as the routing key)."""
+        return f"/exchange/{name}" if self.version == 3 else f"/exchanges/{name}"
+
+    def routed_address(self, name: str) -> str:
+        """A target that routes on the subject: on 4.0 the key goes into the address, which a
+        node's ``upstream_fanout`` expands per message (``{subject}``)."""
+        return f"/exchange/{name}" if self.version == 3 else f"/exchanges/{name}/{{subject}}"
+
+    def publish(self, exchange: str, items) -> dict:
+        """``send_subjects`` to ``exchange`` routed on each item's subject: one link on 3.10,
+        one per routing key (``/exchanges/X/KEY``) on 4.0."""
+        if self.version == 3:
+            return send_subjects(self.url, self.exchange_address(exchange), items)
+        outcomes: dict = {}
+        for subject in dict.fromkeys(subject for _, subject in items):
+            outcomes.update(send_subjects(self.url, f"/exchanges/{exchange}/{subject}",
+                                          [item for item in items if item[1] == subject]))
+        return outcomes
+
+    # -- management ----------------------------------------------------------
+    def ctl(self, *args: str) -> str:
+        import brokers
+
+        return rabbitmqctl(*args) if self.version == 3 else brokers.rabbitmq4_ctl(*args)
+
+    def bound_queues(self, source: str, key: str) -> list[str]:
+        out = self.ctl("list_bindings", "source_name", "routing_key", "destination_name",
+                       "--no-table-headers")
+        return [line.split("\t")[2] for line in out.splitlines()
+                if line.split("\t")[:2] == [source, key]]
 
     def _do(self, operation) -> None:
         import pika
 
         connection = pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", RABBITMQ_PORT, blocked_connection_timeout=10, socket_timeout=10))
+            "127.0.0.1", self.port, blocked_connection_timeout=10, socket_timeout=10))
         try:
             operation(connection.channel())
         finally:
@@ -191,7 +236,7 @@ class Rabbit:
 
     def cleanup(self) -> None:
         doomed = [q for exchange, key in self.subscriptions
-                  for q in rabbit_bound_queues(exchange, key) if q.startswith("amq.gen-")]
+                  for q in self.bound_queues(exchange, key) if q.startswith("amq.gen-")]
 
         def delete(ch):
             for queue in doomed + self.queues:
@@ -202,14 +247,27 @@ class Rabbit:
         self._do(delete)
 
 
-@pytest.fixture
-def rabbit():
-    """The RabbitMQ test helper; whatever a test declared on the broker is removed after."""
+def _rabbit(version: int):
     import brokers
 
-    url = brokers.ensure_rabbitmq()
-    helper = Rabbit()
+    url = brokers.ensure_rabbitmq() if version == 3 else brokers.ensure_rabbitmq4()
+    helper = Rabbit(version)
     helper.url = url
+    return helper
+
+
+@pytest.fixture
+def rabbit():
+    """The RabbitMQ 3.10 test helper; whatever a test declared on the broker is removed after."""
+    helper = _rabbit(3)
+    yield helper
+    helper.cleanup()
+
+
+@pytest.fixture(params=[3, 4], ids=["rabbitmq", "rabbitmq4"])
+def any_rabbit(request):
+    """``rabbit`` for RabbitMQ 3.10 and again for RabbitMQ 4.0."""
+    helper = _rabbit(request.param)
     yield helper
     helper.cleanup()
 

@@ -220,24 +220,40 @@ FAULTS = {
 
 
 # -- RabbitMQ, killed ------------------------------------------------------------
-def rabbitmq_pid() -> int | None:
-    """Pid of the RabbitMQ 3.10 server VM (not of a CLI VM such as rabbitmqctl, nor of
-    RabbitMQ 4, which runs in a root of its own: .ci/install/rabbitmq4.sh)."""
+def rabbitmq_pid(version: int = 3) -> int | None:
+    """Pid of the RabbitMQ server VM (not of a CLI VM such as rabbitmqctl): 3.10 runs in
+    this machine's root, 4.0 in a root of its own (.ci/install/rabbitmq4.sh)."""
+    root = "/" if version == 3 else os.path.realpath(brokers.RABBITMQ4_ROOT)
     proc = subprocess.run(["pgrep", "-f", r"beam\.smp .* -s rabbit boot"], capture_output=True,
                           text=True, timeout=10)
-    pids = [int(p) for p in proc.stdout.split() if os.path.realpath(f"/proc/{p}/root") == "/"]
+    pids = [int(p) for p in proc.stdout.split() if _root_of(int(p)) == root]
     return pids[0] if pids else None
 
 
-def kill_rabbitmq(restart: bool = True) -> str:
+def _root_of(pid: int) -> str | None:
+    try:
+        return os.path.realpath(f"/proc/{pid}/root")
+    except OSError:  # gone, or another user's process
+        return None
+
+
+def kill_rabbitmq(restart: bool = True, version: int = 3) -> str:
     """SIGKILL the RabbitMQ server VM (no shutdown at all), then start it again.
 
-    With ``restart=False`` it stays down; ``brokers.ensure_rabbitmq()`` starts it.
+    With ``restart=False`` it stays down; ``brokers.ensure_rabbitmq()`` (or
+    ``ensure_rabbitmq4()``) starts it.
     """
-    pid = rabbitmq_pid()
+    pid = rabbitmq_pid(version)
     if pid is None:
-        raise brokers.BrokerError("RabbitMQ is not running (no beam.smp ... -s rabbit boot)")
-    os.kill(pid, signal.SIGKILL)
+        raise brokers.BrokerError(f"RabbitMQ {version} is not running (no beam.smp ... -s rabbit boot)")
+    name = "rabbitmq" if version == 3 else "rabbitmq4"
+    if version == 3:
+        os.kill(pid, signal.SIGKILL)
+    else:  # root's process: kill it as root
+        subprocess.run(["kill", "-KILL", str(pid)] if os.geteuid() == 0
+                       else ["sudo", "-n", "kill", "-KILL", str(pid)], check=True, timeout=10)
     brokers._wait_gone(pid, 10.0)
-    brokers._checked.discard("rabbitmq")
-    return brokers.ensure_rabbitmq() if restart else brokers.RABBITMQ_URL
+    brokers._checked.discard(name)
+    if not restart:
+        return brokers.RABBITMQ_URL if version == 3 else brokers.RABBITMQ4_URL
+    return brokers.ensure_rabbitmq() if version == 3 else brokers.ensure_rabbitmq4()
