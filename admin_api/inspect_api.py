@@ -96,6 +96,8 @@ def _connection(protocol, handler) -> dict[str, Any]:
     return {
         "id": handler.connection_id,
         "peer": handler.peer,
+        "transport": getattr(protocol, "transport_kind", "tcp"),  # tcp | websocket
+        "tls": protocol.node.tls_context is not None,
         "user": getattr(identity, "user", None),
         "mechanism": getattr(identity, "mechanism", None),
         "amqp_open": handler.server_connection is not None,

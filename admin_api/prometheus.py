@@ -68,6 +68,11 @@ def render(node) -> str:
 
     out.family("fedgate_connections", "gauge", "Open client connections.",
                [({}, len(node.connections))])
+    websocket = sum(1 for p in list(node.connections) if getattr(p, "transport_kind", "tcp") == "websocket")
+    out.family("fedgate_connections_by_transport", "gauge",
+               "Open client connections by transport (AMQP on TCP, AMQP over WebSocket).",
+               [({"transport": "tcp"}, len(node.connections) - websocket),
+                ({"transport": "websocket"}, websocket)])
     out.family("fedgate_links", "gauge", "Attached client links by role.", [
         ({"role": "consumer"}, sum(1 for e in endpoints if isinstance(e, QueueConsumer))),
         ({"role": "producer"}, sum(1 for e in endpoints if isinstance(e, QueueProducer))),

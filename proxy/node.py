@@ -188,6 +188,7 @@ class Node:
         self.authenticator = Authenticator(users)
         limits = config.limits
         self.tls_context = build_tls_context(config)
+        self.websocket = config.websocket.settings()  # None: [websocket] enabled = false
         self.connection_settings = ConnectionSettings(
             container_id=self.node_id,
             max_frame_size=limits.max_frame_size,

@@ -28,7 +28,8 @@ log = logging.getLogger("fedgate.server")
 
 
 class AmqpProtocol(EngineProtocol):
-    __slots__ = ("node", "broker", "handler", "peer", "ip", "_failed", "_tls", "_early", "internal")
+    __slots__ = ("node", "broker", "handler", "peer", "ip", "_failed", "_tls", "_early", "internal",
+                 "_ws")
 
     def __init__(self, node, *, internal: bool = False) -> None:
         super().__init__(node.run_pending)  # one bound method for all connections
@@ -43,6 +44,9 @@ class AmqpProtocol(EngineProtocol):
         self._failed = False  # an internal error closed this connection: ignore its input
         self._tls = None  # the task starting TLS on this connection (TLS listeners)
         self._early = b""  # bytes TLS handed us before start_tls returned (see data_received)
+        # WebSocket binding (proxy.net.websocket): None until the first input tells,
+        # then False (AMQP straight on the socket) or the WebSocketTransport
+        self._ws = None if node.websocket is not None and not internal else False
 
     def connection_made(self, transport) -> None:
         peer = transport.get_extra_info("peername")
@@ -127,10 +131,50 @@ class AmqpProtocol(EngineProtocol):
             return
         if self._failed:
             return
+        ws = self._ws
+        if ws is not False:
+            if ws is None:
+                ws = self._sniff(data)
+            if ws:
+                data = ws.receive(data)
+                if ws.ended:
+                    self._websocket_ended(data)
+                    return
+                if not data:  # handshake, control frames, or refused (the socket is closing)
+                    return
         try:
             super().data_received(data)
         except Exception:
             self._contain("reading input")
+
+    def _sniff(self, data: bytes):
+        """First input: ``GET`` is a WebSocket upgrade (an AMQP header starts with ``A``)."""
+        if data[:1] != b"G":
+            self._ws = False
+            return False
+        from proxy.net.websocket import WebSocketTransport
+
+        self._ws = self.transport = WebSocketTransport(self.transport, self.node.websocket, self.peer)
+        return self._ws
+
+    def _websocket_ended(self, data: bytes) -> None:
+        """The client closed the WebSocket (or broke it): what came before the close is
+        read, then it is the end of the input (the AMQP connection ends without its close)."""
+        try:
+            if data:
+                super().data_received(data)
+            if not self._closed:
+                super().eof_received()
+        except Exception:
+            self._contain("reading input")
+        if not self._closed:
+            self._closed = True
+            self.transport.close()  # the close frame (ours, or the echo of theirs) goes first
+
+    @property
+    def transport_kind(self) -> str:
+        """How the client reached us: ``tcp`` or ``websocket`` (over TLS or not: ``tls``)."""
+        return "websocket" if self._ws else "tcp"
 
     def eof_received(self) -> bool:
         if self.conn is None:
@@ -188,6 +232,8 @@ class AmqpProtocol(EngineProtocol):
         self.handler.server_connection = None
         self.conn = None
         self.transport = None
+        if self._ws:
+            self._ws.release()
 
     # -- output bound (issue #21) ---------------------------------------------
     # The socket's write buffer past its high-water mark: the client is not reading.

@@ -230,6 +230,36 @@ class LimitsSection:
 
 
 @dataclass(frozen=True)
+class WebSocketSection:
+    """AMQP over WebSocket on the AMQP listener (proxy.net.websocket), ``ws://`` and,
+    on a TLS listener, ``wss://``."""
+
+    enabled: bool = True
+    paths: tuple[str, ...] = ()  # request paths accepted (e.g. ["/amqp"]); empty: any
+    origins: tuple[str, ...] = ()  # browser Origin values accepted; empty: any
+    max_message_size: int = 1024 * 1024  # one WebSocket message; larger: close 1009
+
+    def check(self, key: str) -> None:
+        for index, path in enumerate(self.paths):
+            if not path.startswith("/"):
+                raise ConfigError(f"{key}.paths[{index}]", "a path starts with /")
+        for index, origin in enumerate(self.origins):
+            if "://" not in origin:
+                raise ConfigError(f"{key}.origins[{index}]",
+                                  "an origin is scheme://host[:port], e.g. https://app.example.com")
+        if not 512 <= self.max_message_size <= 64 * 1024 * 1024:
+            raise ConfigError(f"{key}.max_message_size", "between 512 and 67108864")
+
+    def settings(self):
+        from proxy.net.websocket import WebSocketSettings
+
+        if not self.enabled:
+            return None
+        return WebSocketSettings(paths=self.paths, origins=self.origins,
+                                 max_message_size=self.max_message_size)
+
+
+@dataclass(frozen=True)
 class QueuesSection:
     auto_create: bool = True
     max_depth: int = 0  # 0 = unlimited
@@ -294,6 +324,7 @@ class Config:
     sasl: SaslSection = field(default_factory=SaslSection)
     tls: TlsSection | None = None
     limits: LimitsSection = field(default_factory=LimitsSection)
+    websocket: WebSocketSection = field(default_factory=WebSocketSection)
     queues: QueuesSection = field(default_factory=QueuesSection)
     journal: JournalSection = field(default_factory=JournalSection)
     queue: tuple[QueueDecl, ...] = ()
@@ -328,6 +359,7 @@ _SECTIONS = {
     "sasl": SaslSection,
     "tls": TlsSection,
     "limits": LimitsSection,
+    "websocket": WebSocketSection,
     "queues": QueuesSection,
     "journal": JournalSection,
 }

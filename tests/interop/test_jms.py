@@ -68,11 +68,14 @@ def duplicates(ids) -> list:
     return [i for i, n in collections.Counter(ids).items() if n > 1]
 
 
-def test_jms_message_set_on_a_local_queue(node, jms):
-    senders = [jms("send", node.url, "jms.set", 300, prefix) for prefix in ("a", "b")]
+@pytest.mark.parametrize("transport", ["tcp", "websocket"])
+def test_jms_message_set_on_a_local_queue(node, jms, transport):
+    # websocket: amqpws:// (Qpid JMS's AMQP over WebSocket, on the same port)
+    url = node.url if transport == "tcp" else node.url.replace("amqp://", "amqpws://")
+    senders = [jms("send", url, "jms.set", 300, prefix) for prefix in ("a", "b")]
     for sender in senders:
         assert sender.result()["sent"] == 300
-    got = jms("receive", node.url, "jms.set", 0, 2000).result()["ids"]
+    got = jms("receive", url, "jms.set", 0, 2000).result()["ids"]
     assert set(got) == {f"{p}-{i}" for p in ("a", "b") for i in range(300)}
     assert duplicates(got) == []
     # per-producer order holds on one queue
@@ -148,6 +151,17 @@ def test_jms_message_set_through_the_proxy(start_node, jms, broker):
     got = jms("receive", node.url, queue, 300, 5000).result()["ids"]
     assert set(got) == {f"{p}-{i}" for p in ("a", "b") for i in range(150)}
     assert duplicates(got) == []
+
+
+def test_jms_over_websocket_through_the_proxy_to_rabbitmq(start_node, jms):
+    url, template, upstream = primary_rule("rabbitmq")
+    node = start_node({"rules": [{"name": "ext", "match": "ext.*", "kind": "proxy",
+                                  "primary": url, "remote": template, "upstream": upstream}]})
+    ws = node.url.replace("amqp://", "amqpws://")
+    queue = "ext.fg-jms-ws-" + node.url.rsplit(":", 1)[1]
+    assert jms("send", ws, queue, 200, "w").result()["sent"] == 200
+    got = jms("receive", ws, queue, 200, 5000).result()["ids"]
+    assert got == [f"w-{i}" for i in range(200)]  # all, once, in order
 
 
 @pytest.mark.parametrize("broker", ["rabbitmq", "rabbitmq4", "artemis"])
@@ -272,7 +286,8 @@ def test_jms_authenticates_with_scram_and_meets_the_acl(tmp_path, start_node, jm
     assert "Server offered: [SCRAM-SHA-256]" in anonymous["error"]  # no PLAIN without TLS
 
 
-def test_jms_over_tls_with_scram_and_with_a_client_certificate(tmp_path, start_node, jms):
+@pytest.mark.parametrize("scheme", ["amqps", "amqpwss"])
+def test_jms_over_tls_with_scram_and_with_a_client_certificate(tmp_path, start_node, jms, scheme):
     # the DMZ listener (TLS from Python's ssl, client certificates verified) with
     # Qpid JMS's TLS (JSSE): SCRAM-SHA-256 over TLS, then EXTERNAL from the
     # certificate (CN=alice); the ACL holds for both
@@ -296,7 +311,8 @@ def test_jms_over_tls_with_scram_and_with_a_client_certificate(tmp_path, start_n
         "sasl": {"mechanisms": ["PLAIN", "SCRAM-SHA-256", "EXTERNAL"], "users_file": str(users),
                  "require": True},
         "acl": [{"user": "alice", "send": ["orders.#"], "receive": ["orders.#"]}]})
-    tls = (f"amqps://127.0.0.1:{node.port}?transport.trustStoreLocation={trust}"
+    # amqpwss: the same over WebSocket inside TLS, the certificate's CN still the identity
+    tls = (f"{scheme}://127.0.0.1:{node.port}?transport.trustStoreLocation={trust}"
            f"&transport.trustStorePassword=secret&transport.trustStoreType=PKCS12"
            f"&transport.keyStoreLocation={keys}&transport.keyStorePassword=secret"
            f"&transport.keyStoreType=PKCS12")

@@ -78,10 +78,10 @@ function connectOptions(usage, values) {
         usageError(usage, `invalid --url ${JSON.stringify(values.url)}: ${e.message}`);
     }
     const scheme = url.protocol.replace(/:$/, '');
-    if (scheme !== 'amqp' && scheme !== 'amqps') usageError(usage, `--url scheme must be amqp or amqps, got ${scheme}`);
+    if (!['amqp', 'amqps', 'ws', 'wss'].includes(scheme)) usageError(usage, `--url scheme must be amqp, amqps, ws or wss, got ${scheme}`);
     let host = url.hostname;
     if (host.startsWith('[') && host.endsWith(']')) host = host.slice(1, -1); // IPv6 literal
-    const port = url.port ? Number(url.port) : (scheme === 'amqps' ? 5671 : 5672);
+    const port = url.port ? Number(url.port) : ({ amqps: 5671, ws: 80, wss: 443 }[scheme] || 5672);
 
     const username = values.username !== undefined ? values.username
         : (url.username ? decodeURIComponent(url.username) : undefined);
@@ -106,6 +106,14 @@ function connectOptions(usage, values) {
         opts.transport = 'tls';
         opts.servername = host;
         opts.rejectUnauthorized = !values['tls-insecure'];
+    }
+    if (scheme === 'ws' || scheme === 'wss') {
+        // AMQP over WebSocket (the OASIS binding): rhea over the `ws` package,
+        // subprotocol "amqp"; the URL's path goes into the upgrade request
+        const WebSocket = require('ws');
+        const wsUrl = `${scheme}://${url.host}${url.pathname}${url.search}`;
+        const wsOptions = scheme === 'wss' ? { rejectUnauthorized: !values['tls-insecure'] } : {};
+        opts.connection_details = require('rhea').websocket_connect(WebSocket)(wsUrl, ['amqp'], wsOptions);
     }
 
     const mode = values.sasl;
