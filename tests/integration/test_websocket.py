@@ -245,3 +245,53 @@ def test_admin_and_metrics_show_the_transport(start_node, clients):
     assert waiting.finish()[-1]["error"] is None
     wait_for(lambda: not admin(node, "/api/v1/connections")["connections"], 10,
              "the connections to close")
+
+
+def test_a_real_browser_sends_and_receives_over_websocket(start_node, tmp_path):
+    """Headless Chromium loads a page (served over HTTP from another origin) that uses
+    rhea's browser build: it connects with ws://, sends 100 numbered messages and gets
+    them back; the test reads the page's result. The node allows only that page's origin."""
+    import http.server
+    import json
+    import shutil
+    import subprocess
+    import threading
+    from functools import partial
+    from pathlib import Path
+
+    from conftest import NODE_JS, TESTS, free_port, require
+
+    chromium = Path("/usr/bin/chromium")
+    require(NODE_JS is not None, "node (Node.js)")
+    require((TESTS / "js" / "node_modules" / "playwright-core").is_dir(),
+            "playwright-core (npm ci in tests/js)")
+    require(chromium.exists(), "chromium (.ci/install/chromium.sh)")
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.copy(TESTS / "js" / "browser" / "amqp_ws.html", site)
+    shutil.copy(TESTS / "js" / "node_modules" / "rhea" / "dist" / "rhea-umd.js", site)
+    web_port = free_port()
+    origin = f"http://127.0.0.1:{web_port}"
+    node = start_node({"websocket": {"paths": ["/amqp"], "origins": [origin]}})
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", web_port), partial(http.server.SimpleHTTPRequestHandler, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        page = f"{origin}/amqp_ws.html?ws={ws_url(node)}&address=browser.q&count=100"
+        screenshot = tmp_path / "browser-websocket.png"
+        run = subprocess.run([NODE_JS, str(TESTS / "js" / "browser_ws.js"), "--url", page,
+                              "--screenshot", str(screenshot), "--chromium", str(chromium)],
+                             capture_output=True, text=True, timeout=90)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert run.stdout.strip(), run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["error"] is None, out
+    result = out["result"]
+    assert result["error"] is None, result
+    assert result["sent"] == 100 and result["accepted"] == 100
+    assert sorted(result["received"]) == sorted(f"b-{i}" for i in range(100))
+    assert out["console_errors"] == []
+    assert screenshot.stat().st_size > 0  # kept with the test's files (pytest's tmp_path)
