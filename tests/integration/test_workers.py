@@ -77,18 +77,21 @@ def test_competing_consumers_of_three_client_libraries_share_one_queue_across_wo
                                idle_ms=4000, timeout_ms=60000)
                  for kind in ("proton", "rhea", "go")}
     wait_for(lambda: sum(served_by(workers_node).values()) >= 3, 20, "three consumers connected")
+    ws_url = url.replace("amqp://", "ws://") + "/"  # a WebSocket producer too (rhea over ws)
     producers = [clients(kind, "send", url, address="orders", count=600, prefix=kind)
                  for kind in ("proton", "rhea")]
+    producers.append(clients("rhea", "send", ws_url, address="orders", count=600, prefix="websocket"))
+    names = ("proton", "rhea", "websocket")
     for producer in producers:
         (sent,) = [line for line in producer.finish(timeout=90) if "sent" in line]
         assert sent["error"] is None and sent["accepted"] == 600, sent
     got = {kind: [line for line in consumer.finish(timeout=90) if "id" in line]
            for kind, consumer in consumers.items()}
     ids = [line["id"] for lines in got.values() for line in lines]
-    assert set(ids) == {f"{p}-{n}" for p in ("proton", "rhea") for n in range(600)}
-    assert len(ids) == 1200, f"{len(ids) - len(set(ids))} duplicates"
+    assert set(ids) == {f"{p}-{n}" for p in names for n in range(600)}
+    assert len(ids) == 1800, f"{len(ids) - len(set(ids))} duplicates"
     for kind, lines in got.items():  # one FIFO: each producer's order holds for each consumer
-        for producer in ("proton", "rhea"):
+        for producer in names:
             seqs = [line["seq"] for line in lines if line["producer"] == producer]
             # and every consumer competed for every producer's messages, wherever each landed
             assert seqs, f"{kind} got none of {producer}'s messages"
