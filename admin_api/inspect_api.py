@@ -207,7 +207,7 @@ async def get_fragments(request: web.Request) -> web.Response:
     return json_response({
         "count": len(items),
         "depth": sum(int(i.get("depth", 0) or 0) for i in items),
-        "steals": sum(int(i.get("steals", 0) or 0) for i in items),
+        "steals": sum(int(i.get("stolen_in", 0) or 0) for i in items),  # messages stolen in
         "fragments": items,
     })
 

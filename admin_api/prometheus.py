@@ -111,9 +111,9 @@ def render(node) -> str:
     fragments = describe_fragments(node)
     out.family("fedgate_steals_total", "counter",
                "Messages stolen between fragments of fragmented queues.",
-               [({}, sum(int(f.get("steals", 0) or 0) for f in fragments))])
+               [({}, sum(int(f.get("stolen_in", 0) or 0) for f in fragments))])
     out.family("fedgate_fragment_depth", "gauge", "Messages in a fragment.", [
-        ({"queue": f.get("queue", f.get("name", "?")), "fragment": f.get("fragment", f.get("node", "?"))},
+        ({"queue": f.get("address", "?"), "fragment": f.get("local") or "-"},
          int(f.get("depth", 0) or 0)) for f in fragments
     ])
     upstreams = describe_upstreams(node)

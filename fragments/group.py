@@ -27,6 +27,13 @@ the fragment is an ordinary local queue (``proxy.queues.local``) and:
   ``prefer`` order, else the ring.
 * **Draining.** A member listed in ``draining`` takes no new producers; its
   backlog is stolen by the others; once empty it reports itself removed.
+* **Workers** (``[node] workers``, ``proxy.workers``): a group whose only
+  member is this node has one fragment per worker (members ``<node>/w<K>``),
+  reached over the workers' Unix sockets: producers enqueue on their own
+  worker's fragment, consumers steal from the others' as from peer nodes.
+  Nothing is forwarded, so such a queue scales with the workers (at the price
+  of a local queue's one FIFO: order holds per producer, as for any fragmented
+  queue). A group with other members keeps its fragment on worker 0.
 """
 
 from __future__ import annotations
@@ -84,10 +91,15 @@ class FragmentGroup:
         self.remote_address = decision.remote_address or self.address
         self.members = {m.key: m for m in rule.fragments}
         self.draining = set(rule.draining)
-        active = [key for key in self.members if key not in self.draining]
-        self.ring = HashRing(nodes=active)
         node_id = self.node.node_id
         self.local_key = node_id if node_id in self.members else None
+        self.siblings = self._worker_fragments(rule)  # key -> the worker's socket URL
+        if self.siblings:
+            self.members = dict.fromkeys(self.siblings)
+            self.draining = set(self.siblings) if node_id in self.draining else set()
+            self.local_key = f"{node_id}/w{self.node.worker.index}"
+        active = [key for key in self.members if key not in self.draining]
+        self.ring = HashRing(nodes=active)
         if self.local_key and self.queue is None:
             queue = self.node.queues.lookup_or_create(self.address) or \
                 self.node.queues.declare(self.address)
@@ -107,8 +119,18 @@ class FragmentGroup:
         queue = self.queue
         return self.draining_here and queue is not None and not queue.messages and not queue.unacked
 
+    def _worker_fragments(self, rule) -> dict[str, str]:
+        """A group with no member but this node, on a node with workers: one fragment per
+        worker (module note); empty otherwise."""
+        worker = self.node.worker
+        if worker is None or worker.count < 2 or [m.key for m in rule.fragments] != [self.node.node_id]:
+            return {}
+        return {f"{self.node.node_id}/w{k}": worker.url(k) for k in range(worker.count)}
+
     def target(self, key: str) -> tuple[str, str, bool]:
         """(URL, address, is a fedgate peer) of a member."""
+        if key in self.siblings:  # another worker's fragment of this node
+            return self.siblings[key], self.address, True
         member = self.members[key]
         if member.peer is not None:
             url = self.node.config.peers[member.peer]

@@ -19,8 +19,11 @@ Exceptions to the ring:
   queue dead-lettering, deliver straight into local queues of their worker;
 * a declared queue with a ``dead_letter`` and its dead-letter queue (``pinned``)
   are owned by worker 0, for the same reason;
-* fragmented queues: their fragment and steal-on-empty run on worker 0 for the
-  node.
+* fragmented queues: a group whose only member is this node has a fragment on
+  every worker (``fragments.group``: producers enqueue on their own worker,
+  consumers steal from the other workers when theirs is empty): no forwarding.
+  A group with other members has its fragment on worker 0, which the other
+  nodes see.
 """
 
 from __future__ import annotations
@@ -61,11 +64,12 @@ class QueueOwners:
                 return int(digits)
         return int(self._ring.get_node(address)[1:])
 
-    def owner_of_kind(self, kind: str, address: str) -> int | None:
+    def owner_of_kind(self, kind: str, address: str, *, node_only: bool = False) -> int | None:
         """The worker that serves an address routed as ``kind``; None: any worker (its own
-        links: proxy rules have upstream connections in every worker)."""
+        links: proxy rules have upstream connections in every worker). ``node_only``: a
+        fragmented group with no member but this node (a fragment on every worker)."""
         if kind == "local":
             return self.owner(address)
         if kind == "fragmented":
-            return 0
+            return None if node_only else 0
         return None

@@ -57,6 +57,11 @@ def socket_dir(data_dir: Path) -> Path:
     return data_dir / "workers"
 
 
+def node_only_group(rule, node_id: str) -> bool:
+    """A fragmented rule whose only member is this node: a fragment on every worker."""
+    return [member.key for member in rule.fragments] == [node_id]
+
+
 @dataclass
 class WorkerContext:
     """What a node needs to know to run as worker ``index`` of ``count``."""
@@ -93,7 +98,9 @@ class WorkerContext:
 
         def resolve_here(address: str) -> Decision:
             decision = resolve(address)
-            owner = owners.owner_of_kind(decision.kind, address)
+            owner = owners.owner_of_kind(decision.kind, address,
+                                         node_only=decision.kind == "fragmented"
+                                         and node_only_group(decision.rule, owners.node_id))
             if owner is None or owner == me:
                 return decision
             url = self.url(owner)

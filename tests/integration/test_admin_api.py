@@ -269,7 +269,8 @@ async def test_inspection_views(api):
 
 @pytest.mark.asyncio
 async def test_fragments_and_upstreams_come_from_the_node(api):
-    api.node.describe_fragments = lambda: [{"queue": "work", "fragment": "n1", "depth": 5, "steals": 2}]
+    # the shape of fragments.group.FragmentGroup.describe
+    api.node.describe_fragments = lambda: [{"address": "work", "local": "n1", "depth": 5, "stolen_in": 2}]
     api.node.describe_upstreams = lambda: [
         {"name": "n2", "url": "amqp://x:1", "state": "up", "reconnects": 3},
         {"primary": "amqp://b:5672", "pool_size": 2, "connected": False,
@@ -283,6 +284,7 @@ async def test_fragments_and_upstreams_come_from_the_node(api):
     assert (pool["name"], pool["state"], pool["pool_size"]) == ("amqp://b:5672", "backoff", 2)
     text = await (await api.get("/metrics", headers=READ_H)).text()
     assert "fedgate_steals_total 2" in text
+    assert 'fedgate_fragment_depth{queue="work",fragment="n1"} 5' in text
     assert 'fedgate_upstream_up{upstream="n2"} 1' in text
     assert 'fedgate_upstream_up{upstream="amqp://b:5672"} 0' in text
     assert 'fedgate_upstream_reconnects_total{upstream="n2"} 3' in text

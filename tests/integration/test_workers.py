@@ -213,6 +213,56 @@ def test_proxy_rules_work_from_every_worker(start_node, clients):
     assert len(re.findall(r"authenticated", primary.log_path.read_text())) >= WORKERS
 
 
+FRAGMENTED = {"name": "work", "match": "work.#", "kind": "fragmented", "fragments": ["n1"]}
+
+
+def test_a_fragmented_queue_has_a_fragment_on_every_worker_and_steals_between_them(
+        start_node, clients):
+    node = start_node({"node": {"workers": WORKERS}, "admin": ADMIN, "rules": [FRAGMENTED]})
+    # a consumer on each worker; then producers on each worker: no forwarding anywhere
+    consumers = [clients("proton", "receive", node.url, address="work.jobs", count=0, credit=20,
+                         idle_ms=4000, timeout_ms=60000) for _ in range(WORKERS)]
+    wait_for(lambda: sum(served_by(node).values()) >= WORKERS, 20, "a consumer on each worker")
+    producers = [clients("proton", "send", node.url, address="work.jobs", count=500, prefix=f"p{k}")
+                 for k in range(WORKERS)]
+    for producer in producers:
+        (sent,) = [line for line in producer.finish(timeout=90) if "sent" in line]
+        assert sent["error"] is None and sent["accepted"] == 500, sent
+    got = [[line for line in c.finish(timeout=90) if "id" in line] for c in consumers]
+    ids = [line["id"] for lines in got for line in lines]
+    assert set(ids) == {f"p{k}-{n}" for k in range(WORKERS) for n in range(500)}
+    assert len(ids) == 500 * WORKERS, f"{len(ids) - len(set(ids))} duplicates"
+    for lines in got:  # each producer's order holds for each consumer
+        for k in range(WORKERS):
+            seqs = [line["seq"] for line in lines if line["producer"] == f"p{k}"]
+            assert seqs == sorted(seqs)
+    fragments = admin(node, "/api/v1/fragments")["fragments"]
+    assert sorted(f["local"] for f in fragments) == [f"n1/w{k}" for k in range(WORKERS)]
+    assert all(f["forwarded_producers"] == 0 for f in fragments)
+    assert sum(f["enqueued"] for f in fragments) == 500 * WORKERS
+
+    # consumers on one worker only: they steal what producers left on the other
+    wait_for(lambda: not admin(node, "/api/v1/connections")["connections"], 10, "clients gone")
+    first = BlockingConnection(node.url, timeout=10)  # worker 0
+    second = BlockingConnection(node.url, timeout=10)  # worker 1 (the fewest connections)
+    try:
+        connections = admin(node, "/api/v1/connections")["connections"]
+        assert sorted(c["worker"] for c in connections) == list(range(WORKERS))
+        sender = second.create_sender("work.jobs")
+        for n in range(200):
+            sender.send(Message(id=f"s-{n}", body=n))
+        receiver = first.create_receiver("work.jobs", credit=50)
+        stolen = []
+        for _ in range(200):
+            stolen.append(receiver.receive(timeout=10).id)
+            receiver.accept()
+        assert stolen == [f"s-{n}" for n in range(200)]
+    finally:
+        first.close()
+        second.close()
+    assert admin(node, "/api/v1/fragments")["steals"] >= 200
+
+
 def test_a_rejected_message_reaches_its_dead_letter_queue_from_any_worker(start_node):
     work, dead = owned_by("n1", 1, "work"), owned_by("n1", 0, "dead")  # apart on the ring
     node = start_node({"node": {"workers": WORKERS}, "queue": [{"name": work, "dead_letter": dead}]})

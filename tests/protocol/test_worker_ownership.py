@@ -45,7 +45,9 @@ def test_with_exchanges_worker_0_owns_every_local_queue():
 
 def test_fragmented_addresses_go_to_worker_0_and_proxy_rules_stay_where_they_are():
     owners = QueueOwners("n1", 4)
-    assert owners.owner_of_kind("fragmented", "orders") == 0
+    assert owners.owner_of_kind("fragmented", "orders") == 0  # a group with other nodes
+    # a group of this node only: a fragment on every worker, served where the link is
+    assert owners.owner_of_kind("fragmented", "orders", node_only=True) is None
     assert owners.owner_of_kind("proxy", "ext.orders") is None
     assert owners.owner_of_kind("deny", "secret") is None
 
@@ -80,3 +82,17 @@ def test_pinned_queues_live_on_worker_0():
     pinned = QueueOwners("n1", 4, pinned=frozenset(elsewhere))
     assert [pinned.owner(n) for n in elsewhere] == [0, 0, 0]
     assert all(pinned.owner(n) == free.owner(n) for n in names if n not in elsewhere)
+
+
+def test_a_group_is_node_only_when_this_node_is_its_only_member():
+    from routing import RuleSet
+
+    from proxy.workers.worker import node_only_group
+
+    rules = RuleSet.build([
+        {"name": "mine", "match": "mine.#", "kind": "fragmented", "fragments": ["n1"]},
+        {"name": "shared", "match": "shared.#", "kind": "fragmented", "fragments": ["n1", "n2"]},
+    ], peers={"n2": "amqp://127.0.0.1:1"}, node_id="n1")
+    assert node_only_group(rules.resolve("mine.q").rule, "n1")
+    assert not node_only_group(rules.resolve("shared.q").rule, "n1")
+    assert not node_only_group(rules.resolve("mine.q").rule, "n2")

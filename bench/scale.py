@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""One node with 1, 2, 4, 8 worker processes ([node] workers, issue #18): local queues,
+a fragmented queue and a proxy rule, K pairs of C clients.
+
+Run from the repo root (after .ci/install/c-clients.sh):
+
+    .venv/bin/python bench/scale.py [--kinds local,fragmented,proxy] [--workers 1,2,4,8]
+                                    [--pairs 1,2,4,8] [--messages 100000] [--rounds 3]
+
+Worker counts above the CPUs present are left out. For each round and worker
+count W a node is started (``fedgate serve --workers W``, plus a fedgate primary
+for the proxy rule); for each kind and pair count K, K quiet C receivers and K
+C senders run at once, N/K messages per pair, timed until all exit:
+
+* ``local``: pair i on its own local queue ``qi``; with W > 1 a link attached
+  on a worker that does not own the queue is forwarded to its owner (one more
+  hop inside the node);
+* ``fragmented``: every pair on one fragmented queue whose only member is this
+  node: a fragment on every worker, consumers steal between workers, nothing is
+  forwarded;
+* ``proxy``: pair i on ``px.qi``, a proxy rule to a one-process fedgate primary;
+  every worker has its own upstream connection.
+
+Printed as it goes and summarised: msg/s, the ratio to W = 1, the CPU µs per
+message summed over all node processes (supervisor and workers), the primary's
+and the clients'. Results in bench/results/scale.json, a PNG chart beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as h  # noqa: E402
+from charts import save_bars  # noqa: E402
+
+KINDS = ("local", "fragmented", "proxy")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def node_config(path: Path, primary_port: int | None) -> Path:
+    lines = ['[node]', 'id = "bench"', '',
+             '[[rules]]', 'name = "work"', 'match = "work.#"', 'kind = "fragmented"',
+             'fragments = ["bench"]', '']
+    if primary_port:
+        lines += ['[[rules]]', 'name = "px"', 'match = "px.*"', 'kind = "proxy"',
+                  f'primary = "amqp://127.0.0.1:{primary_port}"', 'remote = "{1}"', '']
+    path.write_text("\n".join(lines))
+    return path
+
+
+def addresses(kind: str, pairs: int, tag: str) -> list[str]:
+    if kind == "fragmented":
+        return [f"work.{tag}"] * pairs
+    prefix = "px." if kind == "proxy" else ""
+    return [f"{prefix}{tag}-q{i}" for i in range(pairs)]
+
+
+def one_run(port: int, pid: int, primary_pid: int | None, kind: str, pairs: int, args,
+            tag: str) -> dict:
+    per_pair = args.messages // pairs
+    targets = addresses(kind, pairs, tag)
+    cmds = [h.receiver_cmd("127.0.0.1", port, a, per_pair, args.credit) for a in targets]
+    cmds += [h.sender_cmd("127.0.0.1", port, a, per_pair, args.body_bytes) for a in targets]
+    meter = h.CpuMeter(pid).start()  # the supervisor and its workers
+    primary = h.CpuMeter(primary_pid).start() if primary_pid else None
+    result = h.run_concurrently(cmds, timeout=args.timeout)
+    cpu = meter.stop()
+    primary_cpu = primary.stop() if primary else 0.0
+    n = per_pair * pairs
+    if not result.ok:
+        return {"ok": False, "error": result.describe_failure()}
+    return {"ok": True, "messages": n, "elapsed_s": round(result.elapsed, 3),
+            "msgs_per_s": round(n / result.elapsed), "node_cpu_us_per_msg": round(cpu * 1e6 / n, 2),
+            "primary_cpu_us_per_msg": round(primary_cpu * 1e6 / n, 2) if primary else None,
+            "clients_cpu_us_per_msg": round(result.clients_cpu * 1e6 / n, 2)}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--workers", default="1,2,4,8", help="capped at the CPUs present")
+    p.add_argument("--pairs", default="1,2,4,8")
+    p.add_argument("--messages", "-n", type=int, default=100_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--body-bytes", type=int, default=h.DEFAULT_BODY_BYTES)
+    p.add_argument("--credit", type=int, default=h.DEFAULT_CREDIT_WINDOW)
+    p.add_argument("--output", default=str(Path("bench") / "results" / "scale.json"))
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    h.require_c_clients()
+    cpus = len(os.sched_getaffinity(0))
+    kinds = [k for k in args.kinds.split(",") if k]
+    worker_counts = [w for w in (int(x) for x in args.workers.split(",")) if w <= cpus] or [1]
+    pair_counts = [int(x) for x in args.pairs.split(",")]
+    log(f"{cpus} CPUs: workers {worker_counts}, pairs {pair_counts}, kinds {kinds}")
+    runs: dict[str, list[dict]] = {}
+    for round_ in range(args.rounds):
+        order = worker_counts if round_ % 2 == 0 else list(reversed(worker_counts))
+        for workers in order:
+            data_dir = Path(tempfile.mkdtemp(prefix="fedgate-bench-scale-"))
+            primary = None
+            primary_port = h.free_port() if "proxy" in kinds else None
+            port = h.free_port()
+            try:
+                if primary_port:
+                    primary = h.start_fedgate_node(primary_port, data_dir / "primary",
+                                                   log_path=data_dir / "primary.log")
+                config = node_config(data_dir / "node.toml", primary_port)
+                proc = h.start_fedgate_node(port, data_dir / "node",
+                                            extra_args=["--config", str(config), "--workers", str(workers)],
+                                            log_path=data_dir / "node.log")
+                try:
+                    # warm up: workers start in the background (imports: about 0.5 s of CPU
+                    # each), and first connections make the upstream and inter-worker links
+                    warm = argparse.Namespace(**{**vars(args), "messages": 2000 * workers})
+                    for kind in kinds:
+                        one_run(port, proc.pid, None, kind, workers, warm, f"warm{round_}{kind[0]}")
+                    for kind in kinds:
+                        for pairs in pair_counts:
+                            key = f"{kind}-{workers}w-{pairs}p"
+                            run = one_run(port, proc.pid, primary.pid if primary and kind == "proxy" else None,
+                                          kind, pairs, args, f"r{round_}{kind[0]}{pairs}")
+                            runs.setdefault(key, []).append(run)
+                            log(f"round {round_ + 1}: {kind:10s} {workers} workers, {pairs} pairs: "
+                                + (f"{run['msgs_per_s']} msg/s, node {run['node_cpu_us_per_msg']} µs/msg"
+                                   + (f", primary {run['primary_cpu_us_per_msg']} µs/msg"
+                                      if run["primary_cpu_us_per_msg"] is not None else "")
+                                   if run["ok"] else run["error"]))
+                finally:
+                    h.stop_process(proc)
+            finally:
+                h.stop_process(primary)
+                shutil.rmtree(data_dir, ignore_errors=True)
+    summary = {}
+    for key, items in runs.items():
+        good = [r for r in items if r["ok"]]
+        summary[key] = {
+            "runs": len(items), "failed": len(items) - len(good),
+            "median_msgs_per_s": h.median([r["msgs_per_s"] for r in good]),
+            "median_node_cpu_us_per_msg": h.median([r["node_cpu_us_per_msg"] for r in good]),
+            "median_primary_cpu_us_per_msg": h.median([r["primary_cpu_us_per_msg"] for r in good]),
+            "median_clients_cpu_us_per_msg": h.median([r["clients_cpu_us_per_msg"] for r in good]),
+        }
+    base = worker_counts[0]
+    for key, s in summary.items():
+        kind, _, pairs = key.split("-")
+        ref = summary.get(f"{kind}-{base}w-{pairs}")
+        if ref and ref["median_msgs_per_s"] and s["median_msgs_per_s"]:
+            s["ratio_to_1_worker"] = round(s["median_msgs_per_s"] / ref["median_msgs_per_s"], 3)
+    print(f"{'run':<22} {'msg/s':>9} {'vs W=1':>7} {'node µs/msg':>12} {'primary µs/msg':>15} "
+          f"{'clients µs/msg':>15}")
+    for key, s in summary.items():
+        print(f"{key:<22} {s['median_msgs_per_s'] or 0:>9.0f} {s.get('ratio_to_1_worker', 0):>7.2f} "
+              f"{s['median_node_cpu_us_per_msg'] or 0:>12.1f} {s['median_primary_cpu_us_per_msg'] or 0:>15.1f} "
+              f"{s['median_clients_cpu_us_per_msg'] or 0:>15.1f}")
+    out = {"bench": "scale", "machine": h.machine_info(), "messages": args.messages,
+           "rounds": args.rounds, "body_bytes": args.body_bytes, "kinds": kinds,
+           "workers": worker_counts, "pairs": pair_counts, "summary": summary, "runs": runs}
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
+    save_bars(Path(args.output).with_suffix(".png"), "msg/s by kind, pairs and workers",
+              [f"{kind} {pairs}p" for kind in kinds for pairs in pair_counts],
+              {f"{w} workers": [summary.get(f"{kind}-{w}w-{pairs}p", {}).get("median_msgs_per_s")
+                                for kind in kinds for pairs in pair_counts] for w in worker_counts},
+              "msg/s")
+    log(f"wrote {h.rel(args.output)} and its chart")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
