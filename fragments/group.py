@@ -227,7 +227,10 @@ class FragmentGroup:
         if self.held:  # still no credit for what we already have: steal nothing more
             return
         if queue.messages:  # local backlog: serve it, no stealing (no flip-flop)
-            self.tried.clear()
+            # a peer that had nothing stays skipped until the retry timer: clearing it
+            # here sent a drain that came back empty each time the local backlog ran out,
+            # which with a producer and a consumer on each side is after nearly every
+            # message (measured: 2 workers, 2 pairs, 0.69x one worker)
             return
         credit = queue.local_credit()
         self._ensure_stealers()
