@@ -180,6 +180,51 @@ def test_a_killed_worker_comes_back_with_its_durable_messages_and_others_see_not
     assert got == [f"job-{n}" for n in range(200)]
 
 
+@pytest.mark.parametrize("kind", ["proxied", "durable"])
+def test_a_worker_killed_while_a_message_set_flows_loses_nothing_accepted(start_node, clients, kind):
+    """Producers on both workers; worker 1 is SIGKILLed mid-stream. Its producer's
+    connection drops (what it had not heard accepted is not counted); every message
+    any producer heard accepted is then drained: through a proxy rule from the
+    primary, for a durable local queue (owned by worker 1) from the node once worker
+    1 has restarted and recovered its journal."""
+    from fault_workload import MessageSet
+
+    if kind == "proxied":
+        primary = start_node(name="primary")
+        node = start_node({"node": {"workers": WORKERS}, "rules": [
+            {"name": "up", "match": "up.*", "kind": "proxy", "primary": primary.url,
+             "remote": "{1}"}]}, name="front")
+        address, drain_url, drain_address = "up.flow", primary.url, "flow"
+    else:
+        queue = owned_by("n1", 1, "flow")
+        node = start_node({"node": {"workers": WORKERS}, "queue": [{"name": queue, "durable": True}]})
+        address, drain_url, drain_address = queue, node.url, queue
+    run = MessageSet(clients, send_url=node.url, receive_url=drain_url, address=address,
+                     producers=WORKERS, per_producer=1500, consumers=1, rate=300,
+                     timeout_ms=60000, durable=True, report_accepted=True)
+    try:
+        run.start_producers()
+        wait_for(lambda: sum(served_by(node).values()) >= WORKERS, 20, "a producer on each worker")
+        wait_for(lambda: len(run.accepted_ids()) >= len(run.expected) // 5, 30, "a fifth accepted")
+        pids = worker_pids(node)
+        os.kill(pids[1], signal.SIGKILL)
+        accepted_at_kill = len(run.accepted_ids())
+        finals = run.wait_producers(timeout=90)
+        wait_for(lambda: node.log_path.read_text().count("worker 1 ready") >= 2, 20, "worker 1 restarted")
+        run.address = drain_address
+        run.start_consumers()
+        result = run.finish(timeout=60, want=run.accepted_ids())
+    finally:
+        run.stop()
+    assert 0 < accepted_at_kill < len(run.expected), "killed mid-stream"
+    assert sum(1 for f in finals if f.get("error") is None) >= 1  # worker 0's producer went on
+    lost = result.accepted_ids - set(result.received)
+    assert not lost, f"{len(lost)} accepted messages lost, e.g. {sorted(lost)[:5]}"
+    assert result.corrupt == []
+    print(f"\nKILLED WORKER {kind}: accepted={len(result.accepted_ids)} received={len(result.received)} "
+          f"duplicates={result.duplicates} accepted_at_kill={accepted_at_kill}")
+
+
 def test_sigterm_stops_the_supervisor_and_every_worker(workers_node):
     conn = BlockingConnection(workers_node.url, timeout=10)
     conn.create_sender("orders").send(Message(body="hello"))
