@@ -82,6 +82,7 @@ UPSTREAM = {
         "recheck_interval": {"type": "number", "minimum": 0},
         "split_directions": {"type": "boolean"},
         "max_send_failures": {"type": "integer", "minimum": 1},
+        "max_connections": {"type": "integer", "minimum": 0},
         "tls_ca": {"type": "string"}, "tls_cert": {"type": "string"}, "tls_key": {"type": "string"},
     },
 }

@@ -168,6 +168,16 @@ def _upstream_problems(u: Any, p: str) -> list[RuleError]:
         problems.append(
             RuleError(f"{p}.pool_size", f"must be between 1 and {MAX_POOL_SIZE}, got {u.pool_size}")
         )
+    v = u.max_connections
+    if not _is_int(v):
+        problems.append(RuleError(f"{p}.max_connections", f"expected an integer, got {v!r}"))
+    elif v < 0:
+        problems.append(RuleError(f"{p}.max_connections", f"must be >= 0 (0: no cap), got {v!r}"))
+    elif v and v < (per_worker := connections_per_worker(u.pool_size, u.split_directions)):
+        problems.append(RuleError(
+            f"{p}.max_connections", f"at least the {per_worker} connections one "
+            f"process makes (pool_size {u.pool_size}"
+            + (", both directions)" if u.split_directions is True else ")") + f", got {v}"))
     v = u.max_send_failures
     if not _is_int(v):
         problems.append(RuleError(f"{p}.max_send_failures", f"expected an integer, got {v!r}"))
@@ -181,6 +191,11 @@ def _upstream_problems(u: Any, p: str) -> list[RuleError]:
         missing = "tls_key" if u.tls_key is None else "tls_cert"
         problems.append(RuleError(f"{p}.{missing}", "tls_cert and tls_key must be given together"))
     return problems
+
+
+def connections_per_worker(pool_size, split_directions) -> int:
+    size = pool_size if _is_int(pool_size) else 1
+    return size * (2 if split_directions is True else 1)
 
 
 @dataclass(frozen=True)
@@ -210,11 +225,19 @@ class UpstreamOptions:
     # times a message may be in flight when the primary ends the connection or session
     # carrying it before it is rejected to its sender (proxy.suspects)
     max_send_failures: int = 2
+    # connections to the primary for the whole node, whatever its number of worker
+    # processes (each worker makes its own pool: proxy.workers); 0: no cap
+    max_connections: int = 0
 
     def __post_init__(self) -> None:
         problems = _upstream_problems(self, "upstream")
         if problems:
             raise problems[0]
+
+    @property
+    def connections_per_worker(self) -> int:
+        """Connections one node process makes to the primary for these options."""
+        return connections_per_worker(self.pool_size, self.split_directions)
 
     @property
     def is_default(self) -> bool:

@@ -19,6 +19,9 @@ Exceptions to the ring:
   queue dead-lettering, deliver straight into local queues of their worker;
 * a declared queue with a ``dead_letter`` and its dead-letter queue (``pinned``)
   are owned by worker 0, for the same reason;
+* proxy rules: every worker has its own upstream connections, unless the rule's
+  ``upstream.max_connections`` caps them for the node: then only the first
+  workers connect, and the others' links go through them;
 * fragmented queues: a group whose only member is this node has a fragment on
   every worker (``fragments.group``: producers enqueue on their own worker,
   consumers steal from the other workers when theirs is empty): no forwarding.
@@ -73,3 +76,13 @@ class QueueOwners:
         if kind == "fragmented":
             return None if node_only else 0
         return None
+
+    def upstream_owner(self, index: int, max_connections: int, per_worker: int) -> int | None:
+        """Proxy rules: None when worker ``index`` connects to the primary itself; else the
+        worker its links go through, so that no more than ``max_connections`` connections
+        reach the primary from the whole node (``per_worker`` each: pool_size, times 2 when
+        split by direction). 0: no cap."""
+        if not max_connections or self.workers < 2:
+            return None
+        direct = max(1, max_connections // per_worker)
+        return None if index < direct else index % direct

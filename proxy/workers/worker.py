@@ -101,6 +101,10 @@ class WorkerContext:
             owner = owners.owner_of_kind(decision.kind, address,
                                          node_only=decision.kind == "fragmented"
                                          and node_only_group(decision.rule, owners.node_id))
+            if decision.kind == "proxy" and decision.rule is not None and decision.rule.upstream:
+                upstream = decision.rule.upstream  # a node-wide cap on its connections
+                owner = owners.upstream_owner(me, upstream.max_connections,
+                                              upstream.connections_per_worker)
             if owner is None or owner == me:
                 return decision
             url = self.url(owner)

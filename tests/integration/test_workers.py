@@ -258,6 +258,28 @@ def test_proxy_rules_work_from_every_worker(start_node, clients):
     assert len(re.findall(r"authenticated", primary.log_path.read_text())) >= WORKERS
 
 
+def test_a_node_wide_cap_on_upstream_connections_holds_with_workers(start_node, clients):
+    primary = start_node(name="primary")
+    # pool_size 1, both directions: 2 connections per worker; the cap allows one worker's
+    front = start_node({"node": {"workers": WORKERS},
+                        "rules": [{"name": "up", "match": "up.*", "kind": "proxy",
+                                   "primary": primary.url, "remote": "{1}",
+                                   "upstream": {"max_connections": 2}}]}, name="front")
+    consumers = [clients("proton", "receive", front.url, address="up.capped", count=0, credit=50,
+                         idle_ms=4000, timeout_ms=60000) for _ in range(2)]
+    wait_for(lambda: sum(served_by(front).values()) >= 2, 20, "two consumers connected")
+    producers = [clients("proton", "send", front.url, address="up.capped", count=300, prefix=f"c{k}")
+                 for k in range(2)]
+    for producer in producers:
+        (sent,) = [line for line in producer.finish(timeout=90) if "sent" in line]
+        assert sent["error"] is None and sent["accepted"] == 300, sent
+    ids = [line["id"] for c in consumers for line in c.finish(timeout=90) if "id" in line]
+    assert sorted(ids) == sorted(f"c{k}-{n}" for k in range(2) for n in range(300))
+    assert set(served_by(front)) == set(range(WORKERS))  # clients on both workers ...
+    # ... and the primary saw the 2 connections of one worker, not 2 per worker
+    assert len(re.findall(r"authenticated", primary.log_path.read_text())) == 2
+
+
 FRAGMENTED = {"name": "work", "match": "work.#", "kind": "fragmented", "fragments": ["n1"]}
 
 

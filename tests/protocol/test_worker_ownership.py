@@ -96,3 +96,14 @@ def test_a_group_is_node_only_when_this_node_is_its_only_member():
     assert node_only_group(rules.resolve("mine.q").rule, "n1")
     assert not node_only_group(rules.resolve("shared.q").rule, "n1")
     assert not node_only_group(rules.resolve("mine.q").rule, "n2")
+
+
+def test_a_cap_on_upstream_connections_sends_the_other_workers_links_through_the_first():
+    owners = QueueOwners("n1", 4)
+    # no cap: every worker connects itself
+    assert [owners.upstream_owner(k, 0, 2) for k in range(4)] == [None] * 4
+    # 4 connections, 2 per worker (both directions): workers 0 and 1 connect, 2 and 3 go through them
+    assert [owners.upstream_owner(k, 4, 2) for k in range(4)] == [None, None, 0, 1]
+    # the cap of one worker's connections: everything through worker 0
+    assert [owners.upstream_owner(k, 2, 2) for k in range(4)] == [None, 0, 0, 0]
+    assert QueueOwners("n1", 1).upstream_owner(0, 2, 2) is None  # one process: nothing to share
