@@ -75,6 +75,28 @@ def merge(parts: list[tuple[int, Any]]) -> Any:
     return out
 
 
+def merge_history(parts: list[tuple[int, Any]]) -> Any:
+    """The node's last hour from each worker's (``/api/v1/history``). Workers sample on their
+    own clocks, ``interval`` apart: the k-th latest samples are summed (counts, bytes, depths,
+    rates), at worker 0's times; a worker restarted lately adds to the latest only."""
+    first = parts[0][1]
+    samples = [dict(item) for item in first.get("samples", [])]
+    for _, body in parts[1:]:
+        theirs = body.get("samples", []) if isinstance(body, dict) else []
+        for mine, other in zip(reversed(samples), reversed(theirs)):
+            for key, value in other.items():
+                if key == "t":
+                    continue
+                if key == "depths" and isinstance(value, dict):
+                    depths = dict(mine.get("depths") or {})
+                    for name, depth in value.items():
+                        depths[name] = depths.get(name, 0) + depth
+                    mine["depths"] = depths
+                elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                    mine[key] = (mine.get(key) or 0) + value
+    return {**first, "samples": samples, "count": len(samples)}
+
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?(\s.*)$")
 
 
@@ -198,6 +220,17 @@ async def aggregate_middleware(request: web.Request, handler):
         body = merge(parts)
         body["workers"] = 1 + len(peers.sockets)
         body["workers_unreachable"] = unreachable
+        return json_response(body)
+    if request.method == "GET" and path == "/api/v1/history":
+        response = await handler(request)
+        if response.status != 200:
+            return response
+        parts = [(0, orjson.loads(response.body))]
+        for worker, answer in sorted((await peers.ask_all("GET", request.path_qs)).items()):
+            if answer is not None and answer[0] == 200:
+                parts.append((worker, orjson.loads(answer[1])))
+        body = merge_history(parts)
+        body["workers"] = 1 + len(peers.sockets)
         return json_response(body)
     if request.method == "GET" and path == "/metrics":
         response = await handler(request)

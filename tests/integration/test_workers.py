@@ -383,6 +383,14 @@ def test_the_admin_api_shows_every_worker_and_closes_a_connection_wherever_it_is
         metrics = http("GET", admin_node.admin_url + "/metrics")[1]
         assert 'fedgate_connections{worker="0"} 1' in metrics
         assert 'fedgate_connections{worker="1"} 1' in metrics
+
+        def latest():  # the console's last hour: every worker's samples summed
+            history = admin(admin_node, "/api/v1/history")
+            return history["samples"][-1] if history["workers"] == WORKERS else {}
+
+        sample = wait_for(lambda: latest().get("connections") == 2 and latest(), 12,
+                          "a history sample with both workers' connections")
+        assert all(sample["depths"].get(queue) == 1 for queue in queues.values()), sample["depths"]
         closed = admin(admin_node, f"/api/v1/connections/{by_worker[1]['id']}", method="DELETE")
         assert closed["condition"] == "amqp:connection:forced"
         with pytest.raises(Exception) as ended:
