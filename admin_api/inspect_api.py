@@ -87,6 +87,11 @@ def _link(handler, endpoint) -> dict[str, Any]:
         remote = getattr(endpoint, "remote_address", None)
         if remote is not None:
             item["remote_address"] = remote
+        if link is not None:  # what the client sees: its address, its credit and unsettled
+            terminus = link.remote_source if link.is_sender else link.remote_target
+            if terminus.address:
+                item["address"] = terminus.address
+            item.update(credit=link.credit, unsettled=link.unsettled)
     return item
 
 

@@ -8,6 +8,7 @@ const $ = (selector) => document.querySelector(selector);
 let api = null;
 let rulesVersion = null;
 let timer = null;
+let latest = null;  // the last connections, links and upstreams read (the detail pages)
 
 function cell(text, className) {
   const td = document.createElement('td');
@@ -55,11 +56,12 @@ function showMessage(error, ok) {
 async function refresh() {
   if (!api) return;
   try {
-    const [node, cluster, rules, queues, fragments, upstreams, history] = await Promise.all([
+    const [node, cluster, rules, queues, fragments, upstreams, history, connections, links] = await Promise.all([
       api.get('/api/v1/node'), api.get('/api/v1/cluster'), api.get('/api/v1/rules'),
       api.get('/api/v1/queues'), api.get('/api/v1/fragments'), api.get('/api/v1/upstreams'),
-      api.get('/api/v1/history'),
+      api.get('/api/v1/history'), api.get('/api/v1/connections'), api.get('/api/v1/links'),
     ]);
+    latest = { connections, links, upstreams };
     $('#status').textContent = `connected — refreshed ${new Date().toLocaleTimeString()}`;
     $('#status').className = 'ok';
     renderNode(node, cluster);
@@ -67,7 +69,9 @@ async function refresh() {
     renderQueues(queues);
     renderFragments(fragments);
     renderUpstreams(upstreams);
+    renderConnections(connections);
     renderHistory(history);
+    renderDetail();
   } catch (error) {
     $('#status').textContent = `error: ${error.message}`;
     $('#status').className = 'error';
@@ -176,16 +180,109 @@ function renderQueues(doc) {
 
 function renderFragments(doc) {
   fill('fragments', doc.fragments.map((f) => [
-    cell(f.queue || f.name, 'mono'), cell(f.fragment || f.node), cell(f.depth, 'num'), cell(f.steals, 'num'),
+    cell(f.address, 'mono'), cell(f.local || '(none here)'), cell(f.depth, 'num'), cell(f.stolen_in, 'num'),
   ]), 'no fragments on this node');
 }
 
+function link(text, hash) {
+  const td = cell('');
+  const a = document.createElement('a');
+  a.href = hash;
+  a.textContent = text;
+  td.append(a);
+  return td;
+}
+
+const upstreamKey = (u) => (u.worker === undefined ? '' : `${u.worker}:`) + (u.name || u.primary);
+
 function renderUpstreams(doc) {
   fill('upstreams', doc.upstreams.map((u) => [
-    cell(u.name || u.id), cell(u.url || u.primary, 'mono'),
+    link(u.name || u.primary, `#upstream/${encodeURIComponent(upstreamKey(u))}`),
+    cell((u.members || []).length, 'num'),
     badge(u.state || 'unknown', ['up', 'open', 'connected'].includes(u.state) ? 'good' : 'bad'),
     cell(u.reconnects, 'num'),
   ]), 'no upstreams');
+}
+
+function renderConnections(doc) {
+  fill('connections', doc.connections.map((c) => [
+    link(String(c.id), `#connection/${c.id}`), cell(c.peer, 'mono'),
+    cell(c.transport + (c.tls ? ' + TLS' : '')), cell(c.user || '(anonymous)'),
+    cell(c.links, 'num'), cell(c.sent, 'num'), cell(c.received, 'num'),
+  ]), 'no client connections');
+}
+
+// -- a page per connection and per upstream (#connection/ID, #upstream/KEY) -----------
+function showDetail(title, fields, rowsTitle, headers, rows, emptyText) {
+  $('#detail').hidden = false;
+  $('#detail-title').textContent = title;
+  const body = $('#detail-fields tbody');
+  body.replaceChildren(...fields.map(([name, value]) => {
+    const tr = document.createElement('tr');
+    const th = document.createElement('th');
+    th.textContent = name;
+    const td = cell(value);
+    td.dataset.field = name;
+    tr.append(th, td);
+    return tr;
+  }));
+  $('#detail-rows-title').textContent = rowsTitle;
+  $('#detail-rows thead tr').replaceChildren(...headers.map((h) => {
+    const th = document.createElement('th');
+    th.textContent = h;
+    return th;
+  }));
+  fill('detail-rows', rows, emptyText);
+}
+
+function renderDetail() {
+  const [kind, key] = decodeURIComponent(location.hash.slice(1)).split(/\/(.*)/s);
+  const sections = document.querySelectorAll('main > section:not(#detail)');
+  if (!latest || !key || !['connection', 'upstream'].includes(kind)) {
+    $('#detail').hidden = true;
+    sections.forEach((s) => { s.hidden = false; });
+    return;
+  }
+  sections.forEach((s) => { s.hidden = true; });
+  if (kind === 'connection') {
+    const c = latest.connections.connections.find((x) => String(x.id) === key);
+    if (!c) {
+      showDetail(`connection ${key}`, [['state', 'closed (or not on this node)']], '', [], [], '');
+      return;
+    }
+    const links = latest.links.links.filter((l) => String(l.connection) === key);
+    showDetail(`connection ${c.id}`, [
+      ['peer', c.peer], ['transport', c.transport + (c.tls ? ' + TLS' : '')],
+      ['user', c.user || '(anonymous)'], ['mechanism', c.mechanism || ''],
+      ['worker', c.worker === undefined ? '' : c.worker], ['links', c.links],
+      ['sent', c.sent], ['received', c.received],
+    ], 'links', ['name', 'address', 'role', 'credit', 'unsettled', 'sent', 'received'],
+    links.map((l) => [cell(l.name, 'mono'), cell(l.address, 'mono'), cell(l.role),
+      cell(l.credit, 'num'), cell(l.unsettled, 'num'), cell(l.sent, 'num'), cell(l.received, 'num')]),
+    'no links');
+    return;
+  }
+  const u = latest.upstreams.upstreams.find((x) => upstreamKey(x) === key);
+  if (!u) {
+    showDetail(`upstream ${key}`, [['state', 'gone (or not on this node)']], '', [], [], '');
+    return;
+  }
+  const suspects = u.suspects || {};
+  showDetail(`upstream ${u.name || u.primary}`, [
+    ['primary', u.primary || u.url || ''], ['state', u.state], ['pool size', u.pool_size],
+    ['split directions', u.split_directions], ['reconnects', u.reconnects],
+    ['sessions ended', (u.members || []).reduce((n, m) => n + (m.sessions_ended || 0), 0)],
+    ['rechecks', u.rechecks], ['suspect deliveries waiting', suspects.waiting === undefined ? '' : suspects.waiting],
+    ['worker', u.worker === undefined ? '' : u.worker],
+  ], 'members (connections)', ['member', 'role', 'state', 'links', 'connects', 'reconnects',
+    'sessions ended', 'sent', 'received', 'last error'],
+  (u.members || []).map((m) => [cell(m.member, 'num'), cell(m.role),
+    // a member never needed (split directions: no sender yet) is idle, not down
+    m.state === 'down' && !m.connects ? badge('idle', 'muted')
+      : badge(m.state, ['up', 'open', 'connected'].includes(m.state) ? 'good' : 'bad'), cell(m.links, 'num'),
+    cell(m.connects, 'num'), cell(m.reconnects, 'num'), cell(m.sessions_ended, 'num'),
+    cell(m.sent, 'num'), cell(m.received, 'num'), cell(m.last_error || '', 'mono')]),
+  'no members');
 }
 
 function ifMatch() {
@@ -285,6 +382,7 @@ $('#add-rule').addEventListener('submit', addRule);
 $('#edit-rule').addEventListener('submit', saveEdit);
 $('#edit-cancel').addEventListener('click', () => { $('#edit-rule').hidden = true; });
 $('#resolve').addEventListener('submit', resolveAddress);
+window.addEventListener('hashchange', renderDetail);
 
 const saved = sessionStorage.getItem('fedgate-token');
 if (saved) {

@@ -17,21 +17,27 @@ def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, cl
     require((TESTS / "js" / "node_modules" / "playwright-core").is_dir(),
             "playwright-core (npm ci in tests/js)")
     require(CHROMIUM.exists(), "chromium (.ci/install/chromium.sh)")
-    node = admin_node(start_node)
+    primary = start_node(name="primary")
+    node = admin_node(start_node, rules=[{"name": "up", "match": "up.*", "kind": "proxy",
+                                          "primary": primary.url, "remote": "{1}"}])
     (sent,) = clients("proton", "send", node.url, address="orders", count=5).finish()
     assert sent["accepted"] == 5
+    # a client held open through the proxy rule: its connection page and the upstream's
+    waiting = clients("rhea", "receive", node.url, address="up.events", count=0, credit=7,
+                      timeout_ms=60000, announce=True)
+    assert waiting.readline() == {"attached": "up.events"}
 
     screenshot = tmp_path / "console.png"
     run = subprocess.run(
         [NODE_JS, str(TESTS / "js" / "admin_console.js"), "--url", node.admin_url + "/",
          "--token", ADMIN_TOKEN, "--screenshot", str(screenshot), "--chromium", str(CHROMIUM),
          "--rule-name", "ui-deny", "--rule-match", "ui.secret.#"],
-        capture_output=True, text=True, timeout=90)
+        capture_output=True, text=True, timeout=120)
     assert run.stdout.strip(), run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["error"] is None and run.returncode == 0, result["error"]
 
-    assert result["rules"] == ["ui-deny"]
+    assert result["rules"] == ["up", "ui-deny"]
     assert result["added"] == "rule ui-deny added (version 1)"
     assert "rule.primary" in result["invalid_error"]  # the server's validation, shown as is
     assert result["queues"] == ["orders"]
@@ -41,6 +47,22 @@ def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, cl
     assert history["connections"]["samples"] == history["in"]["samples"]
     unexpected = [e for e in result["console_errors"] if "422" not in e]
     assert unexpected == [], unexpected
+
+    page = result["connection_page"]  # the rhea receiver's connection
+    assert page["hash"].startswith("#connection/") and page["title"].startswith("connection ")
+    assert page["fields"]["transport"] == "tcp" and page["fields"]["links"] == "1"
+    columns = page["headers"]
+    (link,) = [dict(zip(columns, row)) for row in page["rows"]]
+    assert link["address"] == "up.events" and link["credit"] == "7" and link["unsettled"] == "0"
+    page = result["upstream_page"]  # the pool to the primary
+    assert page["title"] == f"upstream {primary.url}" and page["fields"]["primary"] == primary.url
+    assert page["fields"]["state"] == "up" and page["fields"]["reconnects"] == "0"
+    assert page["fields"]["sessions ended"] == "0"
+    members = [dict(zip(page["headers"], row)) for row in page["rows"]]
+    # split directions: the receiving member carries the rhea receiver's link, the
+    # sending one was never needed (idle, not down)
+    assert [(m["role"], m["state"], m["links"]) for m in members] == [("receive", "up", "1"),
+                                                                       ("send", "idle", "0")]
 
     status, doc = http("GET", node.admin_url + "/api/v1/rules/ui-deny")
     assert status == 200 and doc["rule"] == {"name": "ui-deny", "match": "ui.secret.#", "kind": "deny"}

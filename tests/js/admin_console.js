@@ -7,7 +7,10 @@
 //        [--chromium /usr/bin/chromium] [--rule-name N --rule-match M]
 //
 // Prints one JSON line: {"rules": [names shown], "added": text, "invalid_error": text,
-// "queues": [names shown], "history": {chart: {max, last, samples}}, "console_errors": [...], "error": null | "..."}.
+// "queues": [names shown], "history": {chart: {max, last, samples}},
+// "connection_page" / "upstream_page": {hash, title, fields: {name: text}, headers, rows} | null
+// (the page the first link of the connections / upstreams table opens),
+// "console_errors": [...], "error": null | "..."}.
 'use strict';
 
 const { chromium } = require('playwright-core');
@@ -34,6 +37,23 @@ function options(argv) {
 
 async function texts(page, selector) {
   return page.$$eval(selector, (cells) => cells.map((c) => c.textContent.trim()));
+}
+
+// Opens the page the first link of ``table`` leads to; returns its title, fields and rows.
+async function detailPage(page, table, screenshot) {
+  const first = `${table} tbody a`;
+  if (!(await page.$(first))) return null;
+  await page.click(first);
+  await page.waitForSelector('#detail:not([hidden]) #detail-fields td');
+  const out = {
+    hash: await page.evaluate(() => location.hash),
+    title: (await page.textContent('#detail-title')).trim(),
+    fields: await page.$$eval('#detail-fields td', (tds) => Object.fromEntries(tds.map((td) => [td.dataset.field, td.textContent.trim()]))),
+    rows: await page.$$eval('#detail-rows tbody tr', (trs) => trs.map((tr) => [...tr.children].map((td) => td.textContent.trim()))),
+    headers: await page.$$eval('#detail-rows thead th', (ths) => ths.map((th) => th.textContent.trim())),
+  };
+  await page.screenshot({ path: screenshot, fullPage: true });
+  return out;
 }
 
 async function main() {
@@ -84,6 +104,12 @@ async function main() {
         samples: Number(svg.dataset.samples) }));
     }
     await page.screenshot({ path: opts.screenshot, fullPage: true });
+
+    // a page per connection and per upstream: follow the first link of each table
+    result.connection_page = await detailPage(page, '#connections', opts.screenshot.replace(/\.png$/, '-connection.png'));
+    await page.click('#detail-back');
+    await page.waitForSelector('#detail', { state: 'hidden' });
+    result.upstream_page = await detailPage(page, '#upstreams', opts.screenshot.replace(/\.png$/, '-upstream.png'));
   } catch (err) {
     result.error = String(err && err.stack ? err.stack : err);
   } finally {
