@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
+from charts import save_bars  # noqa: E402
 
 sys.path.insert(0, str(h.REPO_ROOT))
 
@@ -317,7 +318,12 @@ def main(argv=None) -> int:
             out = h.REPO_ROOT / out
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
-        log(f"wrote {h.rel(out)}")
+        chart = save_bars(out.with_suffix(".png"), "durable queues: msg/s by mode and round",
+                          [f"round {r}" for r in range(1, args.rounds + 1)],
+                          {mode: [next((x["msgs_per_s"] for x in rows if x["mode"] == mode
+                                        and x["round"] == r), None) for r in range(1, args.rounds + 1)]
+                           for mode in args.modes}, "msg/s")
+        log(f"wrote {h.rel(out)}" + (f" and {h.rel(chart)}" if chart else ""))
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
+from charts import save_bars  # noqa: E402
 
 
 def write_config(path: Path, name: str, ports: dict[str, int], members: list[str]) -> None:
@@ -162,6 +163,10 @@ def main() -> int:
     out = Path(__file__).resolve().parent / "results" / "fragments.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
+    chart = save_bars(out.with_suffix(".png"), "fragmented queue: one node against two, msg/s",
+                      [f"round {r + 1}" for r in range(args.rounds)],
+                      {"one node": one, "two nodes": two}, "msg/s")
+    print(f"wrote {harness.rel(out)}" + (f" and {harness.rel(chart)}" if chart else ""))
     return 0
 
 
