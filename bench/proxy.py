@@ -179,7 +179,9 @@ class ProxyNode:
             f'mirror_auto_delete = {"true" if mirror else "false"}\n'
             f'primary = "amqp://127.0.0.1:{port}"\nremote = "{template}"\n'
             # RabbitMQ 4: the rule declares its queues (management node) on first use
-            + ('upstream = { declare = true }\n' if primary and primary.name == "rabbitmq4" else ""))
+            + "upstream = { " + ", ".join(
+                (["declare = true"] if primary and primary.name == "rabbitmq4" else [])
+                + ([f"pool_size = {args.pool_size}"] if args.pool_size != 1 else [])) + " }\n")
         self.log_path = Path(self.tmp) / "node.log"
         self.proc = h.start_fedgate_node(self.port, Path(self.tmp) / "data", log_path=self.log_path,
                                          extra_args=["--config", str(config)], admin=self.admin,
@@ -506,6 +508,8 @@ def main() -> int:
                         help="CPU layouts for the throughput rounds: shared, split (comma-separated)")
     parser.add_argument("--primaries", type=lambda v: [x for x in v.split(",") if x], default=["rabbitmq"],
                         help="comma-separated: rabbitmq (3.10 on 5682), artemis (5673), fedgate (a node)")
+    parser.add_argument("--pool-size", type=int, default=1,
+                        help="the rule's upstream.pool_size: connections per direction to the primary")
     parser.add_argument("--pairs", type=lambda v: [int(x) for x in v.split(",") if x], default=[1],
                         help="comma-separated pair counts, each pair on its own queue (e.g. 1,8)")
     parser.add_argument("--modes", type=lambda v: [x for x in v.split(",") if x], default=["concurrent"],
