@@ -81,7 +81,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """One worker process of a node (started by ``fedgate serve`` with workers > 1)."""
-    import dataclasses
     import os
     import socket
     from pathlib import Path
@@ -96,15 +95,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
         level=config.node.log_level.upper(),
         format=f"%(asctime)s %(levelname)s w{args.index} %(name)s: %(message)s",
     )
-    exchanges = bool(config.exchanges)
-    # a queue dead-letters into a local queue of its own worker: both live on worker 0
+    # a queue dead-letters into a local queue of its own worker: both live on worker 0.
+    # Exchanges run on every worker: a bound queue another worker owns is a forwarded
+    # destination, and a remote source feeds its queue on the owner only (proxy.exchanges)
     pinned = frozenset(name for q in config.queue if q.dead_letter for name in (q.name, q.dead_letter))
-    if args.index != 0:  # exchanges route on worker 0 only
-        config = dataclasses.replace(config, exchanges=(), bindings=())
     worker = WorkerContext(
         index=args.index, count=args.count, data_dir=Path(config.node.data_dir).absolute(),
         owners=QueueOwners(config.node.id, args.count, pinned=pinned,
-                           everything_on_first=exchanges or bool(config.queues.dead_letter)),
+                           everything_on_first=bool(config.queues.dead_letter)),
         channel=socket.socket(fileno=args.channel_fd),
         admin_token=os.environ.pop("FEDGATE_WORKER_TOKEN", ""))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us

@@ -276,6 +276,8 @@ class Exchanges:
                 if self.broker.resolve(binding.queue).kind == "local":
                     self.broker.queues.declare(binding.queue, **self.queue_options(binding.queue))
         for binding in self._sources:
+            if self.broker.resolve(binding.queue).kind != "local":
+                continue  # with workers: the queue's owner runs its source (proxy.workers)
             queue = self.broker.queues.declare(binding.queue, **self.queue_options(binding.queue))
             source = binding.source
             upstream = self.upstreams.for_url(source.url, source.upstream)

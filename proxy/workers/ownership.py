@@ -14,9 +14,10 @@ Exceptions to the ring:
 * a temporary queue belongs to the worker of the connection that made it: its
   name says which (``tmp.<node>.w<K>.<n>``), so a reply-to reaches it from any
   worker;
-* with exchanges declared (``[[exchanges]]``) or a default ``[queues]
-  dead_letter``, every local queue is owned by worker 0: an exchange, and a
-  queue dead-lettering, deliver straight into local queues of their worker;
+* with a default ``[queues] dead_letter``, every local queue is owned by worker
+  0: a queue dead-letters straight into a local queue of its own worker
+  (exchanges run on every worker: a bound queue another worker owns is reached
+  as a proxy destination is);
 * a declared queue with a ``dead_letter`` and its dead-letter queue (``pinned``)
   are owned by worker 0, for the same reason;
 * proxy rules: every worker has its own upstream connections, unless the rule's
@@ -45,7 +46,7 @@ def temp_prefix(node_id: str, worker: int) -> str:
 class QueueOwners:
     node_id: str
     workers: int
-    everything_on_first: bool = False  # exchanges declared: all local queues on worker 0
+    everything_on_first: bool = False  # a default dead-letter queue: all local queues on worker 0
     pinned: frozenset[str] = frozenset()  # queues on worker 0 (dead-lettering ones and targets)
     _ring: HashRing | None = field(default=None, init=False, repr=False)
     _temp: str = field(default="", init=False, repr=False)

@@ -280,6 +280,35 @@ def test_a_node_wide_cap_on_upstream_connections_holds_with_workers(start_node, 
     assert len(re.findall(r"authenticated", primary.log_path.read_text())) == 2
 
 
+def test_an_exchange_routes_from_every_worker_into_queues_on_every_worker(start_node):
+    from exchange_support import receive_ids, send_subjects
+
+    eu, us = owned_by("n1", 0, "orders-eu"), owned_by("n1", 1, "orders-us")
+    node = start_node({"node": {"workers": WORKERS},
+                       "exchanges": [{"name": "orders", "type": "topic"}],
+                       "bindings": [{"exchange": "orders", "queue": eu, "key": "orders.eu"},
+                                    {"exchange": "orders", "queue": us, "key": "orders.us"},
+                                    {"exchange": "orders", "queue": us, "key": "orders.#"}]})
+    holder = None
+    try:
+        for worker in range(WORKERS):  # a sender on worker 0, then (worker 0 held) on worker 1
+            items = [(f"w{worker}-eu-{n}", "orders.eu") for n in range(50)] + \
+                    [(f"w{worker}-us-{n}", "orders.us") for n in range(50)]
+            outcomes = send_subjects(node.url, "orders", items)
+            assert outcomes == {i: ("accepted", None) for i, _ in items}  # settled end to end
+            if holder is None:
+                holder = BlockingConnection(node.url, timeout=10)  # on worker 0, the fewest
+    finally:
+        if holder is not None:
+            holder.close()
+    assert served_by(node) == {0: 2, 1: 1}  # senders on workers 0 and 1, the holder on 0
+    expected_eu = {f"w{w}-eu-{n}" for w in range(WORKERS) for n in range(50)}
+    expected_us = expected_eu | {f"w{w}-us-{n}" for w in range(WORKERS) for n in range(50)}
+    got_eu, got_us = receive_ids(node.url, eu), receive_ids(node.url, us)
+    assert sorted(got_eu) == sorted(expected_eu)  # once each, from both workers' senders
+    assert sorted(got_us) == sorted(expected_us)  # orders.# too: bound twice, one copy
+
+
 FRAGMENTED = {"name": "work", "match": "work.#", "kind": "fragmented", "fragments": ["n1"]}
 
 
