@@ -309,6 +309,20 @@ def test_an_exchange_routes_from_every_worker_into_queues_on_every_worker(start_
     assert sorted(got_us) == sorted(expected_us)  # orders.# too: bound twice, one copy
 
 
+def test_a_remote_source_feeds_its_queue_once_from_the_queues_owner(start_node, clients):
+    from exchange_support import receive_ids
+
+    primary = start_node(name="primary")
+    audit = owned_by("n1", 1, "audit")
+    node = start_node({"node": {"workers": WORKERS},
+                       "bindings": [{"queue": audit, "source": {"primary": primary.url,
+                                                                "address": "feed", "window": 20}}]})
+    (sent,) = clients("proton", "send", primary.url, address="feed", count=100, prefix="f").finish()
+    assert sent["accepted"] == 100
+    got = receive_ids(node.url, audit, quiet=2.0)
+    assert sorted(got) == sorted(f"f-{n}" for n in range(100))  # once each: one source, on worker 1
+
+
 FRAGMENTED = {"name": "work", "match": "work.#", "kind": "fragmented", "fragments": ["n1"]}
 
 
