@@ -28,7 +28,7 @@ from proxy.node import build_node
 pytestmark = pytest.mark.timeout(120)
 
 PER_CONNECTION = {"AmqpProtocol", "ClientHandler", "ServerConnection", "ProtonPipe", "SSLProtocol",
-                  "SSLObject", "MemoryBIO"}
+                  "SSLObject", "MemoryBIO", "WebSocketTransport", "ServerProtocol"}
 CYCLES = 60
 
 
@@ -52,11 +52,40 @@ def connect_and_close(url: str, tls: bool, ca: str) -> None:
         connection.close()
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["standard", "tls-sasl"])
+def websocket_connect_and_close(port: int) -> None:
+    """AMQP over WebSocket: a proton engine connection (open, a receiver, close) whose
+    bytes travel in binary messages of the websockets library's client."""
+    from proton import Connection, Transport
+    from websockets.sync.client import connect
+
+    for _ in range(CYCLES):
+        connection, transport = Connection(), Transport()
+        transport.bind(connection)
+        connection.container = "ws-churn"
+        connection.open()
+        session = connection.session()
+        session.open()
+        session.receiver("churn").open()
+        with connect(f"ws://127.0.0.1:{port}/", subprotocols=["amqp"], open_timeout=10) as ws:
+            closing = False
+            while not (closing and connection.state & connection.REMOTE_CLOSED):
+                pending = transport.pending()
+                if pending > 0:
+                    ws.send(transport.peek(pending))
+                    transport.pop(pending)
+                if connection.state & connection.REMOTE_ACTIVE and not closing:
+                    connection.close()  # opened: now close
+                    closing = True
+                    continue
+                transport.push(ws.recv(timeout=10))
+        transport.unbind()
+
+
+@pytest.mark.parametrize("tls", [False, True, "websocket"], ids=["standard", "tls-sasl", "websocket"])
 def test_closed_connections_leave_no_garbage_for_the_collector(tmp_path, certs, tls):
     raw = {"node": {"id": "n1", "listen": "127.0.0.1:0", "data_dir": str(tmp_path / "data")},
            "admin": {"enabled": False}}
-    if tls:
+    if tls is True:
         users = tmp_path / "users.json"
         add_user(users, "alice", "alice pw")
         raw["tls"] = {"cert": str(certs.server_cert), "key": str(certs.server_key)}
@@ -66,12 +95,15 @@ def test_closed_connections_leave_no_garbage_for_the_collector(tmp_path, certs, 
         node = build_node(config_mod.from_dict(raw), services=())
         await node.start()
         host, port = node.address
-        url = f"{'amqps' if tls else 'amqp'}://localhost:{port}"
+        url = f"{'amqps' if tls is True else 'amqp'}://localhost:{port}"
         try:
             gc.collect()
             gc.disable()  # only what refcounting frees is freed from here on
             try:
-                await asyncio.wait_for(asyncio.to_thread(connect_and_close, url, tls, str(certs.ca)), 90)
+                if tls == "websocket":
+                    await asyncio.wait_for(asyncio.to_thread(websocket_connect_and_close, port), 90)
+                else:
+                    await asyncio.wait_for(asyncio.to_thread(connect_and_close, url, tls, str(certs.ca)), 90)
                 await asyncio.sleep(0.2)  # the last close reaches the node
                 assert not node.connections
                 gc.set_debug(gc.DEBUG_SAVEALL)
