@@ -95,14 +95,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         level=config.node.log_level.upper(),
         format=f"%(asctime)s %(levelname)s w{args.index} %(name)s: %(message)s",
     )
-    # a queue dead-letters into a local queue of its own worker: both live on worker 0.
-    # Exchanges run on every worker: a bound queue another worker owns is a forwarded
-    # destination, and a remote source feeds its queue on the owner only (proxy.exchanges)
-    pinned = frozenset(name for q in config.queue if q.dead_letter for name in (q.name, q.dead_letter))
+    # every local queue has its owner on the ring (proxy.workers.ownership); exchanges and
+    # dead-lettering reach queues on other workers through internal senders
     worker = WorkerContext(
         index=args.index, count=args.count, data_dir=Path(config.node.data_dir).absolute(),
-        owners=QueueOwners(config.node.id, args.count, pinned=pinned,
-                           everything_on_first=bool(config.queues.dead_letter)),
+        owners=QueueOwners(config.node.id, args.count),
         channel=socket.socket(fileno=args.channel_fd),
         admin_token=os.environ.pop("FEDGATE_WORKER_TOKEN", ""))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us

@@ -24,6 +24,7 @@ import logging
 from typing import TYPE_CHECKING, Callable
 
 from cproton import (
+    PN_ACCEPTED,
     pn_link_credit,
     pn_link_drained,
     pn_link_get_drain,
@@ -134,21 +135,45 @@ class Broker:
         for message in dropped:
             if queue.dead_letter:
                 queue.stats.dead_lettered += 1
-                self.dead_letter(queue, message)
+                if not self.dead_letter(queue, message):
+                    continue  # its dequeue is journaled once the dead-letter queue has it
             journal_queues.dequeued(self.journal, message)
         if dropped:
             log.debug("queue %s: %d messages dropped from the head (max_bytes)", queue.name, len(dropped))
 
-    def dead_letter(self, queue: LocalQueue, message: StoredMessage) -> None:
+    def dead_letter(self, queue: LocalQueue, message: StoredMessage) -> bool:
+        """A copy of ``message`` into ``queue``'s dead-letter queue. True: done, the caller
+        journals the original's dequeue now; False: the dead-letter queue belongs to another
+        worker of this node (``proxy.workers``) and the copy is on its way there, the
+        original's dequeue is journaled once that worker has accepted it (a crash in between
+        leaves the message in both queues, never in neither)."""
+        if queue.dead_letter:
+            decision = self.resolve(queue.dead_letter)
+            if decision.kind == "proxy" and (decision.primary or "").startswith("worker-"):
+                self._dead_letter_elsewhere(queue, message, decision)
+                return False
         target = self.queues.lookup_or_create(queue.dead_letter) if queue.dead_letter else None
         if target is None:
             log.warning("queue %s: dead-letter queue %s unavailable; message dropped",
                         queue.name, queue.dead_letter)
-            return
+            return True
         copy = StoredMessage(message.payload)
         journal_queues.dead_lettered(self.journal, target, copy)
         # a dead-lettered copy does not expire (an expired one would again, for ever)
         self.enqueue(target, copy, expiry=False)
+        return True
+
+    def _dead_letter_elsewhere(self, queue: LocalQueue, message: StoredMessage, decision) -> None:
+        """Through an internal sender to the worker that owns the dead-letter queue."""
+        def done(state, condition=None) -> None:
+            if state != PN_ACCEPTED:
+                log.warning("queue %s: dead-letter queue %s (%s) did not take a message (%s %s); "
+                            "dropped", queue.name, queue.dead_letter, decision.primary, state,
+                            getattr(condition, "name", ""))
+            journal_queues.dequeued(self.journal, message)
+
+        upstream = self.upstreams.for_decision(decision)
+        self.exchanges.destinations.get(upstream, decision.remote_address).send(message.payload, done)
 
     def _expired(self, queue: LocalQueue) -> None:
         """Messages past their ttl (§3.2.1): dead-lettered if the queue says so, else dropped."""
@@ -156,7 +181,8 @@ class Broker:
         for message in expired:
             if queue.dead_letter:
                 queue.stats.dead_lettered += 1
-                self.dead_letter(queue, message)
+                if not self.dead_letter(queue, message):
+                    continue  # journaled once the dead-letter queue has it
             journal_queues.dequeued(self.journal, message)  # after the dead-letter copy
         log.debug("queue %s: %d messages expired", queue.name, len(expired))
 

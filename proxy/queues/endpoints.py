@@ -273,9 +273,8 @@ class QueueConsumer(engine.ClientLinkEndpoint):
             )
         elif state == PN_REJECTED:
             dead = queue.settled_rejected(message)
-            if dead is not None:
-                broker.dead_letter(queue, dead)
-            journal_queues.dequeued(broker.journal, message)  # after the dead-letter copy
+            if dead is None or broker.dead_letter(queue, dead):
+                journal_queues.dequeued(broker.journal, message)  # after the dead-letter copy
         else:
             queue.settled_released(message)
         broker.dirty_queues.add(queue)

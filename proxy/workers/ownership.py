@@ -14,12 +14,9 @@ Exceptions to the ring:
 * a temporary queue belongs to the worker of the connection that made it: its
   name says which (``tmp.<node>.w<K>.<n>``), so a reply-to reaches it from any
   worker;
-* with a default ``[queues] dead_letter``, every local queue is owned by worker
-  0: a queue dead-letters straight into a local queue of its own worker
-  (exchanges run on every worker: a bound queue another worker owns is reached
-  as a proxy destination is);
-* a declared queue with a ``dead_letter`` and its dead-letter queue (``pinned``)
-  are owned by worker 0, for the same reason;
+* exchanges and dead-letter queues need no exception: a bound queue, or a
+  dead-letter queue, that another worker owns is reached through an internal
+  sender to it (``proxy.exchanges``, ``Broker.dead_letter``);
 * proxy rules: every worker has its own upstream connections, unless the rule's
   ``upstream.max_connections`` caps them for the node: then only the first
   workers connect, and the others' links go through them;
@@ -46,8 +43,6 @@ def temp_prefix(node_id: str, worker: int) -> str:
 class QueueOwners:
     node_id: str
     workers: int
-    everything_on_first: bool = False  # a default dead-letter queue: all local queues on worker 0
-    pinned: frozenset[str] = frozenset()  # queues on worker 0 (dead-lettering ones and targets)
     _ring: HashRing | None = field(default=None, init=False, repr=False)
     _temp: str = field(default="", init=False, repr=False)
 
@@ -60,7 +55,7 @@ class QueueOwners:
 
     def owner(self, address: str) -> int:
         """The worker that holds local queue ``address``."""
-        if self._ring is None or self.everything_on_first or address in self.pinned:
+        if self._ring is None:
             return 0
         if address.startswith(self._temp):
             digits, dot, _ = address[len(self._temp):].partition(".")

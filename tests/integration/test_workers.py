@@ -398,6 +398,32 @@ def test_a_rejected_message_reaches_its_dead_letter_queue_from_any_worker(start_
         consumer.close()
 
 
+def test_a_default_dead_letter_queue_takes_expired_messages_from_every_worker(start_node):
+    """[queues] dead_letter: every queue dead-letters into one queue, which one worker owns;
+    the others send their dead letters there (no queue has to move to worker 0)."""
+    dlq = owned_by("n1", 0, "dlq")
+    short = [owned_by("n1", w, "short") for w in range(WORKERS)]
+    node = start_node({"node": {"workers": WORKERS},
+                       "queues": {"dead_letter": dlq, "durable": True}})
+    client = BlockingConnection(node.url, timeout=10)
+    try:
+        for queue in short:  # messages with a ttl of 0.2 s, never consumed
+            sender = client.create_sender(queue)
+            for n in range(20):
+                sender.send(Message(id=f"{queue}-{n}", body=n, ttl=0.2, durable=True))
+        time.sleep(0.3)  # past every ttl: a consumer's attach makes each queue look at its head
+        for queue in short:
+            client.create_receiver(queue, credit=10)
+        receiver = client.create_receiver(dlq, credit=100)
+        got = []
+        for _ in range(20 * WORKERS):
+            got.append(receiver.receive(timeout=15).id)
+            receiver.accept()
+    finally:
+        client.close()
+    assert sorted(got) == sorted(f"{q}-{n}" for q in short for n in range(20))
+
+
 # -- one admin API for the node ------------------------------------------------------
 @pytest.fixture
 def admin_node(start_node):

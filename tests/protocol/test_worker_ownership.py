@@ -38,11 +38,6 @@ def test_one_worker_owns_everything():
     assert {owners.owner(f"q{i}") for i in range(100)} == {0}
 
 
-def test_with_exchanges_worker_0_owns_every_local_queue():
-    owners = QueueOwners("n1", 4, everything_on_first=True)
-    assert {owners.owner(f"q{i}") for i in range(100)} == {0}
-
-
 def test_fragmented_addresses_go_to_worker_0_and_proxy_rules_stay_where_they_are():
     owners = QueueOwners("n1", 4)
     assert owners.owner_of_kind("fragmented", "orders") == 0  # a group with other nodes
@@ -74,14 +69,6 @@ def test_routing_forwards_what_another_worker_owns_to_its_socket():
     # one rule (so one upstream pool) per worker
     assert resolve(theirs[0]).rule is resolve(theirs[-1]).rule
 
-
-def test_pinned_queues_live_on_worker_0():
-    free = QueueOwners("n1", 4)
-    names = [f"q{i}" for i in range(40)]
-    elsewhere = [n for n in names if free.owner(n) != 0][:3]
-    pinned = QueueOwners("n1", 4, pinned=frozenset(elsewhere))
-    assert [pinned.owner(n) for n in elsewhere] == [0, 0, 0]
-    assert all(pinned.owner(n) == free.owner(n) for n in names if n not in elsewhere)
 
 
 def test_a_group_is_node_only_when_this_node_is_its_only_member():
