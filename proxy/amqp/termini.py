@@ -24,3 +24,16 @@ def set_capabilities(terminus, names: tuple[str, ...]) -> None:
     for name in names:
         data.put_symbol(symbol(name))
     data.exit()
+
+
+def capability_names(terminus) -> set[str]:
+    """A terminus's capabilities (§3.5.3): a symbol or an array of them."""
+    data = terminus.capabilities
+    data.rewind()
+    if data.next() is None:
+        return set()
+    value = data.get_object()
+    items = getattr(value, "elements", None)
+    if items is None:
+        items = value if isinstance(value, (list, tuple)) else (value,)
+    return {str(item) for item in items}

@@ -35,6 +35,7 @@ from proxy.exchanges.exchange import Exchanges
 from proxy.metrics import Histogram
 from proxy.net.network import TcpNetwork
 from proxy.queues import durable as journal_queues
+from proxy.queues.endpoints import DEAD_LETTER_COPY
 from proxy.queues.local import DROP_HEAD, LocalQueue, QueueRegistry, StoredMessage
 from proxy.upstream.pool import UpstreamRegistry
 
@@ -173,7 +174,9 @@ class Broker:
             journal_queues.dequeued(self.journal, message)
 
         upstream = self.upstreams.for_decision(decision)
-        self.exchanges.destinations.get(upstream, decision.remote_address).send(message.payload, done)
+        # marked: the owner stores it as a dead-lettered copy, which does not expire again
+        self.exchanges.destinations.get(upstream, decision.remote_address,
+                                        (DEAD_LETTER_COPY,)).send(message.payload, done)
 
     def _expired(self, queue: LocalQueue) -> None:
         """Messages past their ttl (§3.2.1): dead-lettered if the queue says so, else dropped."""

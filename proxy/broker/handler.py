@@ -39,12 +39,12 @@ from proton import Condition, Link, Session, Terminus
 
 from proxy.amqp import engine
 from proxy.amqp.engine import session_outgoing_bytes
-from proxy.amqp.termini import filter_names
+from proxy.amqp.termini import capability_names, filter_names
 from proxy.broker import relay as anonymous_relay
 from proxy.links.proxy_links import ProxyConsumer, ProxyProducer
 from proxy.links.shared_consumers import attach_shared_consumer
 from proxy.queues.browsers import QueueBrowser
-from proxy.queues.endpoints import QueueConsumer, QueueProducer
+from proxy.queues.endpoints import DEAD_LETTER_COPY, QueueConsumer, QueueProducer
 from proxy.queues.local import LocalQueue
 
 if TYPE_CHECKING:
@@ -371,7 +371,9 @@ class ClientHandler:
 
     def attach_queue_producer(self, link: Link, queue: LocalQueue) -> "QueueProducer":
         self._open_client_link(link, False, address=queue.name)
-        producer = QueueProducer(self, link, queue, self.broker.credit_window)
+        # another worker's dead-lettered copies do not expire again (Broker.dead_letter)
+        expiry = not (self.trusted and DEAD_LETTER_COPY in capability_names(link.remote_target))
+        producer = QueueProducer(self, link, queue, self.broker.credit_window, expiry=expiry)
         self.links[producer.link_ptr] = producer
         queue.producers.append(producer)
         producer.top_up()

@@ -44,6 +44,7 @@ from cproton import (
 from proton import Condition, Delivery, Link
 
 from proxy.amqp.engine import send_message
+from proxy.amqp.termini import set_capabilities
 from proxy.amqp.outcomes import outcome_of
 from proxy.upstream.owner import UpstreamLinkOwner
 
@@ -57,9 +58,11 @@ class RemoteDestination(UpstreamLinkOwner):
     internal = True  # PoolMember.describe lists it
     sender_upstream = True
 
-    def __init__(self, registry: "RemoteDestinations", upstream, address: str) -> None:
+    def __init__(self, registry: "RemoteDestinations", upstream, address: str,
+                 capabilities: tuple[str, ...] = ()) -> None:
         self.registry = registry
         self.upstream = upstream
+        self.capabilities = capabilities  # the target's (e.g. a dead-letter copy's mark)
         self.address = address
         self.remote_address = address
         self.pending: deque = deque()  # (payload, done) not yet sent
@@ -103,6 +106,8 @@ class RemoteDestination(UpstreamLinkOwner):
     def configure_link(self, link: Link) -> None:
         """Our upstream link's target and settle modes (also the suspect sender's)."""
         link.target.address = self.address
+        if self.capabilities:
+            set_capabilities(link.target, self.capabilities)
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
 
@@ -211,14 +216,14 @@ class RemoteDestinations:
         self._timer: asyncio.TimerHandle | None = None
 
     def has(self, upstream, address: str) -> bool:
-        destination = self.by_key.get((upstream.target.key, address))
+        destination = self.by_key.get((upstream.target.key, address, ()))
         return destination is not None and not destination.closed
 
-    def get(self, upstream, address: str) -> RemoteDestination:
-        key = (upstream.target.key, address)
+    def get(self, upstream, address: str, capabilities: tuple[str, ...] = ()) -> RemoteDestination:
+        key = (upstream.target.key, address, capabilities)
         destination = self.by_key.get(key)
         if destination is None or destination.closed:
-            destination = RemoteDestination(self, upstream, address)
+            destination = RemoteDestination(self, upstream, address, capabilities)
             self.by_key[key] = destination
             if self._timer is None:
                 self._schedule(upstream.target.idle_timeout)

@@ -58,14 +58,22 @@ def _settle_at_home(message: StoredMessage, state, client_delivery) -> None:
     stealer.settle_at_home(home_delivery, state, client_delivery)
 
 
+# the target capability of another worker's link carrying dead-lettered copies (proxy.workers)
+DEAD_LETTER_COPY = "fedgate:dead-letter-copy"
+
+
 class QueueProducer(engine.ClientLinkEndpoint):
     """Client -> local queue. Our side is a proton Receiver."""
 
     __slots__ = ("handler", "link_ptr", "queue", "window", "address", "received",
-                 "awaiting", "attached")
+                 "awaiting", "attached", "expiry")
 
-    def __init__(self, handler, link: Link, queue: LocalQueue, window: int) -> None:
+    def __init__(self, handler, link: Link, queue: LocalQueue, window: int, *,
+                 expiry: bool = True) -> None:
         self.handler = handler
+        # False: dead-lettered copies from another worker of this node (DEAD_LETTER_COPY),
+        # which do not expire again, as a copy made on this worker would not
+        self.expiry = expiry
         self.link_ptr = engine.hold(link._impl)
         self.queue = queue
         self.window = window
@@ -117,7 +125,7 @@ class QueueProducer(engine.ClientLinkEndpoint):
             if not pn_delivery_settled(delivery):
                 pn_delivery_update(delivery, PN_ACCEPTED)
             pn_delivery_settle(delivery)
-            self.handler.broker.enqueue(self.queue, message)
+            self.handler.broker.enqueue(self.queue, message, expiry=self.expiry)
         if pn_link_credit(ptr) <= self.window // 2:
             self.top_up()
 
@@ -158,7 +166,7 @@ class QueueProducer(engine.ClientLinkEndpoint):
             if delivery is not None:
                 pn_delivery_update(delivery, PN_ACCEPTED)
                 pn_delivery_settle(delivery)
-            broker.enqueue(queue, message)
+            broker.enqueue(queue, message, expiry=self.expiry)
         if self.attached:
             self.handler.mark_dirty()
             self.top_up()

@@ -398,13 +398,17 @@ def test_a_rejected_message_reaches_its_dead_letter_queue_from_any_worker(start_
         consumer.close()
 
 
-def test_a_default_dead_letter_queue_takes_expired_messages_from_every_worker(start_node):
-    """[queues] dead_letter: every queue dead-letters into one queue, which one worker owns;
-    the others send their dead letters there (no queue has to move to worker 0)."""
+@pytest.mark.parametrize("config", ["per-queue", "default"])
+def test_a_dead_letter_queue_takes_expired_messages_from_every_worker(start_node, config):
+    """Every queue dead-letters into one queue, which one worker owns; the others send their
+    dead letters there (no queue has to move to worker 0), and the copies do not expire
+    again there, as on one worker (the per-queue dead-letter queue has none of its own:
+    an expired copy would be dropped)."""
     dlq = owned_by("n1", 0, "dlq")
     short = [owned_by("n1", w, "short") for w in range(WORKERS)]
-    node = start_node({"node": {"workers": WORKERS},
-                       "queues": {"dead_letter": dlq, "durable": True}})
+    sections = ({"queue": [{"name": q, "dead_letter": dlq, "durable": True} for q in short]}
+                if config == "per-queue" else {"queues": {"dead_letter": dlq, "durable": True}})
+    node = start_node({"node": {"workers": WORKERS}, **sections})
     client = BlockingConnection(node.url, timeout=10)
     try:
         for queue in short:  # messages with a ttl of 0.2 s, never consumed
@@ -414,6 +418,7 @@ def test_a_default_dead_letter_queue_takes_expired_messages_from_every_worker(st
         time.sleep(0.3)  # past every ttl: a consumer's attach makes each queue look at its head
         for queue in short:
             client.create_receiver(queue, credit=10)
+        time.sleep(0.3)  # past the ttl again: the copies in the dead-letter queue stay
         receiver = client.create_receiver(dlq, credit=100)
         got = []
         for _ in range(20 * WORKERS):
