@@ -166,6 +166,60 @@ def test_text_frame_closes_with_1003(node, clients):
     assert_node_serves(node, clients)
 
 
+def upgraded(port: int, timeout: float = 5.0) -> tuple[socket.socket, bytes]:
+    """A socket the node has upgraded (its 101 read), and whatever came after the 101."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    sock.sendall(UPGRADE + b"Sec-WebSocket-Protocol: amqp\r\n\r\n")
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(4096)
+        assert chunk, answer  # closed before the end of its answer
+        answer += chunk
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101 "), head
+    return sock, rest
+
+
+def until_closed(sock: socket.socket, data: bytes = b"") -> bytes:
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data
+
+
+def close_code(stream: bytes) -> int:
+    """The code of the close frame ``stream`` starts with (a server's frames are unmasked)."""
+    assert stream[:1] == b"\x88", stream  # FIN + opcode 8 (RFC 6455 section 5.5.1)
+    length = stream[1] & 0x7F
+    assert length >= 2 and len(stream) >= 2 + length, stream
+    return int.from_bytes(stream[2:4], "big")
+
+
+MASK = b"\x01\x02\x03\x04"
+BAD_FRAMES = {
+    # RFC 6455 section 5.1: a client masks every frame
+    "unmasked client frame": b"\x82" + bytes([len(SASL_HEADER)]) + SASL_HEADER,
+    # section 5.2: opcodes 0x3-0x7 and 0xB-0xF are reserved
+    "reserved data opcode": b"\x83\x80" + MASK,
+    "reserved control opcode": b"\x8b\x80" + MASK,
+    # section 5.2: RSV1-3 must be 0 unless an extension says otherwise (none is negotiated)
+    "RSV1 bit set": b"\xc2\x80" + MASK,
+    "RSV3 bit set": b"\x92\x80" + MASK,
+    # section 5.5: control frames are not fragmented
+    "fragmented ping": b"\x09\x80" + MASK,
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FRAMES))
+def test_a_websocket_protocol_error_closes_with_1002(node, clients, case):
+    sock, rest = upgraded(node.port)
+    with sock:
+        sock.sendall(BAD_FRAMES[case])
+        stream = until_closed(sock, rest)  # the node closes the TCP connection after its close
+    assert close_code(stream) == 1002, stream
+    assert b"AMQP" not in stream  # nothing reached the AMQP layer
+    assert_node_serves(node, clients)
+
+
 def test_oversized_message_closes_with_1009(start_node, clients):
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
