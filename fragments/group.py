@@ -27,13 +27,19 @@ the fragment is an ordinary local queue (``proxy.queues.local``) and:
   ``prefer`` order, else the ring.
 * **Draining.** A member listed in ``draining`` takes no new producers; its
   backlog is stolen by the others; once empty it reports itself removed.
-* **Workers** (``[node] workers``, ``proxy.workers``): a group whose only
-  member is this node has one fragment per worker (members ``<node>/w<K>``),
-  reached over the workers' Unix sockets: producers enqueue on their own
-  worker's fragment, consumers steal from the others' as from peer nodes.
-  Nothing is forwarded, so such a queue scales with the workers (at the price
-  of a local queue's one FIFO: order holds per producer, as for any fragmented
-  queue). A group with other members keeps its fragment on worker 0.
+* **Workers** (``[node] workers``, ``proxy.workers``): on a member node, the
+  node's fragment is one fragment per worker (members ``<node>/w<K>``, the
+  *siblings*), reached over the workers' Unix sockets: producers enqueue on
+  their own worker's fragment, consumers steal from the other workers' as from
+  peer nodes, then from the other nodes. Nothing is forwarded, so the queue
+  scales with the workers (order holds per producer, as for any fragmented
+  queue). Other nodes still see one member: their stealer lands on any worker
+  and is served from that worker's fragment and, when it is empty, from the
+  siblings: the worker steals from its siblings for that stealer too (never
+  from other nodes: no request travels further than one node), and keeps the
+  stealer's drain open (``holds_drain``, §2.6.7) until those answers are in.
+  A sibling's stealer (a trusted connection of this node) is served from the
+  worker's own fragment only.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ class FragmentStats:
     stolen_in: int = 0
     returned: int = 0  # stolen messages given back home (consumers gone)
     held: int = 0  # stolen messages that waited here for local credit
+    passed_on: int = 0  # messages stolen from a sibling worker for another node's stealer
     forwarded: int = 0  # producers sent on to another member
 
 
@@ -94,9 +101,11 @@ class FragmentGroup:
         node_id = self.node.node_id
         self.local_key = node_id if node_id in self.members else None
         self.siblings = self._worker_fragments(rule)  # key -> the worker's socket URL
-        if self.siblings:
-            self.members = dict.fromkeys(self.siblings)
-            self.draining = set(self.siblings) if node_id in self.draining else set()
+        if self.siblings:  # the node's fragment is one per worker; the other members stay
+            others = {key: member for key, member in self.members.items() if key != node_id}
+            self.members = {**dict.fromkeys(self.siblings), **others}
+            self.draining = (set(self.siblings) if node_id in self.draining else set()) | \
+                (self.draining - {node_id})
             self.local_key = f"{node_id}/w{self.node.worker.index}"
         active = [key for key in self.members if key not in self.draining]
         self.ring = HashRing(nodes=active)
@@ -104,6 +113,7 @@ class FragmentGroup:
             queue = self.node.queues.lookup_or_create(self.address) or \
                 self.node.queues.declare(self.address)
             queue.after_dispatch = self.after_dispatch
+            queue.holds_drain = self.holds_drain
             self.queue = queue
         for key in list(self.stealers):
             if key not in self.members:
@@ -120,10 +130,11 @@ class FragmentGroup:
         return self.draining_here and queue is not None and not queue.messages and not queue.unacked
 
     def _worker_fragments(self, rule) -> dict[str, str]:
-        """A group with no member but this node, on a node with workers: one fragment per
-        worker (module note); empty otherwise."""
+        """On a member node with workers: one fragment per worker (module note); empty
+        otherwise."""
         worker = self.node.worker
-        if worker is None or worker.count < 2 or [m.key for m in rule.fragments] != [self.node.node_id]:
+        if worker is None or worker.count < 2 or \
+                self.node.node_id not in [m.key for m in rule.fragments]:
             return {}
         return {f"{self.node.node_id}/w{k}": worker.url(k) for k in range(worker.count)}
 
@@ -187,18 +198,63 @@ class FragmentGroup:
     def after_dispatch(self, queue) -> None:
         if queue.standby_consumers:  # what our drain answers will report as available
             depth = len(queue.messages)
+            # other nodes' stealers are served from the siblings too: their backlog counts
+            backlog = depth + sum(self.stealers[key].available or 0 for key in self.siblings
+                                  if key in self.stealers)
             for consumer in queue.standby_consumers:
-                pn_link_offered(consumer.link_ptr, depth)
+                pn_link_offered(consumer.link_ptr, backlog if self._from_other_node(consumer)
+                                else depth)
         self.evaluate()
 
-    def consumer_with_credit(self):
+    # -- other nodes' stealers on a node with workers (module note) --------------------
+    def _from_other_node(self, consumer) -> bool:
+        """A standby consumer that is another node's stealer, not a sibling worker's."""
+        return bool(self.siblings) and not consumer.handler.trusted
+
+    def _peer_stealers(self) -> list:
         queue = self.queue
-        return queue._pick(_ANY) if queue is not None and queue.consumers else None
+        if not self.siblings or queue is None or not queue.standby_consumers:
+            return []
+        return [c for c in queue.standby_consumers if not c.handler.trusted]
+
+    def _from_sibling(self, message) -> bool:
+        return message.origin is not None and message.origin[0].member_key in self.siblings
+
+    def holds_drain(self, consumer) -> bool:
+        """Keep another node's drain open while the siblings may still have messages for it
+        (§2.6.7: the drained answer says there is nothing more to send)."""
+        if not self._from_other_node(consumer):
+            return False
+        if self.held:  # delivered in order: only a sibling's message at the head is for it
+            return self._from_sibling(self.held[0])
+        for key in self.siblings:
+            stealer = self.stealers.get(key)
+            if stealer is not None and stealer.ready and (
+                    stealer.requested or key not in self.tried):
+                return True
+        return False
+
+    def consumer_with_credit(self, message=_ANY):
+        """Who takes a stolen message now: a local consumer first; a message from a sibling
+        may also go to another node's stealer. None: nobody has credit."""
+        queue = self.queue
+        if queue is None:
+            return None
+        if queue.consumers:
+            consumer = queue._pick(_ANY)
+            if consumer is not None:
+                return consumer
+        if self.siblings and self._from_sibling(message):
+            for consumer in self._peer_stealers():
+                if consumer.credit > 0:
+                    self.stats.passed_on += 1
+                    return consumer
+        return None
 
     def deliver_held(self) -> None:
         held = self.held
         while held:
-            consumer = self.consumer_with_credit()
+            consumer = self.consumer_with_credit(held[0])
             if consumer is None:
                 return
             consumer.deliver(held.popleft())
@@ -208,21 +264,29 @@ class FragmentGroup:
         if self.held:
             self.held = deque(m for m in self.held if m.origin[0] is not stealer)
 
-    def return_held(self) -> None:
-        """No local consumer is left: held stolen messages go back home."""
+    def return_held(self, *, keep_siblings: bool = False) -> None:
+        """No local consumer is left: held stolen messages go back home (those from
+        siblings stay while other nodes' stealers may take them)."""
+        kept = deque()
         while self.held:
             message = self.held.popleft()
+            if keep_siblings and self._from_sibling(message):
+                kept.append(message)
+                continue
             stealer, home_delivery = message.origin
             stealer.settle_at_home(home_delivery, None, None)
             self.stats.returned += 1
+        self.held = kept
 
     def evaluate(self) -> None:
         queue = self.queue
         if queue is None:
             return
+        peers = self._peer_stealers()
         if not queue.consumers:
-            self.return_held()
-            return
+            self.return_held(keep_siblings=bool(peers))
+            if not peers:
+                return
         self.deliver_held()
         if self.held:  # still no credit for what we already have: steal nothing more
             return
@@ -237,15 +301,18 @@ class FragmentGroup:
         for stealer in self.stealers.values():
             if not stealer.drains:
                 stealer.top_up(credit)
-        want = credit - sum(s.outstanding for s in self.stealers.values())
-        if want <= 0:
+        outstanding = sum(s.outstanding for s in self.stealers.values())
+        want_local = credit - outstanding
+        # other nodes' stealers: what they lack may come from the siblings only
+        want_all = want_local + sum(c.credit for c in peers)
+        if want_all <= 0:
             return
-        victim = self._pick_victim()
+        victim = self._pick_victim(siblings_only=want_local <= 0)
         if victim is None:
             self._schedule_retry()
             return
         self.tried.add(victim.member_key)
-        victim.request(want)
+        victim.request(want_all if victim.member_key in self.siblings else want_local)
 
     def _ensure_stealers(self) -> None:
         for key in self.members:
@@ -253,9 +320,10 @@ class FragmentGroup:
                 url, address, peer = self.target(key)
                 self.stealers[key] = Stealer(self, key, self.upstream_for(key), address, mark=peer)
 
-    def _pick_victim(self) -> Stealer | None:
+    def _pick_victim(self, *, siblings_only: bool = False) -> Stealer | None:
         candidates = [s for s in self.stealers.values() if s.drains
-                      and s.ready and not s.requested and s.member_key not in self.tried]
+                      and s.ready and not s.requested and s.member_key not in self.tried
+                      and (not siblings_only or s.member_key in self.siblings)]
         if not candidates:
             return None
         with_backlog = [s for s in candidates if s.available]
@@ -271,6 +339,9 @@ class FragmentGroup:
         else:
             self.stats.steal_misses += 1
         self.evaluate()
+        if self.queue is not None and self._peer_stealers():
+            # a drain held open for another node may be answered now (holds_drain)
+            self.node.broker.dirty_queues.add(self.queue)
 
     def _schedule_retry(self) -> None:
         if self._retry is not None:
@@ -312,6 +383,7 @@ class FragmentGroup:
             "stolen_in": self.stats.stolen_in,
             "returned_home": self.stats.returned,
             "held_for_credit": self.stats.held,
+            "passed_to_other_nodes": self.stats.passed_on,
             "steal_attempts": self.stats.steal_attempts,
             "steal_misses": self.stats.steal_misses,
             "forwarded_producers": self.stats.forwarded,

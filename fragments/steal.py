@@ -156,7 +156,7 @@ class Stealer(UpstreamLinkOwner):
         self.received += 1
         self.inflight.add(delivery)
         message = StoredMessage(payload, origin=(self, delivery))
-        consumer = group.consumer_with_credit()
+        consumer = group.consumer_with_credit(message)
         if consumer is None:
             # Local messages took the credit meanwhile. Sending it home would put
             # it back at the head there, behind later messages of the same

@@ -205,9 +205,12 @@ def _finish_drains(queue: LocalQueue) -> None:
     """Consumers in drain mode that still have credit after dispatch: drained (§2.6.7)."""
     if queue.messages:
         return
+    hold = queue.holds_drain
     for consumer in itertools.chain(queue.consumers, queue.standby_consumers):
         ptr = consumer.link_ptr
         if pn_link_get_drain(ptr) and pn_link_credit(ptr) > 0:
+            if hold is not None and hold(consumer):
+                continue
             pn_link_drained(ptr)
             consumer.handler.mark_dirty()
 

@@ -151,6 +151,10 @@ class LocalQueue:
     # Called by the broker with the queue after each dispatch (an observer; fragments
     # decide there whether to fetch from elsewhere).
     after_dispatch: object = None
+    # Asked by the broker before it answers a consumer's drain on an empty queue
+    # (§2.6.7): True keeps the drain open for now (fragments: messages are being
+    # fetched from another worker for that consumer). None: never held.
+    holds_drain: object = None
     # Links browsing the queue (distribution-mode copy): sent copies, take nothing
     browsers: list = field(default_factory=list)
     _seq: int = 0  # the last StoredMessage.seq given

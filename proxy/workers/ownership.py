@@ -20,11 +20,10 @@ Exceptions to the ring:
 * proxy rules: every worker has its own upstream connections, unless the rule's
   ``upstream.max_connections`` caps them for the node: then only the first
   workers connect, and the others' links go through them;
-* fragmented queues: a group whose only member is this node has a fragment on
-  every worker (``fragments.group``: producers enqueue on their own worker,
-  consumers steal from the other workers when theirs is empty): no forwarding.
-  A group with other members has its fragment on worker 0, which the other
-  nodes see.
+* fragmented queues: on a member node every worker has a fragment
+  (``fragments.group``: producers enqueue on their own worker, consumers steal
+  from the other workers, then from other nodes, when theirs is empty), and on
+  any other node every worker reaches the members itself: no forwarding.
 """
 
 from __future__ import annotations
@@ -63,14 +62,12 @@ class QueueOwners:
                 return int(digits)
         return int(self._ring.get_node(address)[1:])
 
-    def owner_of_kind(self, kind: str, address: str, *, node_only: bool = False) -> int | None:
+    def owner_of_kind(self, kind: str, address: str) -> int | None:
         """The worker that serves an address routed as ``kind``; None: any worker (its own
-        links: proxy rules have upstream connections in every worker). ``node_only``: a
-        fragmented group with no member but this node (a fragment on every worker)."""
+        links: proxy rules have upstream connections in every worker, fragmented queues a
+        fragment or their own links to the members)."""
         if kind == "local":
             return self.owner(address)
-        if kind == "fragmented":
-            return None if node_only else 0
         return None
 
     def upstream_owner(self, index: int, max_connections: int, per_worker: int) -> int | None:

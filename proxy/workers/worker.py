@@ -57,11 +57,6 @@ def socket_dir(data_dir: Path) -> Path:
     return data_dir / "workers"
 
 
-def node_only_group(rule, node_id: str) -> bool:
-    """A fragmented rule whose only member is this node: a fragment on every worker."""
-    return [member.key for member in rule.fragments] == [node_id]
-
-
 @dataclass
 class WorkerContext:
     """What a node needs to know to run as worker ``index`` of ``count``."""
@@ -98,9 +93,7 @@ class WorkerContext:
 
         def resolve_here(address: str) -> Decision:
             decision = resolve(address)
-            owner = owners.owner_of_kind(decision.kind, address,
-                                         node_only=decision.kind == "fragmented"
-                                         and node_only_group(decision.rule, owners.node_id))
+            owner = owners.owner_of_kind(decision.kind, address)
             if decision.kind == "proxy" and decision.rule is not None and decision.rule.upstream:
                 upstream = decision.rule.upstream  # a node-wide cap on its connections
                 owner = owners.upstream_owner(me, upstream.max_connections,

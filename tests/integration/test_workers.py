@@ -373,6 +373,83 @@ def test_a_fragmented_queue_has_a_fragment_on_every_worker_and_steals_between_th
     assert admin(node, "/api/v1/fragments")["steals"] >= 200
 
 
+def start_pair(start_node, n1_workers: int = WORKERS) -> tuple:
+    """Nodes n1 (with workers) and n2 (one process) sharing the fragmented queue work.#."""
+    from conftest import free_port
+
+    ports = {"n1": free_port(), "n2": free_port()}
+    urls = {name: f"amqp://127.0.0.1:{port}" for name, port in ports.items()}
+    rule = {"name": "work", "match": "work.#", "kind": "fragmented", "fragments": ["n1", "n2"]}
+    nodes = {}
+    for name, workers in (("n1", n1_workers), ("n2", 1)):
+        nodes[name] = start_node({"node": {"listen": f"127.0.0.1:{ports[name]}", "workers": workers},
+                                  "admin": {"tokens": [{"token": ADMIN_TOKEN, "role": "admin"}]},
+                                  "peers": {p: u for p, u in urls.items() if p != name},
+                                  "rules": [rule]}, name=name)
+    return nodes["n1"], nodes["n2"]
+
+
+def send_numbered(connection, address: str, producer: str, count: int) -> None:
+    sender = connection.create_sender(address)
+    for seq in range(count):
+        sender.send(Message(id=f"{producer}-{seq}", body=f"message {seq}",
+                            properties={"producer": producer, "seq": seq}))
+
+
+def check_message_set(received: list[list[dict]], producers: dict[str, int]) -> None:
+    """Every id once over all receivers, and each producer's order kept at each receiver."""
+    ids = [line["id"] for lines in received for line in lines]
+    want = {f"{p}-{n}" for p, count in producers.items() for n in range(count)}
+    assert set(ids) == want, f"missing {sorted(want - set(ids))[:10]}"
+    assert len(ids) == len(want), f"{len(ids) - len(want)} duplicates"
+    for lines in received:
+        for producer in producers:
+            seqs = [line["seq"] for line in lines if line["producer"] == producer]
+            assert seqs == sorted(seqs), f"{producer} out of order"
+
+
+def test_a_group_with_other_nodes_has_a_fragment_on_every_worker_and_they_steal_from_all(
+        start_node, clients):
+    """Members n1 (2 workers) and n2: every worker of n1 holds a fragment, producers enqueue
+    where they are, consumers on n1 steal from n2, and n2 steals what n1's workers hold."""
+    n1, n2 = start_pair(start_node)
+    # producers on both workers of n1 (the supervisor gives the second connection to worker 1)
+    first, second = BlockingConnection(n1.url, timeout=10), BlockingConnection(n1.url, timeout=10)
+    try:
+        connections = admin(n1, "/api/v1/connections")["connections"]
+        assert sorted(c["worker"] for c in connections) == [0, 1]
+        send_numbered(first, "work.jobs", "a", 300)
+        send_numbered(second, "work.jobs", "b", 300)
+    finally:
+        first.close()
+        second.close()
+    fragments = admin(n1, "/api/v1/fragments")["fragments"]
+    assert sorted(f["local"] for f in fragments) == ["n1/w0", "n1/w1"]
+    assert sorted(f["enqueued"] for f in fragments) == [300, 300]  # nothing forwarded
+    assert all(f["forwarded_producers"] == 0 for f in fragments)
+
+    # one consumer, on n2: its stealer lands on one worker of n1, which passes it the other's
+    consumer = clients("proton", "receive", n2.url, address="work.jobs", count=600, credit=100,
+                       timeout_ms=60000)
+    lines = [line for line in consumer.finish(timeout=90) if "id" in line]
+    check_message_set([lines], {"a": 300, "b": 300})
+    fragments = admin(n1, "/api/v1/fragments")["fragments"]
+    assert sum(f["depth"] for f in fragments) == 0
+    assert sum(f["passed_to_other_nodes"] for f in fragments) > 0
+
+    # the other way: a producer on n2, a consumer on each worker of n1, stealing from n2
+    before = len(admin(n1, "/api/v1/connections")["connections"])  # n2's stealer, if still up
+    receivers = [clients("proton", "receive", n1.url, address="work.jobs", count=0, credit=20,
+                         idle_ms=4000, timeout_ms=60000) for _ in range(WORKERS)]
+    wait_for(lambda: len(admin(n1, "/api/v1/connections")["connections"]) >= before + WORKERS,
+             20, "the consumers on n1")
+    producer = clients("proton", "send", n2.url, address="work.jobs", count=400, prefix="c")
+    (sent,) = [line for line in producer.finish(timeout=90) if "sent" in line]
+    assert sent["error"] is None and sent["accepted"] == 400, sent
+    got = [[line for line in r.finish(timeout=90) if "id" in line] for r in receivers]
+    check_message_set(got, {"c": 400})
+
+
 def test_a_rejected_message_reaches_its_dead_letter_queue_from_any_worker(start_node):
     work, dead = owned_by("n1", 1, "work"), owned_by("n1", 0, "dead")  # apart on the ring
     node = start_node({"node": {"workers": WORKERS}, "queue": [{"name": work, "dead_letter": dead}]})

@@ -38,13 +38,13 @@ def test_one_worker_owns_everything():
     assert {owners.owner(f"q{i}") for i in range(100)} == {0}
 
 
-def test_fragmented_addresses_go_to_worker_0_and_proxy_rules_stay_where_they_are():
+def test_fragmented_addresses_and_proxy_rules_are_served_by_every_worker():
     owners = QueueOwners("n1", 4)
-    assert owners.owner_of_kind("fragmented", "orders") == 0  # a group with other nodes
-    # a group of this node only: a fragment on every worker, served where the link is
-    assert owners.owner_of_kind("fragmented", "orders", node_only=True) is None
+    # a fragment on every worker of a member node, whoever the other members are
+    assert owners.owner_of_kind("fragmented", "orders") is None
     assert owners.owner_of_kind("proxy", "ext.orders") is None
     assert owners.owner_of_kind("deny", "secret") is None
+    assert owners.owner_of_kind("local", "orders") == owners.owner("orders")
 
 
 def test_at_least_one_worker():
@@ -71,18 +71,19 @@ def test_routing_forwards_what_another_worker_owns_to_its_socket():
 
 
 
-def test_a_group_is_node_only_when_this_node_is_its_only_member():
+def test_fragmented_routing_stays_on_the_worker_of_the_link():
     from routing import RuleSet
-
-    from proxy.workers.worker import node_only_group
 
     rules = RuleSet.build([
         {"name": "mine", "match": "mine.#", "kind": "fragmented", "fragments": ["n1"]},
         {"name": "shared", "match": "shared.#", "kind": "fragmented", "fragments": ["n1", "n2"]},
     ], peers={"n2": "amqp://127.0.0.1:1"}, node_id="n1")
-    assert node_only_group(rules.resolve("mine.q").rule, "n1")
-    assert not node_only_group(rules.resolve("shared.q").rule, "n1")
-    assert not node_only_group(rules.resolve("mine.q").rule, "n2")
+    for index in range(2):
+        context = WorkerContext(index=index, count=2, data_dir=Path("/var/fg"),
+                                owners=QueueOwners("n1", 2))
+        resolve = context.resolver(rules.resolve)
+        assert resolve("mine.q").kind == "fragmented"
+        assert resolve("shared.q").kind == "fragmented"
 
 
 def test_a_cap_on_upstream_connections_sends_the_other_workers_links_through_the_first():
