@@ -1,4 +1,4 @@
-"""Proxy link lifecycle against real primaries (RabbitMQ 3.10, Artemis).
+"""Proxy link lifecycle against real primaries (RabbitMQ 3.10 and 4.0, Artemis).
 
 * a remote that disappears under a proxied consumer: the client's link is
   detached with the primary's condition (directly, or found by the idle
@@ -6,27 +6,60 @@
 * ``mirror_auto_delete``: one upstream consumer shared by the clients, attached
   with the first and detached with the last, so an auto-delete queue on the
   primary goes away when the last client does.
+
+Each runs against RabbitMQ 3.10 and 4.0 where the behaviour exists on both;
+the exchange re-check is RabbitMQ 3.x only (its test says why).
 """
 
 from __future__ import annotations
 
 import brokers
 import pytest
-from exchange_support import (  # noqa: F401 (rabbit: a fixture)
+from exchange_support import (  # noqa: F401 (rabbit, any_rabbit: fixtures)
     ADMIN,
+    Rabbit,
     admin_get,
+    any_rabbit,
     rabbit,
     rabbit_bound_queues,
-    rabbit_queues,
-    send_subjects,
     tag,
     upstream_members,
     wait_for,
 )
 
 
+def consumers(rabbit: Rabbit) -> dict[str, int]:
+    """Queue name -> consumer count on ``rabbit``'s broker (3.10 or 4.0)."""
+    out = rabbit.ctl("list_queues", "name", "consumers", "--no-table-headers")
+    return {name: int(count) for name, _, count in (line.rpartition("\t")
+                                                     for line in out.splitlines()) if name}
+
+
+@pytest.fixture
+def rabbits():
+    """``rabbits(3)`` / ``rabbits(4)``: the helper for RabbitMQ 3.10 or 4.0, cleaned up after."""
+    made: dict[int, Rabbit] = {}
+
+    def get(version: int) -> Rabbit:
+        if version not in made:
+            helper = Rabbit(version)
+            helper.url = brokers.ensure_rabbitmq() if version == 3 else brokers.ensure_rabbitmq4()
+            made[version] = helper
+        return made[version]
+
+    yield get
+    for helper in made.values():
+        helper.cleanup()
+
+
 def test_deleted_exchange_found_by_the_idle_recheck(rabbit, start_node, clients):
-    """RabbitMQ says nothing to a subscriber when its exchange is deleted: only the re-check sees it."""
+    """RabbitMQ says nothing to a subscriber when its exchange is deleted: only the re-check sees it.
+
+    RabbitMQ 3.x only: there an ``/exchange/X/KEY`` source is a subscription queue the
+    broker makes and keeps quiet about. RabbitMQ 4 attaches receivers to queues only
+    (``/queues/NAME``), and a queue deleted under a consumer is told at once
+    (``amqp:resource-deleted``, the next test), so there is nothing for a re-check to find.
+    """
     exchange = rabbit.exchange(f"fgr-{tag()}")
     node = start_node({"admin": ADMIN, "rules": [
         {"name": "checked", "match": "chk.*.*", "kind": "proxy", "primary": rabbit.url,
@@ -48,29 +81,41 @@ def test_deleted_exchange_found_by_the_idle_recheck(rabbit, start_node, clients)
     assert unchecked.finish(timeout=30)[-1]["error"]["condition"] == "timeout"  # never told
 
 
-@pytest.mark.parametrize("broker", ["rabbitmq", "artemis"])
-def test_deleted_queue_detaches_the_client_with_the_primarys_condition(broker, rabbit, start_node,
+@pytest.mark.parametrize("broker", ["rabbitmq", "rabbitmq4", "artemis"])
+def test_deleted_queue_detaches_the_client_with_the_primarys_condition(broker, rabbits, start_node,
                                                                        clients):
     name = f"fgd-{tag()}"
-    if broker == "rabbitmq":
+    if broker.startswith("rabbitmq"):
+        rabbit = rabbits(3 if broker == "rabbitmq" else 4)
         rabbit.queue(name)
-        primary, remote, delete = rabbit.url, "/amq/queue/{1}", lambda: rabbit.delete_queue(name)
-        # RabbitMQ 3.10 drops the whole connection; the re-attach is refused
-        expected = "amqp:not-found"
+        primary, remote = rabbit.url, rabbit.queue_address("{1}")
+
+        def delete():
+            rabbit.delete_queue(name)
+
+        def consumed():
+            return consumers(rabbit).get(name) == 1
+
+        # RabbitMQ 3.10 drops the whole connection, and the re-attach is refused;
+        # RabbitMQ 4.0 detaches the consumer's link with its own condition
+        expected = "amqp:not-found" if broker == "rabbitmq" else "amqp:resource-deleted"
     else:
         primary = brokers.ensure_artemis()
         name = f"strict.{name}"  # not auto-created again by the re-attach
         brokers.artemis_create_queue(name)
-        remote, delete = "{1}", lambda: brokers.artemis_delete_queue(name)
+        remote = "{1}"
+
+        def delete():
+            brokers.artemis_delete_queue(name)
+
+        def consumed():
+            return brokers.artemis_manage(f"queue.{name}", "getConsumerCount") == 1
+
         expected = "amqp:resource-deleted"
     node = start_node({"rules": [{"name": "dq", "match": "dq.#", "kind": "proxy", "primary": primary,
                                   "remote": remote, "upstream": {"heartbeat": 2.0}}]})
     client = clients("rhea", "receive", node.url, address=f"dq.{name}", count=1, timeout_ms=30000)
-    if broker == "rabbitmq":
-        wait_for(lambda: rabbit_queues().get(name) == 1, 15, "the proxied consumer on RabbitMQ")
-    else:
-        wait_for(lambda: brokers.artemis_manage(f"queue.{name}", "getConsumerCount") == 1, 15,
-                 "the proxied consumer on Artemis")
+    wait_for(consumed, 15, f"the proxied consumer on {broker}")
     delete()
     assert client.finish(timeout=40)[-1]["error"]["condition"] == expected
 
@@ -80,17 +125,18 @@ def shared_links(node) -> int:
                if link["role"] == "SharedConsumer")
 
 
-def test_mirror_auto_delete_shares_one_upstream_consumer_for_its_clients(rabbit, start_node,
+def test_mirror_auto_delete_shares_one_upstream_consumer_for_its_clients(any_rabbit, start_node,
                                                                          clients):
+    rabbit = any_rabbit
     t = tag()
     shared, plain = f"fga-{t}", f"fgp-{t}"
     rabbit.queue(shared, bind=("amq.topic", f"ad{t}"), auto_delete=True)
     rabbit.queue(plain, bind=("amq.topic", f"ad{t}"))
     node = start_node({"admin": ADMIN, "rules": [
         {"name": "mirror", "match": "mirror.*", "kind": "proxy", "primary": rabbit.url,
-         "remote": "/amq/queue/{1}", "mirror_auto_delete": True},
+         "remote": rabbit.queue_address("{1}"), "mirror_auto_delete": True},
         {"name": "plain", "match": "plain.*", "kind": "proxy", "primary": rabbit.url,
-         "remote": "/amq/queue/{1}"},
+         "remote": rabbit.queue_address("{1}")},
     ]})
     receive = dict(count=0, credit=10, idle_ms=60000, timeout_ms=60000)
     first, second = (clients("proton", "receive", node.url, address=f"mirror.{shared}", **receive)
@@ -98,11 +144,11 @@ def test_mirror_auto_delete_shares_one_upstream_consumer_for_its_clients(rabbit,
     others = [clients("proton", "receive", node.url, address=f"plain.{plain}", **receive)
               for _ in range(2)]
     wait_for(lambda: shared_links(node) == 2, 15, "both shared clients attached")
-    wait_for(lambda: rabbit_queues().get(plain) == 2, 15, "two per-link consumers (no mirror)")
-    assert rabbit_queues()[shared] == 1  # two clients, one upstream consumer
+    wait_for(lambda: consumers(rabbit).get(plain) == 2, 15, "two per-link consumers (no mirror)")
+    assert consumers(rabbit)[shared] == 1  # two clients, one upstream consumer
 
     items = [(f"m{i}", f"ad{t}") for i in range(20)]
-    assert set(send_subjects(rabbit.url, "/exchange/amq.topic", items).values()) == {("accepted", None)}
+    assert set(rabbit.publish("amq.topic", items).values()) == {("accepted", None)}
     got = []
     readers = [first, second]
     while len(got) < 20:  # the clients share the work (each message once)
@@ -118,9 +164,9 @@ def test_mirror_auto_delete_shares_one_upstream_consumer_for_its_clients(rabbit,
 
     first.kill()
     wait_for(lambda: shared_links(node) == 1, 15, "the first client gone on the node")
-    assert rabbit_queues().get(shared) == 1  # still consumed: still there
+    assert consumers(rabbit).get(shared) == 1  # still consumed: still there
     second.kill()
-    wait_for(lambda: shared not in rabbit_queues(), 15,
+    wait_for(lambda: shared not in consumers(rabbit), 15,
              "RabbitMQ to delete the auto-delete queue after the last client left")
     # only the per-link consumers remain, on the receiving side of the pool
     assert [(m["role"], m["links"]) for m in upstream_members(node) if m["links"]] == [("receive", 2)]
