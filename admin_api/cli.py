@@ -4,7 +4,11 @@
 ``rabbitmqctl`` and ``qdstat`` do), or the admin API's JSON with ``--json``.
 
 They talk to a node's admin API (``--admin URL``, default ``$FEDGATE_ADMIN``
-or ``http://127.0.0.1:8080``) with the bearer token in ``$FEDGATE_TOKEN``.
+or ``http://127.0.0.1:8080``) with the bearer token in ``$FEDGATE_TOKEN``, else the one
+a node made in its data dir (``--config``/``--data-dir``; default ``var/fedgate``, the
+data dir of ``deploy/examples/standalone.toml``, which ``make run`` starts: after it, a
+plain ``fedgate status`` from the checkout gets in). A 401 without a token says which
+file was looked for.
 Registered through the ``fedgate.commands`` entry point. Plain ``urllib``:
 a command makes one or two requests and exits.
 """
@@ -30,6 +34,7 @@ class ApiFailure(Exception):
     def __init__(self, status: int, body: Any) -> None:
         self.status = status
         self.body = body
+        self.hint: str | None = None  # what to do about it, when the CLI knows
         if isinstance(body, dict) and "error" in body:
             where = f" (field {body['field']})" if body.get("field") else ""
             text = f"{status} {body['error']}{where}: {body.get('detail', '')}"
@@ -57,7 +62,17 @@ def call(args: argparse.Namespace, method: str, path: str, body: Any = None,
             parsed = json.loads(raw)
         except ValueError:
             parsed = raw.decode(errors="replace")
-        raise ApiFailure(exc.code, parsed) from None
+        failure = ApiFailure(exc.code, parsed)
+        if exc.code == 401 and not token:
+            failure.hint = (f"no admin token: $FEDGATE_TOKEN is not set and there is none in "
+                            f"{_token_file(args)}; pass the node's --config FILE or --data-dir DIR")
+        raise failure from None
+
+
+def _token_file(args: argparse.Namespace) -> Path:
+    from .first_run import token_path
+
+    return token_path(_data_dir(args)).absolute()
 
 
 def _local_token(args: argparse.Namespace) -> str | None:
@@ -200,6 +215,8 @@ def _run(func):
             return func(args)
         except ApiFailure as exc:
             print(f"fedgate: {exc}", file=sys.stderr)
+            if exc.hint:
+                print(f"fedgate: {exc.hint}", file=sys.stderr)
             return 1
         except ValueError as exc:
             print(f"fedgate: {exc}", file=sys.stderr)
