@@ -13,7 +13,12 @@ whole, though:
   filter and delivers every message.
 
 For such a primary the proxy refuses browsers and filters itself, with
-``amqp:not-implemented``, instead of trusting the echo.
+``amqp:not-implemented``, instead of trusting the echo. That covers RabbitMQ
+4.0's own stream filter too: 4.0.5 applies ``rabbitmq:stream-offset-spec``
+(measured: ``first``, ``last``, ``next`` and a numeric offset read a stream
+from there), but its attach echoes an unapplied selector in the same way, so
+telling the two apart needs the check per filter name
+(``proxy_links.unhonoured_source``), which it does not do yet.
 
 A receiver's drain (§2.6.7) asks the sender to use up or give back its credit
 and say so. RabbitMQ before 4.0 does not: a drain of 10 on a queue of 3 got 2
