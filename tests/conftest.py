@@ -240,3 +240,12 @@ def certs(tmp_path_factory):
     from certs import make_certs
 
     return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Nothing the tests started still listens (tests/support/listeners.py): a leftover
+    fails the run, so `make test` then `make run` works."""
+    from listeners import check_session
+
+    check_session(session)
