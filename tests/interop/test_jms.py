@@ -7,7 +7,9 @@ producer replies), also with the service behind a gateway, a selector and a tran
 same client through a proxy to Artemis (which applies the selector), and
 failover to the gateway named in the open frame's ``failover-server-list``,
 time to live, prefetch 0 through the proxy, SCRAM-SHA-256 with an ACL, and
-TLS with SCRAM or a client certificate (EXTERNAL).
+TLS with SCRAM or a client certificate (EXTERNAL); over WebSocket: ``amqpws://``
+on a local queue and through a proxy to RabbitMQ, ``amqpwss://`` through a
+proxy to RabbitMQ 3.10 and 4.0.
 """
 
 from __future__ import annotations
@@ -162,6 +164,39 @@ def test_jms_over_websocket_through_the_proxy_to_rabbitmq(start_node, jms):
     assert jms("send", ws, queue, 200, "w").result()["sent"] == 200
     got = jms("receive", ws, queue, 200, 5000).result()["ids"]
     assert got == [f"w-{i}" for i in range(200)]  # all, once, in order
+
+
+def java_truststore(path, ca) -> str:
+    """A PKCS12 trust store (password "secret") holding ``ca``; Qpid JMS URL options for it."""
+    subprocess.run(["keytool", "-importcert", "-noprompt", "-alias", "ca", "-file", str(ca),
+                    "-keystore", str(path), "-storetype", "PKCS12", "-storepass", "secret"],
+                   check=True, capture_output=True, timeout=60)
+    return (f"transport.trustStoreLocation={path}&transport.trustStorePassword=secret"
+            "&transport.trustStoreType=PKCS12")
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "rabbitmq4"])
+def test_jms_over_secure_websocket_through_the_proxy_to_rabbitmq(start_node, jms, certs, tmp_path,
+                                                                 broker):
+    # amqpwss://: Qpid JMS's AMQP over WebSocket inside TLS (JSSE) on the node's TLS
+    # listener, a proxy rule on to RabbitMQ; two producers' sets, every id once
+    require(shutil.which("keytool") is not None, "keytool")
+    url, template, upstream = primary_rule(broker)
+    node = start_node({
+        "tls": {"cert": str(certs.server_cert), "key": str(certs.server_key)},
+        "rules": [{"name": "ext", "match": "ext.*", "kind": "proxy", "primary": url,
+                   "remote": template, "upstream": upstream}]})
+    wss = (f"amqpwss://127.0.0.1:{node.port}?"
+           + java_truststore(tmp_path / "trust.p12", certs.ca))
+    queue = f"ext.fg-jms-wss-{broker}-{node.port}"
+    senders = [jms("send", wss, queue, 200, prefix) for prefix in ("a", "b")]
+    for sender in senders:
+        assert sender.result()["sent"] == 200
+    got = jms("receive", wss, queue, 400, 5000).result()["ids"]
+    assert set(got) == {f"{p}-{i}" for p in ("a", "b") for i in range(200)}
+    assert duplicates(got) == []
+    for prefix in ("a", "b"):  # each producer's order holds on one queue
+        assert [i for i in got if i.startswith(f"{prefix}-")] == [f"{prefix}-{i}" for i in range(200)]
 
 
 @pytest.mark.parametrize("broker", ["rabbitmq", "rabbitmq4", "artemis"])
