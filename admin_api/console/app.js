@@ -106,35 +106,87 @@ function renderNode(node, cluster) {
   $('#cluster-note').textContent = notes.join(' ');
 }
 
-// A line chart of one series into an <svg>: the polyline, the largest value as a label,
-// and data-last / data-max attributes (read by the console's browser test).
-function chart(id, values) {
-  const svg = $(id);
+// Line charts into an <svg>. Each series is a polyline with data-peak (its largest value,
+// as sampled: no floor) and data-last; the <svg> carries data-peak / data-last of the
+// first series, data-max (the scale's top: at least 1, so an idle chart is flat) and
+// data-samples. The console's browser test reads these attributes.
+const SVG = 'http://www.w3.org/2000/svg';
+const PALETTE = ['#4c72b0', '#dd8452', '#55a868', '#c44e52', '#8172b3'];
+
+function svgElement(name, attributes) {
+  const element = document.createElementNS(SVG, name);
+  for (const [key, value] of Object.entries(attributes)) element.setAttribute(key, String(value));
+  return element;
+}
+
+function plotted(values) {
   const points = values.map((v, i) => [i, v]).filter(([, v]) => v !== null && v !== undefined);
-  const max = Math.max(1, ...points.map(([, v]) => v));
-  const span = Math.max(1, values.length - 1);
-  const ns = 'http://www.w3.org/2000/svg';
-  const line = document.createElementNS(ns, 'polyline');
-  line.setAttribute('points', points.map(([i, v]) => `${(i / span) * 300},${76 - (v / max) * 70}`).join(' '));
-  line.setAttribute('class', 'series');
-  const label = document.createElementNS(ns, 'text');
-  label.setAttribute('x', '2');
-  label.setAttribute('y', '10');
-  label.setAttribute('class', 'chart-label');
-  const last = points.length ? points[points.length - 1][1] : null;
-  label.textContent = `max ${max.toLocaleString()}${last === null ? '' : `, now ${last.toLocaleString()}`}`;
-  const dot = document.createElementNS(ns, 'circle');  // the latest value, seen even alone
-  if (points.length) {
-    const [i, v] = points[points.length - 1];
-    dot.setAttribute('cx', String((i / span) * 300));
-    dot.setAttribute('cy', String(76 - (v / max) * 70));
-    dot.setAttribute('r', '2.5');
-    dot.setAttribute('class', 'series-dot');
+  return { points, peak: points.length ? Math.max(...points.map(([, v]) => v)) : null,
+    last: points.length ? points[points.length - 1][1] : null };
+}
+
+function drawLines(id, series, samples) {
+  const svg = $(id);
+  const lines = series.map((s) => ({ ...s, ...plotted(s.values) }));
+  const max = Math.max(1, ...lines.map((l) => l.peak || 0));
+  const span = Math.max(1, samples - 1);
+  const x = (i) => (i / span) * 300;
+  const y = (v) => 76 - (v / max) * 70;
+  const children = [];
+  lines.forEach((l, k) => {
+    const color = PALETTE[k % PALETTE.length];
+    const line = svgElement('polyline', { points: l.points.map(([i, v]) => `${x(i)},${y(v)}`).join(' '),
+      class: 'series', stroke: color });
+    line.dataset.name = l.name || '';
+    line.dataset.peak = l.peak === null ? '' : String(l.peak);
+    line.dataset.last = l.last === null ? '' : String(l.last);
+    children.push(line);
+    if (l.points.length) {  // the latest value, seen even alone
+      const [i, v] = l.points[l.points.length - 1];
+      children.push(svgElement('circle', { cx: x(i), cy: y(v), r: 2.5, class: 'series-dot', fill: color }));
+    }
+  });
+  const first = lines[0] || { peak: null, last: null };
+  const label = svgElement('text', { x: 2, y: 10, class: 'chart-label' });
+  label.textContent = first.peak === null ? 'no data yet'
+    : `peak ${first.peak.toLocaleString()}${first.last === null ? '' : `, now ${first.last.toLocaleString()}`}`;
+  children.push(label);
+  svg.replaceChildren(...children);
+  svg.dataset.peak = first.peak === null ? '' : String(first.peak);
+  svg.dataset.last = first.last === null ? '' : String(first.last);
+  svg.dataset.max = String(lines.some((l) => l.points.length) ? max : 0);
+  svg.dataset.samples = String(samples);
+  return lines;
+}
+
+function chart(id, values) {
+  drawLines(id, [{ name: '', values }], values.length);
+}
+
+// The deepest queues of the hour (by their peak depth), one line each, with a legend.
+const DEPTH_LINES = 5;
+
+function depthChart(samples) {
+  const peaks = new Map();
+  for (const s of samples) {
+    for (const [name, depth] of Object.entries(s.depths || {})) peaks.set(name, Math.max(peaks.get(name) || 0, depth));
   }
-  svg.replaceChildren(line, dot, label);
-  svg.dataset.max = String(points.length ? max : 0);
-  svg.dataset.last = last === null ? '' : String(last);
-  svg.dataset.samples = String(values.length);
+  const names = [...peaks.entries()].filter(([, peak]) => peak > 0)
+    .sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0])).slice(0, DEPTH_LINES).map(([name]) => name);
+  const lines = drawLines('#chart-depths', names.map((name) => ({
+    name, values: samples.map((s) => (s.depths && name in s.depths ? s.depths[name] : null)),
+  })), samples.length);
+  const legend = $('#depths-legend');
+  legend.replaceChildren(...lines.map((l, k) => {
+    const item = document.createElement('li');
+    item.dataset.queue = l.name;
+    const swatch = document.createElement('span');
+    swatch.className = 'swatch';
+    swatch.style.background = PALETTE[k % PALETTE.length];
+    item.append(swatch, `${l.name} (peak ${l.peak === null ? '-' : l.peak.toLocaleString()})`);
+    return item;
+  }));
+  if (!lines.length) legend.append(Object.assign(document.createElement('li'), { className: 'muted', textContent: 'no messages queued in the last hour' }));
 }
 
 function renderHistory(doc) {
@@ -144,6 +196,7 @@ function renderHistory(doc) {
   chart('#chart-connections', samples.map((s) => s.connections));
   chart('#chart-bytes', samples.map((s) => s.queued_bytes));
   chart('#chart-upstreams', samples.map((s) => s.upstreams_up));
+  depthChart(samples);
 }
 
 function target(rule) {

@@ -7,12 +7,15 @@ import subprocess
 from pathlib import Path
 
 from admin_client import ADMIN_TOKEN, admin_node, http
-from conftest import NODE_JS, TESTS, error_of, require
+from conftest import NODE_JS, ROOT, TESTS, error_of, require
 
 CHROMIUM = Path("/usr/bin/chromium")
+# screenshots kept after the run, for a look at the console (gitignored, see docs/testing.md)
+ARTIFACTS = ROOT / "var" / "test-artifacts" / "admin-console"
+FILLED, PASSED = 300, 300  # messages left in "orders"; sent through "work" and received
 
 
-def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, clients, tmp_path):
+def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, clients):
     require(NODE_JS is not None, "node (Node.js)")
     require((TESTS / "js" / "node_modules" / "playwright-core").is_dir(),
             "playwright-core (npm ci in tests/js)")
@@ -20,18 +23,27 @@ def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, cl
     primary = start_node(name="primary")
     node = admin_node(start_node, rules=[{"name": "up", "match": "up.*", "kind": "proxy",
                                           "primary": primary.url, "remote": "{1}"}])
-    (sent,) = clients("proton", "send", node.url, address="orders", count=5).finish()
-    assert sent["accepted"] == 5
+    # load the charts must show: 300 messages wait in "orders"; 300 go through "work"
+    (sent,) = clients("proton", "send", node.url, address="orders", count=FILLED).finish()
+    assert sent["accepted"] == FILLED
+    (sent,) = clients("proton", "send", node.url, address="work", count=PASSED).finish()
+    assert sent["accepted"] == PASSED
+    received = clients("proton", "receive", node.url, address="work", count=PASSED).finish()
+    assert received[-1] == {"done": True, "received": PASSED, "error": None}
     # a client held open through the proxy rule: its connection page and the upstream's
     waiting = clients("rhea", "receive", node.url, address="up.events", count=0, credit=7,
                       timeout_ms=60000, announce=True)
     assert waiting.readline() == {"attached": "up.events"}
 
-    screenshot = tmp_path / "console.png"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)  # kept after the run (docs/testing.md)
+    for old in ARTIFACTS.glob("console*.png"):
+        old.unlink()
+    screenshot = ARTIFACTS / "console.png"
     run = subprocess.run(
         [NODE_JS, str(TESTS / "js" / "admin_console.js"), "--url", node.admin_url + "/",
          "--token", ADMIN_TOKEN, "--screenshot", str(screenshot), "--chromium", str(CHROMIUM),
-         "--rule-name", "ui-deny", "--rule-match", "ui.secret.#"],
+         "--rule-name", "ui-deny", "--rule-match", "ui.secret.#", "--edit-match", "ui.hidden.#",
+         "--filled-queue", "orders"],
         capture_output=True, text=True, timeout=120)
     assert run.stdout.strip(), run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
@@ -40,11 +52,26 @@ def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, cl
     assert result["rules"] == ["up", "ui-deny"]
     assert result["added"] == "rule ui-deny added (version 1)"
     assert "rule.primary" in result["invalid_error"]  # the server's validation, shown as is
-    assert result["queues"] == ["orders"]
-    history = result["history"]  # the charts of the last hour, read from the page
-    assert history["in"]["max"] > 0 and history["in"]["samples"] >= 2  # the 5 messages sent
-    assert history["bytes"]["last"] > 0  # they wait in "orders"
+    # Edit (PUT): saved, and an edit the server refuses shows its message
+    assert result["edited"] == "rule ui-deny saved (version 2)" and result["edit_form_hidden"]
+    assert result["edit_error"].startswith("not saved: ") and "rule.primary" in result["edit_error"]
+    assert sorted(result["queues"]) == ["orders", "work"]
+
+    history = result["history"]  # the charts of the last hour, raw figures read from the page
+    assert history["in"]["peak"] > 0 and history["out"]["peak"] > 0  # messages / s
+    assert history["in"]["samples"] >= 2
+    assert history["bytes"]["last"] > 0  # the 300 wait in "orders"
     assert history["connections"]["samples"] == history["in"]["samples"]
+    depths = {line["queue"]: line for line in result["depths"]}
+    assert depths["orders"]["peak"] == FILLED and depths["orders"]["last"] == FILLED
+    assert f"orders (peak {FILLED})" in result["depths_legend"]
+    assert depths.get("work", {"last": 0})["last"] == 0  # drained (a line only if sampled full)
+    # the page's figures are the node's: no rate above what /api/v1/history says
+    status, doc = http("GET", node.admin_url + "/api/v1/history")
+    assert status == 200
+    top_in = max(s["messages_in_per_s"] or 0 for s in doc["samples"])
+    assert 0 < history["in"]["peak"] <= top_in
+    assert doc["samples"][-1]["messages_in"] == FILLED + PASSED  # totals since the start
     unexpected = [e for e in result["console_errors"] if "422" not in e]
     assert unexpected == [], unexpected
 
@@ -64,12 +91,13 @@ def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, cl
     assert [(m["role"], m["state"], m["links"]) for m in members] == [("receive", "up", "1"),
                                                                        ("send", "idle", "0")]
 
-    status, doc = http("GET", node.admin_url + "/api/v1/rules/ui-deny")
-    assert status == 200 and doc["rule"] == {"name": "ui-deny", "match": "ui.secret.#", "kind": "deny"}
+    status, doc = http("GET", node.admin_url + "/api/v1/rules/ui-deny")  # as edited
+    assert status == 200 and doc["rule"] == {"name": "ui-deny", "match": "ui.hidden.#", "kind": "deny"}
     assert http("GET", node.admin_url + "/api/v1/rules/ui-invalid")[0] == 404
-    lines = clients("proton", "receive", node.url, address="ui.secret.plans", count=1,
+    lines = clients("proton", "receive", node.url, address="ui.hidden.plans", count=1,
                     timeout_ms=10000).finish()
     assert error_of(lines)["condition"] == "amqp:unauthorized-access"
 
-    png = screenshot.read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    for name in ("console", "console-charts", "console-connection", "console-upstream"):
+        png = (ARTIFACTS / f"{name}.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5_000, name

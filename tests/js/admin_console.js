@@ -1,16 +1,21 @@
 #!/usr/bin/env node
 // Drives fedgate's admin web console in Debian's headless Chromium with
 // playwright-core (no browser download): log in with a token, add a rule
-// through the form, try an invalid one, take a screenshot.
+// through the form, try an invalid one, edit the added rule (PUT) and try an
+// invalid edit, read the charts of the last hour, take screenshots.
 //
 //   node admin_console.js --url http://127.0.0.1:8080/ --token T --screenshot out.png
-//        [--chromium /usr/bin/chromium] [--rule-name N --rule-match M]
+//        [--chromium /usr/bin/chromium] [--rule-name N --rule-match M --edit-match M2]
+//        [--filled-queue Q]
 //
+// Waits until the in and out rate charts have a peak above 0 and, with --filled-queue,
+// until the queue depths chart has a line for Q.
 // Prints one JSON line: {"rules": [names shown], "added": text, "invalid_error": text,
-// "queues": [names shown], "history": {chart: {max, last, samples}},
-// "connection_page" / "upstream_page": {hash, title, fields: {name: text}, headers, rows} | null
-// (the page the first link of the connections / upstreams table opens),
-// "console_errors": [...], "error": null | "..."}.
+// "edited": text, "edit_error": text, "queues": [names shown],
+// "history": {chart: {peak, max, last, samples}}, "depths": [{queue, peak, last}],
+// "depths_legend": [text], "connection_page" / "upstream_page":
+// {hash, title, fields: {name: text}, headers, rows} | null (the page the first link of
+// the connections / upstreams table opens), "console_errors": [...], "error": null | "..."}.
 'use strict';
 
 const { chromium } = require('playwright-core');
@@ -21,7 +26,8 @@ const LAUNCH_ARGS = [
 ];
 
 function options(argv) {
-  const out = { chromium: '/usr/bin/chromium', ruleName: 'ui-deny', ruleMatch: 'ui.secret.#' };
+  const out = { chromium: '/usr/bin/chromium', ruleName: 'ui-deny', ruleMatch: 'ui.secret.#',
+    editMatch: 'ui.hidden.#', filledQueue: null };
   for (let i = 2; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
     out[key] = argv[i + 1];
@@ -56,9 +62,31 @@ async function detailPage(page, table, screenshot) {
   return out;
 }
 
+// Edit ``name`` through its Edit button: the form holds the rule as JSON; ``change`` makes
+// the new rule from it. Returns the message shown once the save answered.
+async function editRule(page, name, change, expect) {
+  await page.locator('#rules tbody tr', { hasText: name }).locator('button', { hasText: 'Edit' }).click();
+  await page.waitForSelector('#edit-rule:not([hidden])');
+  const rule = JSON.parse(await page.inputValue('#edit-rule textarea[name=json]'));
+  await page.fill('#edit-rule textarea[name=json]', JSON.stringify(change(rule), null, 2));
+  await page.click('#edit-rule button[type=submit]');
+  const where = expect === 'ok' ? '#rule-ok' : '#rule-error';
+  const prefix = expect === 'ok' ? `rule ${name} saved` : 'not saved';
+  await page.waitForFunction(([selector, text]) => document.querySelector(selector).textContent.startsWith(text),
+    [where, prefix]);
+  return (await page.textContent(where)).trim();
+}
+
+function chartFigures(svg) {
+  const number = (text) => (text === '' || text === undefined ? null : Number(text));
+  return { peak: number(svg.dataset.peak), max: Number(svg.dataset.max), last: number(svg.dataset.last),
+    samples: Number(svg.dataset.samples) };
+}
+
 async function main() {
   const opts = options(process.argv);
-  const result = { rules: [], added: null, invalid_error: null, queues: [], history: null, console_errors: [], error: null };
+  const result = { rules: [], added: null, invalid_error: null, edited: null, edit_error: null, queues: [],
+    history: null, depths: [], console_errors: [], error: null };
   const browser = await chromium.launch({ executablePath: opts.chromium, args: LAUNCH_ARGS, timeout: 30000 });
   try {
     const page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
@@ -92,18 +120,34 @@ async function main() {
     await page.waitForSelector('#rule-error:not([hidden])');
     result.invalid_error = (await page.textContent('#rule-error')).trim();
 
+    // Edit the rule just added (PUT /api/v1/rules/NAME), then an edit the server refuses
+    result.edited = await editRule(page, opts.ruleName, (rule) => ({ ...rule, match: opts.editMatch }), 'ok');
+    result.edit_form_hidden = await page.isHidden('#edit-rule');
+    result.edit_error = await editRule(page, opts.ruleName, (rule) => ({ ...rule, kind: 'proxy' }), 'error');
+    await page.click('#edit-cancel');
+    await page.waitForFunction(
+      ([name, match]) => [...document.querySelectorAll('#rules tbody tr')].some(
+        (tr) => tr.children[1].textContent === name && tr.children[2].textContent === match),
+      [opts.ruleName, opts.editMatch]);
+
     result.rules = await texts(page, '#rules tbody td:nth-child(2)');
     result.queues = await texts(page, '#queues tbody td:nth-child(1)');
-    // the charts of the last hour: wait until the node's samples show the messages sent
-    await page.waitForFunction(() => Number(document.querySelector('#chart-in').dataset.max || 0) > 0,
-      null, { timeout: 30000 });
+    // the charts of the last hour: wait until the node's samples show the load (raw
+    // figures: data-peak has no floor) and the filled queue has its depth line
+    await page.waitForFunction((queue) => {
+      const peak = (id) => Number(document.querySelector(id).dataset.peak || 0);
+      const lines = [...document.querySelectorAll('#chart-depths polyline')].map((l) => l.dataset.name);
+      return peak('#chart-in') > 0 && peak('#chart-out') > 0 && (!queue || lines.includes(queue));
+    }, opts.filledQueue, { timeout: 30000 });
     result.history = {};
-    for (const name of ['in', 'out', 'connections', 'bytes', 'upstreams']) {
-      result.history[name] = await page.$eval(`#chart-${name}`, (svg) => ({
-        max: Number(svg.dataset.max), last: svg.dataset.last === '' ? null : Number(svg.dataset.last),
-        samples: Number(svg.dataset.samples) }));
+    for (const name of ['in', 'out', 'connections', 'bytes', 'upstreams', 'depths']) {
+      result.history[name] = await page.$eval(`#chart-${name}`, chartFigures);
     }
+    result.depths = await page.$$eval('#chart-depths polyline', (lines) => lines.map((l) => ({
+      queue: l.dataset.name, peak: Number(l.dataset.peak), last: l.dataset.last === '' ? null : Number(l.dataset.last) })));
+    result.depths_legend = await texts(page, '#depths-legend li');
     await page.screenshot({ path: opts.screenshot, fullPage: true });
+    await page.locator('#history-section').screenshot({ path: opts.screenshot.replace(/\.png$/, '-charts.png') });
 
     // a page per connection and per upstream: follow the first link of each table
     result.connection_page = await detailPage(page, '#connections', opts.screenshot.replace(/\.png$/, '-connection.png'));
