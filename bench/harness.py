@@ -371,9 +371,13 @@ class BatchResult:
 
 
 def run_concurrently(cmds: Iterable[Sequence[str]], timeout: float,
-                     stagger: float = 0.0) -> BatchResult:
+                     stagger: float = 0.0, lead: int = 0, lead_gap: float = 0.1) -> BatchResult:
     """Start all ``cmds`` (in order, ``stagger`` s apart) and wait until all exit.
 
+    ``lead``: the first ``lead`` commands (receivers, say) start ``lead_gap`` s
+    apart before the clock starts, so they connect one after the other (a node
+    with workers gives each to the worker with the fewest connections); the
+    clock starts ``lead_gap`` after the last of them, with the rest.
     Bounded by ``timeout`` seconds; any process still running then is killed.
     Output (stdout+stderr) of each process is captured in a temp file.
     """
@@ -383,12 +387,19 @@ def run_concurrently(cmds: Iterable[Sequence[str]], timeout: float,
     procs: list[subprocess.Popen] = []
     files = []
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for c in cmds[:lead]:
+        f = tempfile.TemporaryFile()
+        files.append(f)
+        procs.append(subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT))
+        time.sleep(lead_gap)
     t0 = time.monotonic()
     ended: dict[int, float] = {}
     timed_out = False
     try:
         for i, c in enumerate(cmds):
-            if i and stagger:
+            if i < lead:
+                continue
+            if i > lead and stagger:
                 time.sleep(stagger)
             f = tempfile.TemporaryFile()
             files.append(f)

@@ -21,6 +21,15 @@ C senders run at once, N/K messages per pair, timed until all exit:
 * ``proxy``: pair i on ``px.qi``, a proxy rule to a one-process fedgate primary;
   every worker has its own upstream connection.
 
+Placement (``--placement``): ``random`` starts every client at once, so which
+worker each lands on is the order their connections arrive in (with 1 pair the
+receiver and the sender are always on different workers); ``spread`` starts
+the receivers first, 0.1 s apart, before the clock starts, then the senders:
+the supervisor gives each new connection to the worker with the fewest, so
+every worker serves one receiver and one sender where pairs allow, as many
+clients spread themselves over the workers in a deployment. Both can run in
+one go (``--placement random,spread``); results are keyed by placement.
+
 Printed as it goes and summarised: msg/s, the ratio to W = 1, the CPU µs per
 message summed over all node processes (supervisor and workers), the primary's
 and the clients'. Results in bench/results/scale.json, a PNG chart beside it.
@@ -66,14 +75,15 @@ def addresses(kind: str, pairs: int, tag: str) -> list[str]:
 
 
 def one_run(port: int, pid: int, primary_pid: int | None, kind: str, pairs: int, args,
-            tag: str) -> dict:
+            tag: str, placement: str = "random") -> dict:
     per_pair = args.messages // pairs
     targets = addresses(kind, pairs, tag)
     cmds = [h.receiver_cmd("127.0.0.1", port, a, per_pair, args.credit) for a in targets]
     cmds += [h.sender_cmd("127.0.0.1", port, a, per_pair, args.body_bytes) for a in targets]
     meter = h.CpuMeter(pid).start()  # the supervisor and its workers
     primary = h.CpuMeter(primary_pid).start() if primary_pid else None
-    result = h.run_concurrently(cmds, timeout=args.timeout)
+    result = h.run_concurrently(cmds, timeout=args.timeout,
+                                lead=pairs if placement == "spread" else 0)
     cpu = meter.stop()
     primary_cpu = primary.stop() if primary else 0.0
     n = per_pair * pairs
@@ -92,6 +102,8 @@ def parse_args(argv=None):
     p.add_argument("--pairs", default="1,2,4,8")
     p.add_argument("--messages", "-n", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--placement", default="random",
+                   help="random, spread, or both (random,spread): see the module note")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--body-bytes", type=int, default=h.DEFAULT_BODY_BYTES)
     p.add_argument("--credit", type=int, default=h.DEFAULT_CREDIT_WINDOW)
@@ -106,7 +118,13 @@ def main(argv=None) -> int:
     kinds = [k for k in args.kinds.split(",") if k]
     worker_counts = [w for w in (int(x) for x in args.workers.split(",")) if w <= cpus] or [1]
     pair_counts = [int(x) for x in args.pairs.split(",")]
-    log(f"{cpus} CPUs: workers {worker_counts}, pairs {pair_counts}, kinds {kinds}")
+    placements = [p for p in args.placement.split(",") if p]
+    bad = [p for p in placements if p not in ("random", "spread")]
+    if bad:
+        log(f"unknown placement {bad}: random or spread")
+        return 2
+    log(f"{cpus} CPUs: workers {worker_counts}, pairs {pair_counts}, kinds {kinds}, "
+        f"placement {placements}")
     runs: dict[str, list[dict]] = {}
     for round_ in range(args.rounds):
         order = worker_counts if round_ % 2 == 0 else list(reversed(worker_counts))
@@ -131,15 +149,19 @@ def main(argv=None) -> int:
                         one_run(port, proc.pid, None, kind, workers, warm, f"warm{round_}{kind[0]}")
                     for kind in kinds:
                         for pairs in pair_counts:
-                            key = f"{kind}-{workers}w-{pairs}p"
-                            run = one_run(port, proc.pid, primary.pid if primary and kind == "proxy" else None,
-                                          kind, pairs, args, f"r{round_}{kind[0]}{pairs}")
-                            runs.setdefault(key, []).append(run)
-                            log(f"round {round_ + 1}: {kind:10s} {workers} workers, {pairs} pairs: "
-                                + (f"{run['msgs_per_s']} msg/s, node {run['node_cpu_us_per_msg']} µs/msg"
-                                   + (f", primary {run['primary_cpu_us_per_msg']} µs/msg"
-                                      if run["primary_cpu_us_per_msg"] is not None else "")
-                                   if run["ok"] else run["error"]))
+                            for placement in placements:
+                                key = f"{kind}-{workers}w-{pairs}p" + ("" if placement == "random"
+                                                                       else f"-{placement}")
+                                run = one_run(port, proc.pid, primary.pid if primary and kind == "proxy" else None,
+                                              kind, pairs, args, f"r{round_}{kind[0]}{pairs}{placement[0]}",
+                                              placement)
+                                runs.setdefault(key, []).append(run)
+                                log(f"round {round_ + 1}: {kind:10s} {workers} workers, {pairs} pairs, "
+                                    f"{placement}: "
+                                    + (f"{run['msgs_per_s']} msg/s, node {run['node_cpu_us_per_msg']} µs/msg"
+                                       + (f", primary {run['primary_cpu_us_per_msg']} µs/msg"
+                                          if run["primary_cpu_us_per_msg"] is not None else "")
+                                       if run["ok"] else run["error"]))
                 finally:
                     h.stop_process(proc)
             finally:
@@ -157,8 +179,8 @@ def main(argv=None) -> int:
         }
     base = worker_counts[0]
     for key, s in summary.items():
-        kind, _, pairs = key.split("-")
-        ref = summary.get(f"{kind}-{base}w-{pairs}")
+        kind, _, rest = key.split("-", 2)
+        ref = summary.get(f"{kind}-{base}w-{rest}")
         if ref and ref["median_msgs_per_s"] and s["median_msgs_per_s"]:
             s["ratio_to_1_worker"] = round(s["median_msgs_per_s"] / ref["median_msgs_per_s"], 3)
     print(f"{'run':<22} {'msg/s':>9} {'vs W=1':>7} {'node µs/msg':>12} {'primary µs/msg':>15} "
