@@ -23,13 +23,19 @@ are per message and leave the link attached:
   ``amqp:not-found``; a fragmented address: rejected, ``amqp:not-implemented``;
 * a local queue at its depth limit: released (send it again later); credit
   cannot be withheld per destination on one link, so this is the backpressure;
+  the same for a queue an exchange would put it in (``Exchanges.publish``);
+* a local queue at its ``max_bytes`` with overflow ``reject-publish``:
+  rejected, ``amqp:resource-limit-exceeded``, as a direct send to it would be
+  (``Exchanges.store``, the same check for an exchange's bound queues);
 * a proxied address that would open one more upstream sender than
   ``[limits] max_relay_destinations`` (default 1024) allows: rejected,
   ``amqp:resource-limit-exceeded`` (each distinct address costs a link on the
   primary; idle ones close after the pool's idle timeout).
 
 Credit: ``[queues] credit_window``, refilled as deliveries settle (unsettled
-ones count), as for an exchange.
+ones count), as for an exchange; none while the node is above ``[limits]
+max_memory`` (``MemoryUse.withholds``): the link is topped up again once
+consumers bring the node's use down, as every queue's producers are.
 """
 
 from __future__ import annotations
@@ -40,12 +46,19 @@ from cproton import PN_REJECTED, PN_RELEASED, pn_link_flow
 from proton import Condition, Link
 
 from proxy.amqp.message_subject import read_to
-from proxy.exchanges.exchange import NOT_FOUND, UNAUTHORIZED, ExchangeProducer, Exchanges, Fanin
+from proxy.exchanges.exchange import (
+    NOT_FOUND,
+    RESOURCE_LIMIT,
+    UNAUTHORIZED,
+    ExchangeProducer,
+    Exchanges,
+    Fanin,
+    at_depth_limit,
+)
 
 log = logging.getLogger("fedgate.relay")
 
 CAPABILITY = "ANONYMOUS-RELAY"
-RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 
 
 class AnonymousProducer(ExchangeProducer):
@@ -55,13 +68,18 @@ class AnonymousProducer(ExchangeProducer):
         super().__init__(handler, link, None, exchanges, exchanges.relay_stats)
 
     def top_up(self) -> None:
-        # destinations are known per message: a full local queue releases instead
+        # destinations are known per message: a full local queue releases or rejects
+        # instead; the node's memory is one for all of them
         if not self.attached:
             return
         want = self.window - self.outstanding_credit - self.unsettled
-        if want > 0:
+        if want > 0 and not self.handler.broker.queues.memory.withholds(self):
             pn_link_flow(self.link_ptr, want)
             self.handler.mark_dirty()
+
+    def detached(self) -> None:
+        super().detached()
+        self.handler.broker.queues.memory.waiting.discard(self)
 
     def route(self, payload: bytes, fanin: Fanin) -> None:
         exchanges = self.exchanges
@@ -83,17 +101,16 @@ class AnonymousProducer(ExchangeProducer):
         stats.routed += 1
         exchange = exchanges.get(to)
         if exchange is not None:
-            exchanges.publish(exchange, payload, fanin)
+            exchanges.publish(exchange, payload, fanin, release_when_full=True)
             return
         kind, target = exchanges.destination(to, "addresses are not served by the anonymous relay")
         if kind == "refused":
             fanin.done(PN_REJECTED, target)
         elif kind == "local":
-            room = target.room()
-            if room is not None and room <= 0:
+            if at_depth_limit(target):
                 fanin.done(PN_RELEASED)  # the depth limit: the client sends it again later
             else:
-                exchanges.store(target, payload, fanin)
+                exchanges.store(target, payload, fanin)  # max_bytes reject-publish: rejected
         else:
             upstream, address = target
             destinations = exchanges.destinations

@@ -41,8 +41,13 @@ as destination rejects with ``amqp:unauthorized-access`` / ``amqp:not-found``.
 
 Credit: a sender gets ``[queues] credit_window`` credit, refilled as its
 deliveries settle (unsettled ones count), never beyond the room the depth
-limit leaves in the exchange's local queues (it is one of their producers):
-backpressure, nothing dropped.
+limit leaves in the exchange's local queues (it is one of their producers),
+and none while one of them is at its ``max_bytes`` (overflow
+``reject-publish``) or the node is above ``[limits] max_memory``:
+backpressure, nothing dropped. A message sent on credit given before a bound
+queue filled to its ``max_bytes`` (``reject-publish``) is refused by that
+queue as a direct send would be (``amqp:resource-limit-exceeded``), so the
+client's delivery is rejected; the queues that took it keep their copy.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ NOT_FOUND = "amqp:not-found"
 UNAUTHORIZED = "amqp:unauthorized-access"
 NOT_IMPLEMENTED = "amqp:not-implemented"
 INTERNAL_ERROR = "amqp:internal-error"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 
 
 @dataclass
@@ -142,6 +148,11 @@ class Fanin:
         self.remaining -= 1
         if self.remaining == 0:
             self.producer.settle(self)
+
+
+def at_depth_limit(queue) -> bool:
+    room = queue.room()
+    return room is not None and room <= 0
 
 
 class ExchangeProducer(engine.ClientLinkEndpoint):
@@ -317,7 +328,11 @@ class Exchanges:
         return queues
 
     # -- routing ---------------------------------------------------------------------
-    def publish(self, exchange: Exchange, payload: bytes, fanin: Fanin) -> None:
+    def publish(self, exchange: Exchange, payload: bytes, fanin: Fanin, *,
+                release_when_full: bool = False) -> None:
+        """Route to the bindings; ``release_when_full``: a local queue at its depth limit
+        answers released (the anonymous relay, whose credit is not bound to the exchange's
+        queues; an exchange's own senders get credit within their room)."""
         stats = exchange.stats
         stats.received += 1
         subject = None if exchange.type == "fanout" else read_subject(payload)
@@ -337,7 +352,10 @@ class Exchanges:
         for condition in refused:
             fanin.done(PN_REJECTED, condition)
         for queue in local:
-            self.store(queue, payload, fanin)
+            if release_when_full and at_depth_limit(queue):
+                fanin.done(PN_RELEASED)
+            else:
+                self.store(queue, payload, fanin)
         for upstream, address in remote:
             self.destinations.get(upstream, address).send(payload, fanin.done)
 
@@ -359,7 +377,15 @@ class Exchanges:
         return "refused", Condition(NOT_IMPLEMENTED, f"{decision.kind} {unsupported}")
 
     def store(self, queue, payload: bytes, fanin: Fanin) -> None:
-        """Into a local queue (journaled first when durable); ``fanin`` learns the outcome."""
+        """Into a local queue (journaled first when durable); ``fanin`` learns the outcome.
+
+        A queue at its ``max_bytes`` with overflow ``reject-publish`` refuses the message
+        as it would a client's direct send: rejected, ``amqp:resource-limit-exceeded``
+        (sent on credit given before the queue filled); never accepted and dropped."""
+        if queue.max_bytes and queue.refuses(len(payload)):
+            fanin.done(PN_REJECTED, Condition(RESOURCE_LIMIT, (
+                f"queue {queue.name!r} is full (max_bytes {queue.max_bytes})")))
+            return
         self.hold.put(queue, payload, lambda error: fanin.done(
             PN_ACCEPTED if error is None else PN_REJECTED,
             None if error is None else Condition(INTERNAL_ERROR, error)))

@@ -80,28 +80,43 @@ class MemoryUse:
 
     Over the limit, queues give their producers no new credit (they join
     ``blocked``); once use falls below ``RESUME`` of the limit, ``on_room`` is
-    called with them, for their producers to be topped up again. Consumers go
-    on draining meanwhile, and what was sent on credit already given is taken.
+    called with them, for their producers to be topped up again. Producers that
+    send to no one queue (the anonymous relay: each message has its own
+    destination) ask ``withholds`` instead and wait in ``waiting``; they are
+    topped up at the same moment. Consumers go on draining meanwhile, and what
+    was sent on credit already given is taken.
     """
 
     RESUME = 0.9
 
-    __slots__ = ("limit", "used", "blocked", "on_room")
+    __slots__ = ("limit", "used", "blocked", "waiting", "on_room")
 
     def __init__(self, limit: int = 0) -> None:
         self.limit = limit
         self.used = 0
         self.blocked: set = set()
+        self.waiting: set = set()  # producers (with ``top_up()``) given no credit by ``withholds``
         self.on_room: Callable[[set], None] = lambda queues: None
 
     @property
     def over(self) -> bool:
         return bool(self.limit) and self.used >= self.limit
 
+    def withholds(self, producer) -> bool:
+        """Over the limit: True, no new credit for ``producer``; its ``top_up()`` is called
+        once use falls below ``RESUME`` of the limit (``freed``)."""
+        if self.limit and self.used >= self.limit:
+            self.waiting.add(producer)
+            return True
+        return False
+
     def freed(self) -> None:
         if self.used < self.limit * self.RESUME:
             queues, self.blocked = self.blocked, set()
+            producers, self.waiting = self.waiting, set()
             self.on_room(queues)
+            for producer in producers:
+                producer.top_up()
 
 
 REJECT_PUBLISH = "reject-publish"
@@ -181,7 +196,7 @@ class LocalQueue:
         self.bytes -= size
         memory = self.memory
         memory.used -= size
-        if memory.blocked:
+        if memory.blocked or memory.waiting:
             memory.freed()
 
     def _resized(self, message: StoredMessage, payload: bytes) -> None:

@@ -9,12 +9,15 @@ max_memory, and temporary queues per connection.
   credit until consumers bring the node's use down; nothing accepted is lost.
 * ``max_temp_queues_per_connection``: one more dynamic link is refused with
   ``amqp:resource-limit-exceeded``; temporary queues get ``[queues]`` limits.
+* The same bounds for senders that do not name one queue: the anonymous relay
+  gets no credit above ``max_memory``, and a message it (or an exchange) routes
+  into a full ``reject-publish`` queue is refused as a direct send would be.
 """
 
 from __future__ import annotations
 
 import pytest
-from proton import Delivery
+from proton import Delivery, Message
 
 from playbook import World, run
 
@@ -26,6 +29,14 @@ BODY = b"x" * 10_000
 def outcome_conditions(link) -> list:
     return [d.remote.condition.name if d.remote.condition else None
             for d, state in link.outcomes.items() if state == Delivery.REJECTED]
+
+
+def send_to(sender, to: str, message_id) -> None:
+    """One message through the anonymous relay (a sender with no target): ``to`` says where."""
+    sender.link.delivery(str(next(sender.client.tags)))
+    sender.link.send(Message(body=BODY, id=message_id, address=to).encode())
+    sender.link.advance()
+    sender.client.flush()
 
 
 async def send_all(world: World, sender, count: int, start: int = 0) -> None:
@@ -177,6 +188,114 @@ def test_incomplete_transfers_count_against_max_memory(tmp_path):
         await world.until(lambda: sender.accepted() == 1, what="another sender served")
         raw.transport.abort()  # the incomplete transfers end with their connection
         await world.until(lambda: engine.partial_transfers.total == 0, what="forgotten")
+        await world.close()
+
+    run(play)
+
+
+def test_the_anonymous_relay_gets_no_credit_above_max_memory(tmp_path):
+    """The relay's credit was never withheld: a client could fill the node past max_memory."""
+    async def play():
+        world = World(tmp_path)
+        node = await world.node("a", limits={"max_memory": 100_000}, queues={"credit_window": 4})
+        producer = await world.client("a", "producer")
+        relay = producer.sender(None)
+        await world.until(lambda: relay.credit > 0, what="credit")
+        sent = {"one": [], "two": []}
+        count = 0
+        while relay.credit > 0:  # until the node withholds credit
+            to = ("one", "two")[count % 2]
+            send_to(relay, to, count)
+            sent[to].append(count)
+            count += 1
+            await world.quiet(0.01)
+            assert count < 50, "relay credit went on past max_memory"
+        await world.until(lambda: relay.accepted() == count, what="all accepted")
+        used = node.queues.memory.used
+        assert 100_000 <= used <= 100_000 + 4 * len(BODY) + 1000  # credit given before
+        other = producer.sender(None)  # a second relay link: no credit either
+        await world.quiet(0.5)
+        assert relay.credit == 0 and other.credit == 0
+        assert len(node.queues.memory.waiting) == 2  # both topped up once use falls
+        relay.link.close()  # a waiting link that goes away is not kept
+        producer.flush()
+        await world.until(lambda: len(node.queues.memory.waiting) == 1, what="closed link forgotten")
+
+        consumer = await world.client("a", "consumer")
+        got = await receive_all(world, consumer, "one", len(sent["one"]))  # consumers go on
+        await world.until(lambda: other.credit > 0, what="credit again once below max_memory")
+        got += await receive_all(world, consumer, "two", len(sent["two"]))
+        assert sorted(got) == list(range(count))  # nothing accepted is lost, nothing twice
+        await world.close()
+
+    run(play)
+
+
+def test_the_anonymous_relay_is_refused_by_a_full_reject_publish_queue_as_a_direct_send(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        node = await world.node("a", queue=[{"name": "direct", "max_bytes": 50_000},
+                                            {"name": "relayed", "max_bytes": 50_000}])
+        client = await world.client("a")
+        direct, relay = client.sender("direct"), client.sender(None)
+        await world.until(lambda: direct.credit > 0 and relay.credit > 0, what="credit")
+        for i in range(8):  # more than either queue takes, on the credit given at attach
+            direct.send(BODY, message_id=i)
+            send_to(relay, "relayed", i)
+        await world.until(lambda: len(direct.outcomes) == 8 and len(relay.outcomes) == 8,
+                          what="16 outcomes")
+        assert relay.accepted() == direct.accepted() == 4
+        assert outcome_conditions(relay) == outcome_conditions(direct) \
+            == ["amqp:resource-limit-exceeded"] * 4
+        queue = node.queues.get("relayed")
+        assert queue.bytes <= queue.max_bytes
+        assert await receive_all(world, client, "relayed", 4) == [0, 1, 2, 3]  # every accepted one
+        await world.close()
+
+    run(play)
+
+
+def test_an_exchange_store_into_a_full_reject_publish_queue_is_refused(tmp_path):
+    """Nothing accepted is lost: a bound queue at max_bytes rejects (the client is told) instead
+    of taking the message past its limit; the other bound queue keeps its copy."""
+    async def play():
+        world = World(tmp_path)
+        node = await world.node("a", queue=[{"name": "small", "max_bytes": 50_000}],
+                                exchanges=[{"name": "events", "type": "fanout"}],
+                                bindings=[{"exchange": "events", "queue": "small"},
+                                          {"exchange": "events", "queue": "all"}])
+        client = await world.client("a")
+        sender = client.sender("events")
+        await world.until(lambda: sender.credit > 0, what="credit")
+        for i in range(8):  # on the credit given at attach, while "small" was empty
+            sender.send(BODY, message_id=i)
+        await world.until(lambda: len(sender.outcomes) == 8, what="8 outcomes")
+        assert sender.accepted() == 4
+        assert outcome_conditions(sender) == ["amqp:resource-limit-exceeded"] * 4
+        small = node.queues.get("small")
+        assert small.bytes <= small.max_bytes
+        assert await receive_all(world, client, "small", 4) == [0, 1, 2, 3]
+        assert await receive_all(world, client, "all", 8) == list(range(8))  # duplicates, not loss
+        await world.close()
+
+    run(play)
+
+
+def test_the_anonymous_relay_into_an_exchange_respects_its_queues_depth(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        await world.node("a", queue=[{"name": "bounded", "max_depth": 2}],
+                         exchanges=[{"name": "events", "type": "fanout"}],
+                         bindings=[{"exchange": "events", "queue": "bounded"}])
+        client = await world.client("a")
+        relay = client.sender(None)
+        await world.until(lambda: relay.credit > 0, what="credit")
+        for i in range(3):
+            send_to(relay, "events", i)
+        await world.until(lambda: len(relay.outcomes) == 3, what="3 outcomes")
+        assert sorted(relay.outcomes.values(), key=str) == sorted(
+            [Delivery.ACCEPTED, Delivery.ACCEPTED, Delivery.RELEASED], key=str)
+        assert await receive_all(world, client, "bounded", 2) == [0, 1]
         await world.close()
 
     run(play)
