@@ -12,6 +12,10 @@ How this works
 * ``auth``: a bearer token from ``[admin] tokens`` is required except on
   public routes (health, console files); ``read`` tokens may only read.
 
+Request bodies are capped at ``MAX_BODY`` (1 MiB: 413 beyond), slow clients
+are timed out (``admin_api.slow_clients``), and every response, aiohttp's own
+400s for requests it cannot parse included, says ``Server: fedgate``.
+
 ``AdminService`` is what the ``fedgate.services`` entry point returns: its
 ``start`` runs the app on ``[admin] listen`` in the node's own event loop
 (an ``AppRunner`` + ``TCPSite``), ``stop`` cleans it up.
@@ -24,7 +28,7 @@ import logging
 import os
 import time
 
-from aiohttp import web
+from aiohttp import web, web_response
 from aiohttp.http_exceptions import HttpProcessingError
 
 from . import console, first_run, health, inspect_api, openapi, rules_api
@@ -84,6 +88,10 @@ async def errors_middleware(request: web.Request, handler):
         return await handler(request)
     except ApiError as exc:
         return exc.response()
+    except web.HTTPRequestEntityTooLarge:  # client_max_size: aiohttp's reason names no limit
+        return ApiError(413, "payload_too_large",
+                        f"the request body is larger than the admin API takes ({MAX_BODY} bytes)"
+                        ).response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -130,9 +138,20 @@ class _BadRequestsInOneLine(logging.Filter):
 _BAD_REQUESTS = _BadRequestsInOneLine()
 
 
-async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
-    """``Server: fedgate``: no versions of aiohttp or Python for a scanner to match."""
-    response.headers["Server"] = "fedgate"
+SERVER = "fedgate"
+
+
+def _no_server_version() -> None:
+    """``Server: fedgate`` on every response: no versions of aiohttp or Python for a scanner.
+
+    aiohttp gives a response without a ``Server`` header its default, ``Python/3.x
+    aiohttp/x.y`` (``web_response.SERVER_SOFTWARE``, read as each response is
+    prepared). An ``on_response_prepare`` hook cannot reach the 400 it answers a request
+    it could not parse (a 100 KB URL, a broken header): that request never reaches the
+    application (aiohttp issue 6463). So the default itself is replaced, for every
+    aiohttp server of the process; the admin API is the node's only one.
+    """
+    web_response.SERVER_SOFTWARE = SERVER
 
 
 def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.Application:
@@ -154,7 +173,7 @@ def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.A
     history = History(node)
     app[HISTORY] = history
     app.cleanup_ctx.append(history.context)
-    app.on_response_prepare.append(_server_header)
+    _no_server_version()
     server_log = logging.getLogger("aiohttp.server")
     if _BAD_REQUESTS not in server_log.filters:
         server_log.addFilter(_BAD_REQUESTS)

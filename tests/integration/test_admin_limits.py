@@ -1,5 +1,6 @@
-"""The admin listener bounds its clients (issue #21): slow heads and bodies are timed out, and
-a large rule set is validated without stopping the event loop the node's AMQP clients share.
+"""The admin listener bounds its clients (issue #21): slow heads and bodies are timed out, bodies
+are capped at 1 MiB, and a large rule set is validated without stopping the event loop the node's
+AMQP clients share.
 
 The node runs in the test's event loop with ``AdminService`` (the real listener,
 on a free port); the slow clients are raw sockets.
@@ -14,7 +15,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from admin_api.app import AdminService
+from admin_api.app import MAX_BODY, AdminService
 from proxy.node import Node
 from test_admin_api import ADMIN_H, make_config
 
@@ -71,6 +72,26 @@ async def test_a_body_that_does_not_arrive_gets_408(admin):
     assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
     assert b"body_timeout" in answer
     writer.close()
+
+
+@pytest.mark.asyncio
+async def test_a_body_over_1_mib_gets_413_with_a_reason_and_the_node_goes_on(admin):
+    rule = b'{"name": "r", "match": "a.#", "kind": "deny", "description": "%s"},'
+    body = b"[" + rule % (b"x" * MAX_BODY) + b"]"  # valid JSON, only too large
+    async with aiohttp.ClientSession() as session:
+        async with session.put(admin.url + "/api/v1/rules", data=body, headers={
+                **ADMIN_H, "Content-Type": "application/json"}) as response:
+            assert response.status == 413
+            answer = await response.json()
+        assert answer["error"] == "payload_too_large"
+        assert str(MAX_BODY) in answer["detail"], answer  # says what the limit is
+        async with session.get(admin.url + "/api/v1/rules", headers=ADMIN_H) as response:
+            assert response.status == 200  # still serving, the rules untouched
+            assert (await response.json())["rules"] == []
+        async with session.put(admin.url + "/api/v1/rules", headers=ADMIN_H, json=[
+                {"name": "small", "match": "a.#", "kind": "deny"}]) as response:
+            assert response.status == 200  # a body under the limit is taken
+    assert MAX_BODY == 1024 * 1024
 
 
 @pytest.mark.asyncio
