@@ -2,6 +2,7 @@
 """The proxy hop's own cost, in one process: gateway -> fedgate primary on an in-memory network.
 
     .venv/bin/python bench/proxy_hop.py [--messages 50000] [--pairs 1] [--rounds 3] [--profile]
+                                        [--output bench/results/proxy_hop.json | -]
 
 No sockets and no other process: a gateway node (rule ``rq.* -> primary``) and a
 primary node, built by ``proxy.node.build_node`` on ``proxy.net.memory``, and
@@ -20,6 +21,8 @@ then all received). Printed: gateway µs per message per hop (a message sent
 and received through the proxy crosses it twice: in and out), the primary's
 µs per message through the proxy against direct, medians over the rounds.
 ``--profile`` prints cProfile's top functions of the gateway alone in one proxy run.
+A line per run as it ends; the results go to ``--output`` (JSON, every run and the
+medians) with a PNG bar chart next to it (``bench/charts.py``), as the other scripts do.
 """
 
 from __future__ import annotations
@@ -27,15 +30,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import datetime as _dt
 import io
+import json
 import pstats
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+# the checkout first (bench/proxy.py would hide the proxy package), then bench/ (charts, harness)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 
+from charts import save_bars  # noqa: E402
+from harness import REPO_ROOT, machine_info, rel  # noqa: E402
 from proton import Collector, Connection, Delivery, Event, Message, Transport  # noqa: E402
 
 from proxy.config import settings as config_mod  # noqa: E402
@@ -207,6 +216,24 @@ async def one_run(target: str, mode: str, messages: int, pairs: int, tag: str,
             "primary_us_per_msg": busy.get("primary", 0.0) * 1e6 / total}
 
 
+def write_results(out: Path, result: dict) -> None:
+    """The JSON results and, beside them, µs per message by mode: gateway per hop, primary
+    through the proxy and direct (medians over the rounds)."""
+    if not out.is_absolute():
+        out = REPO_ROOT / out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    modes = list(result["summary"])
+    chart = save_bars(out.with_suffix(".png"), "proxy hop (in memory): µs per message, medians",
+                      modes, {
+                          "gateway per hop": [result["summary"][m]["gateway_us_per_msg_per_hop"] for m in modes],
+                          "primary through the proxy": [result["summary"][m]["primary_us_per_msg_through_proxy"]
+                                                        for m in modes],
+                          "primary direct": [result["summary"][m]["primary_us_per_msg_direct"] for m in modes],
+                      }, "µs / message")
+    print(f"wrote {rel(out)}" + (f" and {rel(chart)}" if chart else ""), flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=50_000)
@@ -214,20 +241,46 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", default="concurrent,phased")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--output", default=str(Path("bench") / "results" / "proxy_hop.json"),
+                        help="JSON results (a PNG chart beside it); - for none")
     args = parser.parse_args()
+    started_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    runs, summary = [], {}
     for mode in args.modes.split(","):
         rows = {"direct": [], "proxy": []}
         for r in range(args.rounds):
             for target in ("direct", "proxy") if r % 2 == 0 else ("proxy", "direct"):
-                rows[target].append(asyncio.run(one_run(target, mode, args.messages, args.pairs,
-                                                        f"{mode}{r}")))
+                run = asyncio.run(one_run(target, mode, args.messages, args.pairs, f"{mode}{r}"))
+                run["round"] = r + 1
+                rows[target].append(run)
+                runs.append(run)
+                print(f"  {mode} round {r + 1}/{args.rounds} {target:6}: {run['messages']:,} messages "
+                      f"in {run['elapsed_s']:.2f}s, gateway {run['gateway_us_per_msg']:.1f} µs/msg, "
+                      f"primary {run['primary_us_per_msg']:.1f} µs/msg", flush=True)
         direct_primary = statistics.median(x["primary_us_per_msg"] for x in rows["direct"])
         proxy_primary = statistics.median(x["primary_us_per_msg"] for x in rows["proxy"])
         gateway = statistics.median(x["gateway_us_per_msg"] for x in rows["proxy"])
+        summary[mode] = {"gateway_us_per_msg_per_hop": round(gateway / 2, 2),
+                         "gateway_us_per_msg_both_hops": round(gateway, 2),
+                         "primary_us_per_msg_through_proxy": round(proxy_primary, 2),
+                         "primary_us_per_msg_direct": round(direct_primary, 2),
+                         "primary_ratio": round(proxy_primary / direct_primary, 3) if direct_primary else None}
         print(f"{mode:10} pairs {args.pairs}  gateway {gateway / 2:5.1f} µs/msg per hop "
               f"({gateway:5.1f} both)  primary through the proxy {proxy_primary:5.1f} µs/msg, "
               f"direct {direct_primary:5.1f} ({proxy_primary / direct_primary:.2f}x)  "
-              f"rounds: {', '.join(format(x['gateway_us_per_msg'], '.1f') for x in rows['proxy'])}")
+              f"rounds: {', '.join(format(x['gateway_us_per_msg'], '.1f') for x in rows['proxy'])}",
+              flush=True)
+    if args.output != "-":
+        write_results(Path(args.output), {
+            "benchmark": "proxy_hop",
+            "date_utc": started_at,
+            "params": {"messages": args.messages, "pairs": args.pairs, "rounds": args.rounds,
+                       "modes": args.modes.split(","), "window": WINDOW, "body_bytes": 100,
+                       "network": "in-memory (proxy.net.memory), time per host's input handling"},
+            "machine": machine_info(),
+            "summary": summary,
+            "runs": runs,
+        })
     if args.profile:
         profile = cProfile.Profile()
         asyncio.run(one_run("proxy", "concurrent", args.messages, args.pairs, "profile", profile))
