@@ -2,7 +2,12 @@
 """Node memory under churn and abuse (issue #21): RSS of a real node process over TCP.
 
     .venv/bin/python bench/memory.py [--cycles 10000] [--idle 2000] [--queued-mb 50]
-                                     [--attack-mb 200] [--skip-dmz] [--json PATH]
+                                     [--attack-mb 200] [--flood 5000] [--refused-links 6000]
+                                     [--temp-connections 20] [--temp-links 200]
+                                     [--sasl-attempts 2000] [--sasl-seconds 20]
+                                     [--max-memory-mb 64] [--partial-links 200]
+                                     [--partial-kb 1024] [--steps NAME,...] [--skip-dmz]
+                                     [--json PATH]
 
 Two node configurations, each a fresh ``fedgate serve`` process:
 
@@ -27,6 +32,28 @@ Measured, RSS read from ``/proc/PID/status`` (VmRSS) of the node process:
   message limit).
 * **handshake flood** (dmz): ``--flood`` sockets to the TLS listener that never
   send a ClientHello (issue #21 saw 4.1 GB): peak RSS over its start.
+* **refused links** (standard): one connection attaching ``--refused-links``
+  receivers the node refuses (no source address) and never detaching them
+  (issue #21 saw 5,850 kept with ``max_links_per_connection`` 1024).
+* **temporary queues** (standard): ``--temp-connections`` connections, each
+  asking for ``--temp-links`` dynamic receivers (a temporary queue each) and
+  holding them (``max_temp_queues_per_connection``, default 64).
+* **SASL flood** (dmz): PLAIN with a wrong password from one address,
+  ``--sasl-attempts`` at most, 50 at a time, for at most ``--sasl-seconds``
+  (issue #21: 200 attempts/s): attempts per second and peak RSS.
+* **capped** nodes (``[limits] max_memory = --max-memory-mb``, a fresh one
+  per step): **partial transfers**, one connection with ``--partial-links``
+  senders each sending ``--partial-kb`` of a message it never finishes
+  (buffered up to ``max_message_size`` per link, issue #21); **max_memory
+  fill**, a publisher sending twice ``max_memory`` of 10 KB messages as credit
+  allows: RSS should stay near the cap (plus the credit given before it was
+  reached: ``credit_window`` messages), the node withholding credit.
+
+Each attack step reports RSS before, the peak while it runs (and a few seconds
+after), and the difference. ``--steps`` runs only the named steps (churn,
+queued, idle, slow_reader, credit_ignored, refused_links, temp_queues,
+handshake_flood, sasl_flood, partial_transfers, max_memory_fill); a node whose
+steps are all left out is not started.
 
 Clients are proton engine objects driven by this process's asyncio loop (no
 reactor). Progress lines go to stderr as the steps run; the results are one
@@ -54,6 +81,7 @@ from harness import free_port, machine_info, start_fedgate_node, stop_process  #
 
 HOST = "127.0.0.1"
 PLAIN_USER, PLAIN_PASSWORD = "bench", "bench password 1"
+WRONG_PASSWORD = "not the password"
 
 
 def progress(text: str) -> None:
@@ -71,7 +99,7 @@ def rss_kb(pid: int) -> int:
 class Client:
     """A proton client connection on an asyncio stream: SASL, open, one session."""
 
-    def __init__(self, reader, writer, user: str | None) -> None:
+    def __init__(self, reader, writer, user: str | None, password: str = PLAIN_PASSWORD) -> None:
         self.reader, self.writer = reader, writer
         self.transport = Transport()
         sasl = self.transport.sasl()
@@ -81,7 +109,7 @@ class Client:
         self.connection.container = "bench-memory"
         self.connection.hostname = "localhost"
         if user:
-            self.connection.user, self.connection.password = user, PLAIN_PASSWORD
+            self.connection.user, self.connection.password = user, password
         self.collector = Collector()
         self.connection.collect(self.collector)
         self.transport.bind(self.connection)
@@ -90,10 +118,11 @@ class Client:
         self.session.open()
 
     @classmethod
-    async def open(cls, port: int, tls: ssl.SSLContext | None, user: str | None) -> "Client":
+    async def open(cls, port: int, tls: ssl.SSLContext | None, user: str | None,
+                   password: str = PLAIN_PASSWORD) -> "Client":
         reader, writer = await asyncio.open_connection(HOST, port, ssl=tls,
                                                        server_hostname="localhost" if tls else None)
-        return cls(reader, writer, user)
+        return cls(reader, writer, user, password)
 
     def flush(self) -> None:
         while (pending := self.transport.pending()) > 0:  # proton hands out a buffer at a time
@@ -336,6 +365,185 @@ async def handshake_flood(port: int, count: int, pid: int) -> dict:
             "rss_peak_mb": round(peak / 1024, 1), "growth_mb": round((peak - before) / 1024, 1)}
 
 
+def _peak(name: str, before: int, peak: int, **figures) -> dict:
+    progress(f"{name}: node RSS {before / 1024:.1f} -> peak {peak / 1024:.1f} MB {figures}")
+    return {**figures, "rss_before_mb": round(before / 1024, 1), "rss_peak_mb": round(peak / 1024, 1),
+            "growth_mb": round((peak - before) / 1024, 1)}
+
+
+def _remote_closed(endpoint) -> bool:
+    return bool(endpoint.state & Endpoint.REMOTE_CLOSED)
+
+
+async def _read_for(client: Client, seconds: float, done=lambda: False) -> None:
+    """Answer the node for ``seconds`` (or until ``done()``); its closing is no error here."""
+    try:
+        await client.pump(done, timeout=seconds)
+    except (ConnectionError, TimeoutError, OSError):
+        pass
+
+
+async def refused_links(port: int, count: int, pid: int) -> dict:
+    """One connection attaching ``count`` receivers with no source address (each refused) and
+    never detaching them: the node closes the connection once it holds max_links of them."""
+    client = await Client.open(port, None, None)
+    await client.pump(lambda: client.connection.state & Endpoint.REMOTE_ACTIVE)
+    links = []
+
+    async def flood():
+        for start in range(0, count, 500):
+            if _remote_closed(client.connection) or client.writer.is_closing():
+                break
+            for i in range(start, min(count, start + 500)):
+                link = client.session.receiver(f"refused-{i}")  # no address: refused
+                link.open()
+                links.append(link)
+            await _read_for(client, 0.2)
+        await _read_for(client, 10.0, lambda: _remote_closed(client.connection)
+                        or all(_remote_closed(link) for link in links))
+    before, peak = await peak_during(pid, 3.0, flood)
+    refused = sum(1 for link in links if _remote_closed(link))
+    closed = client.connection.remote_condition
+    client.writer.transport.abort()
+    return _peak("refused links", before, peak, attached=len(links), refused=refused,
+                 connection_closed_with=closed.name if closed else None)
+
+
+async def temp_queues(port: int, connections: int, per_connection: int, pid: int) -> dict:
+    """``connections`` clients, each asking for ``per_connection`` temporary queues (dynamic
+    receivers) and holding what it got while the peak is read."""
+    clients = []
+
+    async def one() -> Client:
+        client = await Client.open(port, None, None)
+        links = []
+        for i in range(per_connection):
+            link = client.session.receiver(f"tmp-{i}")
+            link.source.dynamic = True
+            link.open()
+            links.append(link)
+        client.links = links
+        await _read_for(client, 30.0, lambda: all(
+            link.state & (Endpoint.REMOTE_ACTIVE | Endpoint.REMOTE_CLOSED) for link in links))
+        return client
+
+    async def flood():
+        for start in range(0, connections, 10):
+            clients.extend(await asyncio.gather(*(one() for _ in range(min(10, connections - start)))))
+        await asyncio.sleep(2.0)
+    before, peak = await peak_during(pid, 3.0, flood)
+    made = sum(1 for c in clients for link in c.links
+               if not _remote_closed(link) and link.remote_source.address)
+    refused = sum(1 for c in clients for link in c.links if _remote_closed(link))
+    await asyncio.gather(*(c.close() for c in clients))
+    return _peak("temporary queues", before, peak, connections=connections,
+                 asked=connections * per_connection, made=made, refused=refused)
+
+
+async def sasl_flood(port: int, tls, attempts: int, seconds: float, pid: int) -> dict:
+    """SASL PLAIN with a wrong password from one address, 50 connections at a time, until
+    ``attempts`` are done or ``seconds`` have passed (issue #21: 200 attempts/s, unthrottled)."""
+    counts = {"refused": 0, "accepted": 0, "closed_or_timed_out": 0}
+    todo = iter(range(attempts))
+    started = time.monotonic()
+
+    async def one() -> None:
+        try:
+            client = await Client.open(port, tls, PLAIN_USER, WRONG_PASSWORD)
+        except OSError:  # refused at accept, or the TLS handshake failed
+            counts["closed_or_timed_out"] += 1
+            return
+        sasl = client.transport.sasl()
+        try:  # the node closes after the outcome: a write may fail once it is read
+            await client.pump(lambda: sasl.outcome is not None, timeout=15.0)
+        except (ConnectionError, TimeoutError, OSError):
+            pass
+        finally:
+            client.writer.transport.abort()
+        outcome = sasl.outcome
+        counts["closed_or_timed_out" if outcome is None else
+               "accepted" if outcome == 0 else "refused"] += 1
+
+    async def worker():
+        for _ in todo:
+            if time.monotonic() - started > seconds:
+                return
+            await one()
+
+    async def flood():
+        await asyncio.gather(*(worker() for _ in range(50)))
+    before, peak = await peak_during(pid, 1.0, flood)
+    elapsed = time.monotonic() - started
+    done = sum(counts.values())
+    return _peak("SASL flood", before, peak, attempts=done, seconds=round(elapsed, 1),
+                 attempts_per_s=round(done / elapsed, 1), **counts)
+
+
+async def partial_transfers(port: int, links_count: int, kb: int, cap_mb: int, pid: int) -> dict:
+    """One connection, ``links_count`` senders, each sending ``kb`` KB of a message it never
+    finishes (transfers with more=true); against a node with ``max_memory`` they count there."""
+    client = await Client.open(port, None, None)
+    senders = []
+    for i in range(links_count):
+        link = client.session.sender(f"partial-{i}")
+        link.target.address = f"partial-{i}"
+        link.open()
+        senders.append(link)
+    await client.pump(lambda: all(link.credit > 0 for link in senders))
+    size = kb * 1024
+    head = Message(body=b"p" * (2 * size)).encode()[:size]  # the message is twice as long
+
+    async def flood():
+        for link in senders:
+            if _remote_closed(link) or client.writer.is_closing():
+                continue
+            link.delivery(b"0")
+            link.send(head)  # never advanced: the node keeps waiting for the rest
+            client.flush()
+            try:
+                await client.writer.drain()
+            except ConnectionError:
+                break
+        await _read_for(client, 5.0)
+    before, peak = await peak_during(pid, 3.0, flood)
+    refused = sum(1 for link in senders if _remote_closed(link))
+    client.writer.transport.abort()
+    return _peak("partial transfers", before, peak, links=links_count, kb_each=kb,
+                 attempted_mb=round(links_count * size / 2**20, 1), refused_links=refused,
+                 max_memory_mb=cap_mb)
+
+
+async def max_memory_fill(port: int, cap_mb: int, pid: int) -> dict:
+    """A publisher sending twice ``max_memory`` of 10 KB messages (pre-settled) as credit
+    allows; it stops when the node has given no credit for 3 s."""
+    client = await Client.open(port, None, None)
+    link = client.session.sender("capped")
+    link.target.address = "capped"
+    link.open()
+    body = b"m" * 10_000
+    target = 2 * cap_mb * 2**20 // len(body)
+    sent = 0
+
+    async def flood():
+        nonlocal sent
+        while sent < target:
+            try:
+                await client.pump(lambda: link.credit > 0, timeout=3.0)
+            except TimeoutError:
+                return  # no credit: the node is above max_memory
+            while link.credit > 0 and sent < target:
+                delivery = link.delivery(str(sent).encode())
+                link.send(Message(id=sent, body=body).encode())
+                link.advance()
+                delivery.settle()
+                sent += 1
+    before, peak = await peak_during(pid, 3.0, flood)
+    await client.close()
+    return _peak("max_memory fill", before, peak, max_memory_mb=cap_mb,
+                 offered_mb=round(target * len(body) / 2**20, 1),
+                 sent_mb=round(sent * len(body) / 2**20, 1), withheld=sent < target)
+
+
 # -- nodes ----------------------------------------------------------------------------------
 def dmz_files(workdir: Path) -> list[str]:
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
@@ -358,13 +566,53 @@ def client_tls(workdir: Path) -> ssl.SSLContext:
     return context
 
 
+STEPS = {
+    "standard": ("churn", "queued", "idle", "slow_reader", "credit_ignored", "refused_links",
+                 "temp_queues"),
+    "dmz": ("churn", "handshake_flood", "sasl_flood"),
+    # a fresh node each: RSS freed by one step stays with the process and would hide the next
+    "capped_partial": ("partial_transfers",),
+    "capped_fill": ("max_memory_fill",),
+}
+
+
+def step_runs(args, port: int, pid: int, tls, user) -> dict:
+    """Each step: a function making its coroutine."""
+    return {
+        "churn": lambda: churn(port, tls, user, args.cycles, pid),
+        "queued": lambda: queued(port, args.queued_mb, pid),  # before memory is freed
+        "idle": lambda: idle(port, args.idle, pid),
+        "slow_reader": lambda: slow_reader(port, args.attack_mb, pid),
+        "credit_ignored": lambda: credit_ignored(port, pid),
+        "refused_links": lambda: refused_links(port, args.refused_links, pid),
+        "temp_queues": lambda: temp_queues(port, args.temp_connections, args.temp_links, pid),
+        "handshake_flood": lambda: handshake_flood(port, args.flood, pid),
+        "sasl_flood": lambda: sasl_flood(port, tls, args.sasl_attempts, args.sasl_seconds, pid),
+        "partial_transfers": lambda: partial_transfers(port, args.partial_links, args.partial_kb,
+                                                       args.max_memory_mb, pid),
+        "max_memory_fill": lambda: max_memory_fill(port, args.max_memory_mb, pid),
+    }
+
+
+def capped_files(workdir: Path, megabytes: int) -> list[str]:
+    config = workdir / "capped.toml"
+    config.write_text(f"[limits]\nmax_memory = {megabytes * 2**20}\n")
+    return ["--config", str(config)]
+
+
 async def measure(args, workdir: Path) -> dict:
     results = {"machine": machine_info(), "args": vars(args)}
-    for kind in ("standard", "dmz"):
-        if kind == "dmz" and args.skip_dmz:
+    wanted = set(args.steps.split(",")) if args.steps else None
+    known = {step for steps in STEPS.values() for step in steps}
+    if wanted and wanted - known:
+        raise SystemExit(f"unknown steps {sorted(wanted - known)}; known: {sorted(known)}")
+    for kind, steps in STEPS.items():
+        steps = [step for step in steps if wanted is None or step in wanted]
+        if not steps or (kind == "dmz" and args.skip_dmz):
             continue
         port = free_port()
-        extra = dmz_files(workdir) if kind == "dmz" else []
+        extra = dmz_files(workdir) if kind == "dmz" else \
+            capped_files(workdir, args.max_memory_mb) if kind.startswith("capped") else []
         node = start_fedgate_node(port, workdir / f"data-{kind}", extra_args=extra,
                                   log_path=workdir / f"{kind}.log")
         try:
@@ -372,14 +620,10 @@ async def measure(args, workdir: Path) -> dict:
             progress(f"{kind}: node {pid} on {port}, RSS {rss_kb(pid) / 1024:.1f} MB")
             tls = client_tls(workdir) if kind == "dmz" else None
             user = PLAIN_USER if kind == "dmz" else None
-            section = {"churn": await churn(port, tls, user, args.cycles, pid)}
-            if kind == "standard":
-                section["queued"] = await queued(port, args.queued_mb, pid)  # before memory is freed
-                section["idle"] = await idle(port, args.idle, pid)
-                section["slow_reader"] = await slow_reader(port, args.attack_mb, pid)
-                section["credit_ignored"] = await credit_ignored(port, pid)
-            else:
-                section["handshake_flood"] = await handshake_flood(port, args.flood, pid)
+            runs = step_runs(args, port, pid, tls, user)
+            section = {}
+            for step in steps:
+                section[step] = await runs[step]()
             results[kind] = section
         finally:
             stop_process(node)
@@ -393,6 +637,21 @@ def main() -> None:
     parser.add_argument("--queued-mb", type=int, default=50)
     parser.add_argument("--attack-mb", type=int, default=200)
     parser.add_argument("--flood", type=int, default=5000, help="sockets of the TLS handshake flood")
+    parser.add_argument("--refused-links", type=int, default=6000,
+                        help="refused links attached on one connection")
+    parser.add_argument("--temp-connections", type=int, default=20)
+    parser.add_argument("--temp-links", type=int, default=200,
+                        help="dynamic receivers asked for per connection")
+    parser.add_argument("--sasl-attempts", type=int, default=2000,
+                        help="SASL PLAIN attempts with a wrong password, at most")
+    parser.add_argument("--sasl-seconds", type=float, default=20.0,
+                        help="the SASL flood stops starting attempts after this")
+    parser.add_argument("--max-memory-mb", type=int, default=64,
+                        help="[limits] max_memory of the capped node")
+    parser.add_argument("--partial-links", type=int, default=200)
+    parser.add_argument("--partial-kb", type=int, default=1024,
+                        help="KB of an unfinished message sent on each partial-transfer link")
+    parser.add_argument("--steps", help="comma-separated steps to run (default: all)")
     parser.add_argument("--skip-dmz", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -402,7 +661,7 @@ def main() -> None:
     print(text)
     if args.json:
         args.json.write_text(text + "\n")
-        steps = [(kind, step, figures) for kind in ("standard", "dmz") if kind in results
+        steps = [(kind, step, figures) for kind in STEPS if kind in results
                  for step, figures in results[kind].items()]
         chart = save_bars(args.json.with_suffix(".png"), "node RSS per step (MB)",
                           [f"{kind} {step}" for kind, step, _ in steps],
