@@ -89,15 +89,17 @@ _NONE_UNSETTLED: dict = {}  # ProxyConsumer.unsettled until its first delivery (
 _link_names = itertools.count(1)
 
 
-def unhonoured_source(asked, answered, echo_untrusted: str | None = None) -> str | None:
+def unhonoured_source(asked, answered, echo_untrusted: str | None = None,
+                      applied: frozenset[str] = frozenset()) -> str | None:
     """Why the primary's source does not do what the client asked, or None (§3.5.3).
 
     A browser (distribution-mode ``copy``) or a filter (a JMS selector) the
     primary leaves out of its answer is not applied: the client would take
     messages it meant to look at, or messages it did not select.
     ``echo_untrusted`` says why this primary's answer proves nothing
-    (``proxy.upstream.primaries``). A null source (the attach refused, a detach follows)
-    is left to the detach's condition.
+    (``proxy.upstream.primaries``), except for the filters in ``applied``, which it
+    is known to apply. A null source (the attach refused, a detach follows) is left
+    to the detach's condition.
     """
     copy = asked.distribution_mode == Terminus.DIST_MODE_COPY
     wanted = filter_names(asked)
@@ -106,7 +108,9 @@ def unhonoured_source(asked, answered, echo_untrusted: str | None = None) -> str
     if answered.type != Terminus.SOURCE:
         return None
     if echo_untrusted is not None:
-        return echo_untrusted
+        if copy or not wanted <= applied:
+            return echo_untrusted
+        return None  # every filter asked for is one it is known to apply
     if copy and answered.distribution_mode != Terminus.DIST_MODE_COPY:
         return "the primary does not browse this address (distribution-mode copy)"
     missing = wanted - filter_names(answered)
@@ -214,8 +218,9 @@ class ProxyConsumer(_ProxyEndpoint):
             self.handler.close_link(self.link, condition.name, condition.description or "")
 
     def link_attached(self) -> None:
+        member = self.member
         unhonoured = unhonoured_source(self.link.remote_source, self.up_link.remote_source,
-                                       self.member.source_echo_untrusted) \
+                                       member.source_echo_untrusted, member.filters_applied) \
             if self.check_source else None
         if unhonoured is not None:
             log.info("proxy link %s -> %s refused: %s", self.link.name, self.remote_address,

@@ -50,7 +50,12 @@ from proton import Link, Session
 
 from proxy.amqp import engine
 from proxy.upstream.connection import UpstreamConnection, UpstreamProtocol
-from proxy.upstream.primaries import drain_unanswered, echoes_source_unapplied, modified_unsupported
+from proxy.upstream.primaries import (
+    drain_unanswered,
+    echoes_source_unapplied,
+    filters_applied,
+    modified_unsupported,
+)
 from proxy.upstream.management import ManagementRequest
 from proxy.upstream.probe import RemoteProbe
 
@@ -121,6 +126,7 @@ class PoolMember:
         # set at open: why this primary's answers to browse / filter requests
         # are not to be trusted (proxy.upstream.primaries), or None
         self.source_echo_untrusted: str | None = None
+        self.filters_applied: frozenset[str] = frozenset()  # applied even so (primaries)
         self.drain_unanswered: str | None = None  # the same for a drain
         self.modified_unsupported: str | None = None  # the same for the modified outcome
         self._timer: asyncio.TimerHandle | None = None
@@ -174,6 +180,7 @@ class PoolMember:
         self._move(MemberState.UP)
         properties = self.conn.connection.remote_properties
         self.source_echo_untrusted = echoes_source_unapplied(properties)
+        self.filters_applied = filters_applied(properties)
         self.drain_unanswered = drain_unanswered(properties)
         self.modified_unsupported = modified_unsupported(properties)
         self.attempts = 0

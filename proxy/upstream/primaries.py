@@ -13,12 +13,12 @@ whole, though:
   filter and delivers every message.
 
 For such a primary the proxy refuses browsers and filters itself, with
-``amqp:not-implemented``, instead of trusting the echo. That covers RabbitMQ
-4.0's own stream filter too: 4.0.5 applies ``rabbitmq:stream-offset-spec``
-(measured: ``first``, ``last``, ``next`` and a numeric offset read a stream
-from there), but its attach echoes an unapplied selector in the same way, so
-telling the two apart needs the check per filter name
-(``proxy_links.unhonoured_source``), which it does not do yet.
+``amqp:not-implemented``, instead of trusting the echo, except the filters it
+is known to apply: RabbitMQ 4.0's own stream filter,
+``rabbitmq:stream-offset-spec`` (measured with 4.0.5: ``first``, ``last``,
+``next`` and a numeric offset read a stream from there), goes through, while
+a selector beside it is still refused (``filters_applied``, checked per filter
+name in ``proxy_links.unhonoured_source``).
 
 A receiver's drain (§2.6.7) asks the sender to use up or give back its credit
 and say so. RabbitMQ before 4.0 does not: a drain of 10 on a queue of 3 got 2
@@ -52,6 +52,20 @@ def echoes_source_unapplied(properties: dict | None) -> str | None:
     if product == "RabbitMQ" and _version(version) < (4, 1):
         return f"RabbitMQ {version} neither browses nor filters (it echoes the request)"
     return None
+
+
+# filter-set keys (§3.5.8) a primary applies although it echoes what it does not
+STREAM_OFFSET = "rabbitmq:stream-offset-spec"
+
+
+def filters_applied(properties: dict | None) -> frozenset[str]:
+    """Filters this primary applies even where ``echoes_source_unapplied`` distrusts its
+    echo of the others (measured, see the module note)."""
+    if not properties or str(properties.get("product", "")) != "RabbitMQ":
+        return frozenset()
+    if _version(str(properties.get("version", ""))) >= (4, 0):
+        return frozenset({STREAM_OFFSET})
+    return frozenset()
 
 
 def _version(version: str) -> tuple[int, int]:

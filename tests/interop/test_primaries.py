@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 from proton import symbol
 
-from proxy.upstream.primaries import drain_unanswered, echoes_source_unapplied, modified_unsupported
+from proxy.upstream.primaries import (
+    drain_unanswered,
+    echoes_source_unapplied,
+    filters_applied,
+    modified_unsupported,
+)
 
 
 def props(product: str, version: str) -> dict:
@@ -30,3 +35,13 @@ def test_known_primaries(properties, echoes, no_drain, no_modified):
         assert (reason is not None) == untrusted, check.__name__
         if untrusted:
             assert "RabbitMQ" in reason
+
+
+@pytest.mark.parametrize("properties, applied", [
+    (props("RabbitMQ", "3.10.8"), set()),  # no streams over AMQP 1.0
+    (props("RabbitMQ", "4.0.5"), {"rabbitmq:stream-offset-spec"}),  # measured: applied
+    (props("apache-activemq-artemis", "2.40.0"), set()),  # its echo is trusted anyway
+    (None, set()),
+])
+def test_filters_a_primary_applies_although_its_echo_is_not_trusted(properties, applied):
+    assert filters_applied(properties) == applied

@@ -23,7 +23,7 @@ from blocking_checks import (
     select,
     send_messages,
 )
-from proton import Message, symbol
+from proton import Described, Message, symbol, ulong
 from proton.reactor import Copy, Filter, Selector
 
 BROKERS = ["rabbitmq", "rabbitmq4", "artemis"]
@@ -365,18 +365,23 @@ def test_a_rule_declares_a_stream_and_its_consumer_reads_the_set(start_node, cli
 OFFSET_SPEC = symbol("rabbitmq:stream-offset-spec")
 
 
-def test_a_stream_offset_filter_is_refused_before_rabbitmq_4_1(start_node):
+def test_a_stream_offset_filter_goes_through_to_rabbitmq_4_0_and_a_selector_does_not(start_node):
     # Measured on 4.0.5: the offset filter is applied (directly, "first" reads the stream
     # from its start, an offset from there, "last" the last chunk) but a JMS selector is
-    # echoed and not applied, so 4.0's echo proves nothing and the proxy refuses every
-    # filter below 4.1 (proxy.upstream.primaries); docs/proxy.md says so
+    # echoed and not applied, so the proxy lets the offset filter through and refuses a
+    # selector (proxy.upstream.primaries.filters_applied); docs/proxy.md says so
     url = brokers.ensure_rabbitmq4()
     node = declaring_node(start_node, url, {"type": "stream"})
     queue = queue_name("stream-offset")
     send_messages(node.url, f"m.{queue}", [Message(id=f"o{i}", body="x") for i in range(5)])
     first = Filter({OFFSET_SPEC: "first"})
-    assert refusal(node.url, f"m.{queue}", first) == "amqp:not-implemented"
+    assert accepted_ids(node.url, f"m.{queue}", 5, first) == [f"o{i}" for i in range(5)]
     assert accepted_ids(url, f"/queues/{queue}", 5, first) == [f"o{i}" for i in range(5)]
+    from_offset = Filter({OFFSET_SPEC: ulong(3)})
+    assert accepted_ids(node.url, f"m.{queue}", 2, from_offset) == ["o3", "o4"]
+    selector = Described(symbol("apache.org:selector-filter:string"), "color = 'red'")
+    with_selector = Filter({OFFSET_SPEC: "first", symbol("selector"): selector})
+    assert refusal(node.url, f"m.{queue}", with_selector) == "amqp:not-implemented"
 
 
 def test_a_rule_declares_a_transient_classic_queue(start_node, clients):
