@@ -56,7 +56,7 @@ handshake_flood, sasl_flood, partial_transfers, max_memory_fill); a node whose
 steps are all left out is not started.
 
 Clients are proton engine objects driven by this process's asyncio loop (no
-reactor). Progress lines go to stderr as the steps run; the results are one
+reactor; ``bench/memory_client.py``). Progress lines go to stderr as the steps run; the results are one
 JSON object on stdout (and in ``--json``).
 """
 
@@ -73,105 +73,25 @@ import tempfile
 import time
 from pathlib import Path
 
-from proton import Collector, Connection, Endpoint, Event, Message, Transport
+from proton import Endpoint, Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from charts import save_bars  # noqa: E402
 from harness import free_port, machine_info, start_fedgate_node, stop_process  # noqa: E402
-
-HOST = "127.0.0.1"
-PLAIN_USER, PLAIN_PASSWORD = "bench", "bench password 1"
-WRONG_PASSWORD = "not the password"
-
-
-def progress(text: str) -> None:
-    print(f"[memory] {text}", file=sys.stderr, flush=True)
-
-
-def rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
-
-
-# -- one proton client over asyncio streams -------------------------------------------
-class Client:
-    """A proton client connection on an asyncio stream: SASL, open, one session."""
-
-    def __init__(self, reader, writer, user: str | None, password: str = PLAIN_PASSWORD) -> None:
-        self.reader, self.writer = reader, writer
-        self.transport = Transport()
-        sasl = self.transport.sasl()
-        sasl.allowed_mechs("PLAIN" if user else "ANONYMOUS")
-        sasl.allow_insecure_mechs = True  # TLS is Python's here, under proton
-        self.connection = Connection()
-        self.connection.container = "bench-memory"
-        self.connection.hostname = "localhost"
-        if user:
-            self.connection.user, self.connection.password = user, password
-        self.collector = Collector()
-        self.connection.collect(self.collector)
-        self.transport.bind(self.connection)
-        self.connection.open()
-        self.session = self.connection.session()
-        self.session.open()
-
-    @classmethod
-    async def open(cls, port: int, tls: ssl.SSLContext | None, user: str | None,
-                   password: str = PLAIN_PASSWORD) -> "Client":
-        reader, writer = await asyncio.open_connection(HOST, port, ssl=tls,
-                                                       server_hostname="localhost" if tls else None)
-        return cls(reader, writer, user, password)
-
-    def flush(self) -> None:
-        while (pending := self.transport.pending()) > 0:  # proton hands out a buffer at a time
-            self.writer.write(self.transport.peek(pending))
-            self.transport.pop(pending)
-
-    async def pump(self, done, timeout: float = 30.0, read: bool = True) -> None:
-        """Write and read until ``done()`` (bounded by ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            while self.collector.peek() is not None:
-                self.collector.pop()
-            self.flush()
-            await self.writer.drain()
-            if done():
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("bench client: no answer in time")
-            data = await asyncio.wait_for(self.reader.read(65536), left)
-            if not data:
-                self.transport.close_tail()
-                if not done():
-                    raise ConnectionError("bench client: the node closed the connection")
-                return
-            view = memoryview(data)
-            while view:
-                room = self.transport.capacity()
-                if room < 0:
-                    break
-                self.transport.push(view[:room].tobytes())
-                view = view[room:]
-
-    async def close(self) -> None:
-        self.connection.close()
-        try:
-            await self.pump(lambda: self.connection.state & Endpoint.REMOTE_CLOSED, timeout=10)
-        except (ConnectionError, TimeoutError):
-            pass
-        self.writer.close()
-
-
-async def attach_receiver(client: Client, address: str, credit: int):
-    link = client.session.receiver(f"r-{address}")
-    link.source.address = address
-    link.open()
-    link.flow(credit)
-    await client.pump(lambda: link.state & Endpoint.REMOTE_ACTIVE)
-    return link
+from memory_client import (  # noqa: E402
+    HOST,
+    PLAIN_PASSWORD,
+    PLAIN_USER,
+    WRONG_PASSWORD,
+    Client,
+    attach_receiver,
+    peak_during,
+    peak_result,
+    progress,
+    read_for,
+    remote_closed,
+    rss_kb,
+)
 
 
 # -- measurements -------------------------------------------------------------------------
@@ -257,24 +177,6 @@ async def queued(port: int, megabytes: int, pid: int) -> dict:
     return {"messages": count, "message_bytes": 1000, "rss_before_mb": round(before / 1024, 1),
             "rss_after_mb": round(after / 1024, 1),
             "rss_kb_per_queued_kb": round((after - before) / count, 2)}
-
-
-async def peak_during(pid: int, seconds: float, action) -> tuple[int, int]:
-    """RSS before and the peak while ``action`` runs and ``seconds`` after."""
-    before = rss_kb(pid)
-    peak = before
-    task = asyncio.ensure_future(action())
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline or not task.done():
-        peak = max(peak, rss_kb(pid))
-        await asyncio.sleep(0.1)
-        if time.monotonic() > deadline + 60:
-            task.cancel()
-            break
-    peak = max(peak, rss_kb(pid))
-    if task.done() and not task.cancelled() and task.exception():
-        raise task.exception()
-    return before, peak
 
 
 async def slow_reader(port: int, megabytes: int, pid: int) -> dict:
@@ -365,24 +267,6 @@ async def handshake_flood(port: int, count: int, pid: int) -> dict:
             "rss_peak_mb": round(peak / 1024, 1), "growth_mb": round((peak - before) / 1024, 1)}
 
 
-def _peak(name: str, before: int, peak: int, **figures) -> dict:
-    progress(f"{name}: node RSS {before / 1024:.1f} -> peak {peak / 1024:.1f} MB {figures}")
-    return {**figures, "rss_before_mb": round(before / 1024, 1), "rss_peak_mb": round(peak / 1024, 1),
-            "growth_mb": round((peak - before) / 1024, 1)}
-
-
-def _remote_closed(endpoint) -> bool:
-    return bool(endpoint.state & Endpoint.REMOTE_CLOSED)
-
-
-async def _read_for(client: Client, seconds: float, done=lambda: False) -> None:
-    """Answer the node for ``seconds`` (or until ``done()``); its closing is no error here."""
-    try:
-        await client.pump(done, timeout=seconds)
-    except (ConnectionError, TimeoutError, OSError):
-        pass
-
-
 async def refused_links(port: int, count: int, pid: int) -> dict:
     """One connection attaching ``count`` receivers with no source address (each refused) and
     never detaching them: the node closes the connection once it holds max_links of them."""
@@ -392,20 +276,20 @@ async def refused_links(port: int, count: int, pid: int) -> dict:
 
     async def flood():
         for start in range(0, count, 500):
-            if _remote_closed(client.connection) or client.writer.is_closing():
+            if remote_closed(client.connection) or client.writer.is_closing():
                 break
             for i in range(start, min(count, start + 500)):
                 link = client.session.receiver(f"refused-{i}")  # no address: refused
                 link.open()
                 links.append(link)
-            await _read_for(client, 0.2)
-        await _read_for(client, 10.0, lambda: _remote_closed(client.connection)
-                        or all(_remote_closed(link) for link in links))
+            await read_for(client, 0.2)
+        await read_for(client, 10.0, lambda: remote_closed(client.connection)
+                        or all(remote_closed(link) for link in links))
     before, peak = await peak_during(pid, 3.0, flood)
-    refused = sum(1 for link in links if _remote_closed(link))
+    refused = sum(1 for link in links if remote_closed(link))
     closed = client.connection.remote_condition
     client.writer.transport.abort()
-    return _peak("refused links", before, peak, attached=len(links), refused=refused,
+    return peak_result("refused links", before, peak, attached=len(links), refused=refused,
                  connection_closed_with=closed.name if closed else None)
 
 
@@ -423,7 +307,7 @@ async def temp_queues(port: int, connections: int, per_connection: int, pid: int
             link.open()
             links.append(link)
         client.links = links
-        await _read_for(client, 30.0, lambda: all(
+        await read_for(client, 30.0, lambda: all(
             link.state & (Endpoint.REMOTE_ACTIVE | Endpoint.REMOTE_CLOSED) for link in links))
         return client
 
@@ -433,10 +317,10 @@ async def temp_queues(port: int, connections: int, per_connection: int, pid: int
         await asyncio.sleep(2.0)
     before, peak = await peak_during(pid, 3.0, flood)
     made = sum(1 for c in clients for link in c.links
-               if not _remote_closed(link) and link.remote_source.address)
-    refused = sum(1 for c in clients for link in c.links if _remote_closed(link))
+               if not remote_closed(link) and link.remote_source.address)
+    refused = sum(1 for c in clients for link in c.links if remote_closed(link))
     await asyncio.gather(*(c.close() for c in clients))
-    return _peak("temporary queues", before, peak, connections=connections,
+    return peak_result("temporary queues", before, peak, connections=connections,
                  asked=connections * per_connection, made=made, refused=refused)
 
 
@@ -475,7 +359,7 @@ async def sasl_flood(port: int, tls, attempts: int, seconds: float, pid: int) ->
     before, peak = await peak_during(pid, 1.0, flood)
     elapsed = time.monotonic() - started
     done = sum(counts.values())
-    return _peak("SASL flood", before, peak, attempts=done, seconds=round(elapsed, 1),
+    return peak_result("SASL flood", before, peak, attempts=done, seconds=round(elapsed, 1),
                  attempts_per_s=round(done / elapsed, 1), **counts)
 
 
@@ -495,7 +379,7 @@ async def partial_transfers(port: int, links_count: int, kb: int, cap_mb: int, p
 
     async def flood():
         for link in senders:
-            if _remote_closed(link) or client.writer.is_closing():
+            if remote_closed(link) or client.writer.is_closing():
                 continue
             link.delivery(b"0")
             link.send(head)  # never advanced: the node keeps waiting for the rest
@@ -504,11 +388,11 @@ async def partial_transfers(port: int, links_count: int, kb: int, cap_mb: int, p
                 await client.writer.drain()
             except ConnectionError:
                 break
-        await _read_for(client, 5.0)
+        await read_for(client, 5.0)
     before, peak = await peak_during(pid, 3.0, flood)
-    refused = sum(1 for link in senders if _remote_closed(link))
+    refused = sum(1 for link in senders if remote_closed(link))
     client.writer.transport.abort()
-    return _peak("partial transfers", before, peak, links=links_count, kb_each=kb,
+    return peak_result("partial transfers", before, peak, links=links_count, kb_each=kb,
                  attempted_mb=round(links_count * size / 2**20, 1), refused_links=refused,
                  max_memory_mb=cap_mb)
 
@@ -539,7 +423,7 @@ async def max_memory_fill(port: int, cap_mb: int, pid: int) -> dict:
                 sent += 1
     before, peak = await peak_during(pid, 3.0, flood)
     await client.close()
-    return _peak("max_memory fill", before, peak, max_memory_mb=cap_mb,
+    return peak_result("max_memory fill", before, peak, max_memory_mb=cap_mb,
                  offered_mb=round(target * len(body) / 2**20, 1),
                  sent_mb=round(sent * len(body) / 2**20, 1), withheld=sent < target)
 
