@@ -198,12 +198,15 @@ class FragmentGroup:
     def after_dispatch(self, queue) -> None:
         if queue.standby_consumers:  # what our drain answers will report as available
             depth = len(queue.messages)
-            # other nodes' stealers are served from the siblings too: their backlog counts
-            backlog = depth + sum(self.stealers[key].available or 0 for key in self.siblings
-                                  if key in self.stealers)
+            backlog = None  # other nodes' stealers are served from the siblings too
             for consumer in queue.standby_consumers:
-                pn_link_offered(consumer.link_ptr, backlog if self._from_other_node(consumer)
-                                else depth)
+                if self._from_other_node(consumer):
+                    if backlog is None:
+                        backlog = depth + sum(self.stealers[key].available or 0
+                                              for key in self.siblings if key in self.stealers)
+                    pn_link_offered(consumer.link_ptr, backlog)
+                else:
+                    pn_link_offered(consumer.link_ptr, depth)
         self.evaluate()
 
     # -- other nodes' stealers on a node with workers (module note) --------------------
