@@ -329,9 +329,37 @@ def stop_process(proc: subprocess.Popen | None, timeout: float = 10.0) -> int | 
 # ---------------------------------------------------------------- C clients
 
 
+_BURNER = """
+import sys, time
+share = float(sys.argv[1])
+period = 0.002
+while True:
+    start = time.perf_counter()
+    while time.perf_counter() - start < share * period:
+        pass
+    time.sleep(max(0.0, period - (time.perf_counter() - start)))
+"""
+
+
+def start_burner(share: float) -> subprocess.Popen:
+    """A process keeping ``share`` (0..1) of one CPU busy: a 2 ms busy/sleep cycle."""
+    return subprocess.Popen([sys.executable, "-c", _BURNER, f"{min(share, 1.0):.3f}"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+def stop_burner(proc: subprocess.Popen) -> float:
+    """Stop a burner; the CPU seconds it used."""
+    cpu = proc_cpu_seconds(proc.pid)
+    proc.kill()
+    proc.wait(timeout=10)
+    return cpu
+
+
 def sender_cmd(host: str, port: int, address: str, count: int,
-               body_bytes: int = DEFAULT_BODY_BYTES) -> list[str]:
-    return [str(SEND_BIN), host, str(port), address, str(count), str(body_bytes)]
+               body_bytes: int = DEFAULT_BODY_BYTES, rate: float = 0) -> list[str]:
+    """``rate`` > 0 paces the sender to that many messages per second."""
+    cmd = [str(SEND_BIN), host, str(port), address, str(count), str(body_bytes)]
+    return cmd + [f"{rate:.1f}"] if rate > 0 else cmd
 
 
 def receiver_cmd(host: str, port: int, address: str, count: int,

@@ -2,9 +2,10 @@
 """Where a proxied message's CPU goes: py-spy samples the node during one proxy run.
 
     .venv/bin/python bench/profile_proxy.py [--messages 100000] [--top 25]
+                                            [--primary rabbitmq|rabbitmq4|artemis|fedgate] [--pairs 1]
 
-Starts the same node as ``bench/proxy.py`` (rule ``rq.* -> RabbitMQ``), runs a
-C sender and receiver through it while ``py-spy record`` samples the node
+Starts the same node as ``bench/proxy.py`` (rule ``rq.* -> the primary``), runs
+``--pairs`` C senders and receivers through it while ``py-spy record`` samples the node
 (``--native`` off: Python frames; C time shows in the calling function), then
 prints the functions with the most samples of their own (self) and the most
 samples including what they call (total), as shares of all samples, and the
@@ -48,27 +49,30 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--primary", default="rabbitmq",
+                        help="rabbitmq (3.10), rabbitmq4, artemis or fedgate, as in bench/proxy.py")
+    parser.add_argument("--pairs", type=int, default=1)
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     node_args = argparse.Namespace(node_start_timeout=30.0, keep_data=False, timeout=300.0,
                                    body_bytes=bench_proxy.h.DEFAULT_BODY_BYTES,
                                    credit=bench_proxy.h.DEFAULT_CREDIT_WINDOW,
-                                   messages=args.messages)
-    rabbit_pid = bench_proxy.h.rabbitmq_pid(bench_proxy.RABBIT_PORT)
-    node = bench_proxy.ProxyNode(node_args, "rq.*", "profile")
+                                   messages=args.messages, pool_size=1)
+    primary = bench_proxy.Primary(args.primary, node_args)
+    node = bench_proxy.ProxyNode(node_args, "rq.*", "profile", primary=primary)
     raw = Path(tempfile.mkdtemp(prefix="fedgate-profile-")) / "node.txt"
     try:
-        bench_proxy.run_target("proxy", node, rabbit_pid, "profile-warmup",
+        bench_proxy.run_target("proxy", node, primary, "profile-warmup",
                                argparse.Namespace(**{**vars(node_args), "messages": 5000}))
         recorder = subprocess.Popen([spy, "record", "-p", str(node.pid), "-r", str(args.rate),
                                      "--format", "raw", "-o", str(raw), "--nonblocking"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        row = bench_proxy.run_target("proxy", node, rabbit_pid, "profile", node_args)
+        row = bench_proxy.run_target("proxy", node, primary, "profile", node_args, args.pairs)
         recorder.send_signal(2)
         recorder.wait(timeout=30)
     finally:
         node.stop()
-        bench_proxy.delete_rabbit_queues(["bench-px-profile-warmup-proxy", "bench-px-profile-proxy"])
+        primary.stop()
     own, total, samples = collapse(raw)
     print(f"{row['msgs_per_s']} msg/s, node {row['node_cpu_us_per_msg']} µs/msg, {samples} samples")
     print("\nself (own samples)")

@@ -28,6 +28,11 @@ Run from the repo root (``make bench-proxy`` installs RabbitMQ and the C clients
    - ``split``: the primary pinned to the first half of the CPUs, the node and the
      clients to the other half (``sched_setaffinity``), as when the proxy runs
      on its own host in front of the broker. Affinities are restored at the end.
+   ``--same-rate`` adds a third target per round, ``paced``: direct again, the
+   senders paced to the rate the proxy reached in that round, so the primary's
+   CPU per message is also compared at one rate (``primary_cpu_ratio_same_rate``),
+   and ``loaded``: direct again beside a busy loop that takes the share of a CPU
+   the node took in that round (``primary_cpu_ratio_same_load``).
 2. Idle connections. A fresh node proxies ``idle.*`` to RabbitMQ; one process
    (``bench/idle_clients.py``, proton engine objects in one asyncio loop) opens
    ``--idle`` connections with one receiver link each to ``idle.bench-px-idle``.
@@ -248,12 +253,15 @@ def delete_rabbit_queues(names) -> None:
 
 # ---------------------------------------------------------------- throughput
 def run_target(target: str, node: ProxyNode, primary: Primary, tag: str, args, pairs: int = 1,
-               mode: str = "concurrent") -> dict:
+               mode: str = "concurrent", rate: float = 0, burn: float = 0) -> dict:
     """``pairs`` C sender/receiver pairs, each on its own queue, ``args.messages`` each.
 
     ``concurrent``: receivers and senders run at the same time; ``phased``: the
     senders fill the queues first, then the receivers drain them (two batches,
-    their times added).
+    their times added). ``rate`` > 0 paces each sender to ``rate / pairs`` msgs/s
+    (target ``paced``: direct, at the rate the proxy reached). ``burn`` > 0 runs a
+    process that keeps that share of one CPU busy meanwhile (target ``loaded``:
+    direct, with the CPU the node took from the machine taken by something else).
     """
     n = args.messages
     if target == "proxy":
@@ -264,7 +272,8 @@ def run_target(target: str, node: ProxyNode, primary: Primary, tag: str, args, p
         host, port = "127.0.0.1", primary.port
         addresses = [primary.direct_address(f"bench-px-{tag}-{i}-direct") for i in range(pairs)]
     receivers = [h.receiver_cmd(host, port, a, n, args.credit) for a in addresses]
-    senders = [h.sender_cmd(host, port, a, n, args.body_bytes) for a in addresses]
+    senders = [h.sender_cmd(host, port, a, n, args.body_bytes, rate / pairs) for a in addresses]
+    burner = h.start_burner(burn) if burn > 0 else None
     node_meter = h.CpuMeter(node.pid, tree=False).start()
     primary_meter = h.CpuMeter(primary.pid, tree=False).start()
     if mode == "phased":
@@ -274,6 +283,7 @@ def run_target(target: str, node: ProxyNode, primary: Primary, tag: str, args, p
     else:
         batches = [h.run_concurrently(receivers + senders, timeout=args.timeout)]
     node_cpu, primary_cpu = node_meter.stop(), primary_meter.stop()
+    burner_cpu = h.stop_burner(burner) if burner is not None else 0.0
     elapsed = sum(b.elapsed for b in batches)
     clients_cpu = sum(b.clients_cpu for b in batches)
     ok = all(b.ok for b in batches) and len(batches) == (2 if mode == "phased" else 1)
@@ -288,6 +298,8 @@ def run_target(target: str, node: ProxyNode, primary: Primary, tag: str, args, p
         "node_cpu_us_per_hop": round(node_cpu * 1e6 / total / 2, 2),
         "primary_cpu_us_per_msg": round(primary_cpu * 1e6 / total, 2),
         "clients_cpu_us_per_msg": round(clients_cpu * 1e6 / total, 2),
+        "node_cpu_share": round(node_cpu / elapsed, 3) if elapsed > 0 else None,
+        **({"burner_cpu_share": round(burner_cpu / elapsed, 3)} if burner is not None else {}),
         # share of the CPUs available to the run that these three used
         "cpu_busy": round((node_cpu + primary_cpu + clients_cpu) / (elapsed * CPUS), 3)
         if elapsed > 0 else None,
@@ -340,8 +352,19 @@ def _rounds(case: str, node, primary: Primary, args, pairs: int, mode: str) -> l
     runs = []
     for r in range(1, args.rounds + 1):
         order = ("proxy", "direct") if r % 2 else ("direct", "proxy")
+        if args.same_rate:
+            order = ("direct", "proxy", "paced", "loaded")
         for target in order:
-            row = run_target(target, node, primary, f"{case}{r}", args, pairs, mode)
+            rate = burn = 0.0
+            if target in ("paced", "loaded"):
+                done = [x for x in runs if x["round"] == r and x["target"] == "proxy" and x["ok"]]
+                if not done:
+                    continue
+                if target == "paced":
+                    rate = done[0]["msgs_per_s"]
+                else:
+                    burn = done[0]["node_cpu_share"]
+            row = run_target(target, node, primary, f"{case}{r}", args, pairs, mode, rate, burn)
             row["round"] = r
             runs.append(row)
             log(f"{case} round {r} {target:6s} {row['msgs_per_s']} msgs/s  node "
@@ -354,8 +377,10 @@ def _rounds(case: str, node, primary: Primary, args, pairs: int, mode: str) -> l
 def summarize(runs: list[dict]) -> dict:
     ok = [r for r in runs if r["ok"]]
     summary = {}
-    for target in ("direct", "proxy"):
+    for target in ("direct", "proxy", "paced", "loaded"):
         rows = [r for r in ok if r["target"] == target]
+        if not rows and target in ("paced", "loaded"):
+            continue
         summary[target] = {key: h.median([r[key] for r in rows])
                            for key in ("msgs_per_s", "node_cpu_us_per_msg", "node_cpu_us_per_hop",
                                        "primary_cpu_us_per_msg", "clients_cpu_us_per_msg", "cpu_busy")}
@@ -375,6 +400,20 @@ def summarize(runs: list[dict]) -> dict:
     d_primary, p_primary = summary["direct"]["primary_cpu_us_per_msg"], summary["proxy"]["primary_cpu_us_per_msg"]
     # the primary's work per message through the proxy against direct (goal: <= 1.1)
     summary["primary_cpu_ratio"] = round(p_primary / d_primary, 3) if d_primary and p_primary else None
+    if "paced" in summary:
+        # the same, against direct clients paced to the rate the proxy reached: a broker's
+        # CPU per message grows as its rate falls (fewer messages per wake-up, its own
+        # background work spread over fewer messages), so this separates the work the
+        # proxy's traffic makes from the rate it runs at
+        s_primary = summary["paced"]["primary_cpu_us_per_msg"]
+        summary["primary_cpu_ratio_same_rate"] = (round(p_primary / s_primary, 3)
+                                                  if s_primary and p_primary else None)
+    if "loaded" in summary:
+        # and against direct clients with a busy loop taking the CPU the node took: the
+        # same contention for the primary, its clients' traffic unchanged
+        l_primary = summary["loaded"]["primary_cpu_us_per_msg"]
+        summary["primary_cpu_ratio_same_load"] = (round(p_primary / l_primary, 3)
+                                                  if l_primary and p_primary else None)
     return summary
 
 
@@ -408,7 +447,11 @@ def throughput(args) -> dict:
                         figures = cases[case]
                         log(f"{case}: ratio {figures['ratio']}, node {figures['proxy_node_cpu_us_per_hop']} "
                             f"µs/hop, {primary_name} through the proxy {figures['primary_cpu_ratio']}x "
-                            "its CPU per message direct")
+                            "its CPU per message direct"
+                            + (f", {figures['primary_cpu_ratio_same_rate']}x at the same rate"
+                               if "primary_cpu_ratio_same_rate" in figures else "")
+                            + (f", {figures['primary_cpu_ratio_same_load']}x beside the same load"
+                               if "primary_cpu_ratio_same_load" in figures else ""))
         finally:
             node.stop()
             primary.stop()
@@ -514,6 +557,10 @@ def main() -> int:
                         help="comma-separated pair counts, each pair on its own queue (e.g. 1,8)")
     parser.add_argument("--modes", type=lambda v: [x for x in v.split(",") if x], default=["concurrent"],
                         help="concurrent (send and receive at once) and/or phased (fill, then drain)")
+    parser.add_argument("--same-rate", action="store_true",
+                        help="after each round's proxy run, run direct twice more: the senders "
+                             "paced to the proxy's rate (target 'paced'), and beside a busy loop "
+                             "taking the CPU share the node took (target 'loaded')")
     parser.add_argument("--idle", type=int, default=10_000)
     parser.add_argument("--mirror", action="store_true",
                         help="idle clients share one upstream link (rule mirror_auto_delete)")

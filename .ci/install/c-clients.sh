@@ -7,11 +7,13 @@
 # the repository.
 #
 # Resulting programs (positional args, as the stock examples, plus one optional):
-#   .build/bench/send    HOST PORT ADDRESS COUNT [BODY_BYTES=100]
+#   .build/bench/send    HOST PORT ADDRESS COUNT [BODY_BYTES=100] [RATE=0]
 #   .build/bench/receive HOST PORT ADDRESS COUNT [CREDIT_WINDOW=1000]
 # Both connect to HOST:PORT, attach to ADDRESS and exit after COUNT messages
 # (send: COUNT accepted; receive: COUNT received and accepted); exit status 0 on
 # success, 1 on any error condition. receive prints only one summary line.
+# send's RATE paces it to RATE messages per second (0: as fast as credit allows),
+# so that a broker's CPU per message can be compared at the same rate.
 #
 # Idempotent: installs packages only if missing; rebuilds only when a binary
 # is missing or this script / the installed example sources changed.
@@ -129,7 +131,65 @@ patch_send() {
     # Optional 5th argument: body size in bytes (default 100).
     edit "$f" '(app\.message_count = \(argc > 4\) \? atoi\(argv\[4\]\) : 10;)' \
         '$1
-  app.body_size = (argc > 5 && atoi(argv[5]) >= 0) ? atoi(argv[5]) : 100;'
+  app.body_size = (argc > 5 && atoi(argv[5]) >= 0) ? atoi(argv[5]) : 100;
+  app.rate = (argc > 6 && atof(argv[6]) > 0) ? atof(argv[6]) : 0;'
+    # Optional 6th argument: pace to RATE messages/s. Sending moves out of the
+    # flow handler into send_some(), which a 1 ms proactor timer wakes (through
+    # pn_connection_wake, so the link is touched only in its connection's batch).
+    edit "$f" '(\n\s*int body_size;)' '$1
+  double rate, t0;
+  int timer_set;
+  pn_link_t *sender;'
+    edit "$f" '(#include <string\.h>)' '$1
+#include <time.h>'
+    edit "$f" '(?s)(/\* Returns true to continue, false if finished \*/)' \
+        'static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* bench: send what credit and the pace allow; re-arm the timer when paced. */
+static void send_some(app_data_t *app) {
+  pn_link_t *sender = app->sender;
+  int limit = app->message_count;
+  if (!sender) return;
+  if (app->rate > 0) {
+    double t = now_s();
+    if (app->t0 == 0) app->t0 = t;
+    limit = (int)((t - app->t0) * app->rate) + 1;
+    if (limit > app->message_count) limit = app->message_count;
+  }
+  while (pn_link_credit(sender) > 0 && app->sent < limit) {
+    ++app->sent;
+    pn_delivery(sender, pn_dtag((const char *)&app->sent, sizeof(app->sent)));
+    send_message(app, sender);
+  }
+  if (app->rate > 0 && app->sent < app->message_count && pn_link_credit(sender) > 0
+      && !app->timer_set) {
+    app->timer_set = 1;
+    pn_proactor_set_timeout(app->proactor, 1);
+  }
+}
+
+$1'
+    edit "$f" '(?s)case PN_LINK_FLOW: \{.*?\n     break;\n   \}' \
+        'case PN_LINK_FLOW: {
+     /* The peer has given us some credit, now we can send messages */
+     app->sender = pn_event_link(event);
+     send_some(app);
+     break;
+   }
+
+   case PN_CONNECTION_WAKE:
+     send_some(app);
+     break;
+
+   case PN_PROACTOR_TIMEOUT:
+     app->timer_set = 0;
+     if (app->sender && app->acknowledged < app->message_count)
+       pn_connection_wake(pn_session_connection(pn_link_session(app->sender)));
+     break;'
 }
 
 # SASL ANONYMOUS offered (stock: no SASL layer): RabbitMQ 4 requires SASL; fedgate,
