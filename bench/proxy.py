@@ -364,13 +364,15 @@ def _rounds(case: str, node, primary: Primary, args, pairs: int, mode: str) -> l
                     rate = done[0]["msgs_per_s"]
                 else:
                     burn = done[0]["node_cpu_share"]
+            probe = h.speed_probe()
             row = run_target(target, node, primary, f"{case}{r}", args, pairs, mode, rate, burn)
             row["round"] = r
+            row["speed_probe_us"] = probe
             runs.append(row)
             log(f"{case} round {r} {target:6s} {row['msgs_per_s']} msgs/s  node "
                 f"{row['node_cpu_us_per_hop']} µs/hop  {primary.name} {row['primary_cpu_us_per_msg']} "
                 f"µs/msg  clients {row['clients_cpu_us_per_msg']} µs/msg  CPUs busy "
-                f"{row['cpu_busy']}{'  ' + row['error'] if 'error' in row else ''}")
+                f"{row['cpu_busy']}  probe {probe} µs{'  ' + row['error'] if 'error' in row else ''}")
     return runs
 
 
