@@ -126,7 +126,12 @@ def test_local_queue_bound_to_a_rabbitmq_exchange(any_rabbit, start_node):
         rabbit.version == 4 and outcomes.pop("other") == ("released", None)
         and set(outcomes.values()) == {("accepted", None)})
 
-    wait_for(lambda: depth() == 50, 20, "the local queue to fill up to its depth limit")
+    try:
+        wait_for(lambda: depth() == 50, 20, "the local queue to fill up to its depth limit")
+    except AssertionError as exc:  # say where it stopped: the binding's link and credit
+        sources = admin_get(node, "/api/v1/exchanges")["sources"]
+        raise AssertionError(f"{exc}: depth {depth()}, sources {sources}, "
+                             f"bound {rabbit.bound_queues('amq.topic', f'{key}.#')}") from None
     assert depth() == 50  # credit held back: the other 150 wait on RabbitMQ
     got = receive_ids(node.url, queue, quiet=3.0, timeout=60)
     assert sorted(got) == sorted(f"s{i}" for i in range(200))  # all, once; 'other' not bound
