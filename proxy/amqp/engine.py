@@ -295,6 +295,9 @@ def relay_transfer(link, delivery, target, tag: bytes, max_size: int = 0):
     return send_message(target, tag, payload)
 
 
+_NO_LINKS: dict = {}  # an EventPump without ``links``: every event goes to its handler
+
+
 class EventHandler(Protocol):
     def on_event(self, event_type: int, event) -> None: ...
 
@@ -323,20 +326,23 @@ class EventPump:
         try:
             collector = self._collector
             on_event = self._handler.on_event
-            links = self._links
+            links = self._links if self._links is not None else _NO_LINKS
             while True:
                 event = pn_collector_peek(collector)
                 if not event:
                     break
                 try:
-                    event_type = pn_event_type(event)
-                    if event_type == PN_DELIVERY and links is not None:
-                        delivery = _event_delivery(event)
+                    # a delivery's event is the only one whose context is a delivery
+                    # (proton's pn_work_update): asking for it saves asking for the type
+                    delivery = _event_delivery(event)
+                    if delivery:
                         owner = links.get(_delivery_link(delivery))
                         if owner is not None:
                             owner.on_upstream_delivery(delivery)
                             continue
-                    on_event(event_type, event)
+                        on_event(PN_DELIVERY, event)
+                    else:
+                        on_event(pn_event_type(event), event)
                 finally:  # a handler's exception must not leave the event to run again
                     pn_collector_pop(collector)
         finally:
@@ -394,13 +400,15 @@ class SharedEventPump:
                 if not event:
                     break
                 try:
-                    event_type = pn_event_type(event)
-                    if event_type == PN_DELIVERY:
-                        delivery = _event_delivery(event)
+                    delivery = _event_delivery(event)  # as in EventPump.run
+                    if delivery:
                         endpoint = links.get(_delivery_link(delivery))
                         if endpoint is not None:
                             endpoint.on_delivery(delivery)
                             continue
+                        event_type = PN_DELIVERY
+                    else:
+                        event_type = pn_event_type(event)
                     handler = handlers.get(_event_connection(event))
                     if handler is not None:
                         handler.on_event(event_type, event)
