@@ -28,11 +28,12 @@ Run from the repo root (``make bench-proxy`` installs RabbitMQ and the C clients
    - ``split``: the primary pinned to the first half of the CPUs, the node and the
      clients to the other half (``sched_setaffinity``), as when the proxy runs
      on its own host in front of the broker. Affinities are restored at the end.
-   ``--same-rate`` adds a third target per round, ``paced``: direct again, the
-   senders paced to the rate the proxy reached in that round, so the primary's
-   CPU per message is also compared at one rate (``primary_cpu_ratio_same_rate``),
-   and ``loaded``: direct again beside a busy loop that takes the share of a CPU
-   the node took in that round (``primary_cpu_ratio_same_load``).
+   ``--same-rate`` adds two targets per round (after ``direct`` and ``proxy``):
+   ``paced``, direct again with the senders paced to the rate the proxy reached
+   in that round, so the primary's CPU per message is also compared at one rate
+   (``primary_cpu_ratio_same_rate``); and ``loaded``, direct again beside a busy
+   loop taking the share of a CPU the node took (``primary_cpu_ratio_same_load``).
+   A speed probe (``harness.speed_probe``) is recorded before every run.
 2. Idle connections. A fresh node proxies ``idle.*`` to RabbitMQ; one process
    (``bench/idle_clients.py``, proton engine objects in one asyncio loop) opens
    ``--idle`` connections with one receiver link each to ``idle.bench-px-idle``.
