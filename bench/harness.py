@@ -116,20 +116,39 @@ def wait_for_port(host: str, port: int, timeout: float = 30.0,
         time.sleep(interval)
 
 
-def _listen_inodes(port: int) -> set[str]:
-    inodes = set()
+def tcp_sockets():
+    """(local port, remote port, state, inode) of every TCP socket in /proc/net/tcp{,6}.
+
+    States are the kernel's hex codes: "0A" listening, "01" established.
+    """
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
                 next(f)
                 for line in f:
                     parts = line.split()
-                    local, state, inode = parts[1], parts[3], parts[9]
-                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                        inodes.add(inode)
+                    yield (int(parts[1].rsplit(":", 1)[1], 16), int(parts[2].rsplit(":", 1)[1], 16),
+                           parts[3], parts[9])
         except FileNotFoundError:
             continue
-    return inodes
+
+
+def _listen_inodes(port: int) -> set[str]:
+    return {inode for local, _, state, inode in tcp_sockets() if state == "0A" and local == port}
+
+
+def established_to(pid: int, port: int) -> int:
+    """TCP connections of process ``pid`` established to remote ``port``."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return sum(1 for _, remote, state, inode in tcp_sockets()
+               if state == "01" and remote == port and inode in inodes)
 
 
 def listener_pid(port: int) -> int | None:

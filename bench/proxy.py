@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from charts import save_bars  # noqa: E402
 from proxy_setup import (  # noqa: E402
-    RABBIT_PORT, Primary, ProxyNode, delete_rabbit_queues, established_to, log, rss_kb,
+    RABBIT_PORT, Primary, ProxyNode, delete_rabbit_queues, log, rss_kb,
 )
 
 GOAL_RATIO = 0.9
@@ -339,7 +339,7 @@ def idle(args) -> dict:
         cpu1 = h.proc_cpu_seconds(node.pid)
         time.sleep(args.idle_window)
         idle_cpu = h.proc_cpu_seconds(node.pid) - cpu1
-        upstream = established_to(node.pid, RABBIT_PORT)
+        upstream = h.established_to(node.pid, RABBIT_PORT)
         result = {
             "connections": ready["ready"], "failed": ready["failed"],
             "mirror_auto_delete": args.mirror, "upstream_links": upstream_links,

@@ -33,31 +33,6 @@ def rss_kb(pid: int) -> int:
     raise h.BenchError(f"no VmRSS for pid {pid}")
 
 
-def established_to(pid: int, port: int) -> int:
-    """TCP connections of process ``pid`` established to remote ``port``."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f)
-                for line in f:
-                    parts = line.split()
-                    if parts[3] == "01" and int(parts[2].rsplit(":", 1)[1], 16) == port \
-                            and parts[9] in inodes:
-                        count += 1
-        except FileNotFoundError:
-            continue
-    return count
-
-
 class Primary:
     """The broker behind the proxy rule: RabbitMQ 3.10, Artemis, or another fedgate node."""
 
