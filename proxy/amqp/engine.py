@@ -295,9 +295,6 @@ def relay_transfer(link, delivery, target, tag: bytes, max_size: int = 0):
     return send_message(target, tag, payload)
 
 
-_NO_LINKS: dict = {}  # an EventPump without ``links``: every event goes to its handler
-
-
 class EventHandler(Protocol):
     def on_event(self, event_type: int, event) -> None: ...
 
@@ -326,7 +323,7 @@ class EventPump:
         try:
             collector = self._collector
             on_event = self._handler.on_event
-            links = self._links if self._links is not None else _NO_LINKS
+            links = self._links
             while True:
                 event = pn_collector_peek(collector)
                 if not event:
@@ -336,7 +333,7 @@ class EventPump:
                     # (proton's pn_work_update): asking for it saves asking for the type
                     delivery = _event_delivery(event)
                     if delivery:
-                        owner = links.get(_delivery_link(delivery))
+                        owner = links.get(_delivery_link(delivery)) if links is not None else None
                         if owner is not None:
                             owner.on_upstream_delivery(delivery)
                             continue
