@@ -215,7 +215,9 @@ def test_fedgate_status_connections_and_rules_as_json_and_a_live_connection(star
     assert json_of("connections") == {"count": 0, "connections": []}
     receiver = clients("proton", "receive", node.url, address="orders", count=1, hold=True,
                        timeout_ms=60000)
-    (conn,) = wait_for(lambda: json_of("connections")["connections"], 20, "the receiver's connection")
+    # the connection is listed once it is open; its receiver attaches just after
+    (conn,) = wait_for(lambda: [c for c in json_of("connections")["connections"] if c["links"]], 20,
+                       "the receiver's connection with its link")
     assert conn["links"] == 1 and conn["transport"] == "tcp" and conn["amqp_open"]
     assert conn["peer"].startswith("127.0.0.1:")
 
