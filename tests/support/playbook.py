@@ -263,8 +263,8 @@ class PlaybookClient(asyncio.Protocol):
     def flush(self) -> None:
         if self.transport_io is None or self.lost:
             return
-        pending = self.engine.pending()
-        if pending > 0:
+        # proton hands out at most its output buffer at a time: a large frame takes several
+        while (pending := self.engine.pending()) > 0:
             out = self.engine.peek(pending)
             self.engine.pop(pending)
             self.transport_io.write(out)
