@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: run test venv system npm brokers bench bench-deps bench-durable bench-fragments bench-proxy fuzz soak load-demo clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml proxy/amqp/_fastpath.c
 	bash .ci/install/system.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

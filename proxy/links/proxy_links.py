@@ -47,7 +47,6 @@ from cproton import (
     PN_REJECTED,
     PN_RELEASED,
     pn_delivery_pending,
-    pn_delivery_remote_state,
     pn_delivery_settle,
     pn_delivery_settled,
     pn_delivery_update,
@@ -60,13 +59,17 @@ from cproton import (
 from proton import Delivery, Link, Terminus
 
 from proxy.amqp.engine import (
+    RELAY_IN_PYTHON,
     ClientLinkEndpoint,
     beyond_credit,
+    fast_relay,
+    fast_relay_kept,
     hold,
     link_session,
     read_transfer,
     relay_transfer,
     send_message,
+    settle_accepted,
 )
 from proxy.amqp.outcomes import copy_outcome, outcome_of, relay_outcome
 from proxy.amqp.termini import filter_names, set_capabilities
@@ -325,8 +328,11 @@ class ProxyConsumer(_ProxyEndpoint):
         if direct:
             # the common case: primary to client through the read buffer, no copy kept
             # (a delivery lost on the way is the primary's to send again)
-            result = relay_transfer(self.up_ptr, delivery, self.link_ptr, str(next(self.tags)).encode(),
-                                    self.handler.broker.max_message_size)
+            tag = next(self.tags)
+            max_size = self.handler.broker.max_message_size
+            result = fast_relay(self.up_ptr, delivery, self.link_ptr, tag, max_size)
+            if result is RELAY_IN_PYTHON:
+                result = relay_transfer(self.up_ptr, delivery, self.link_ptr, tag, max_size)
         else:  # the client has no credit: the bytes wait here
             result = read_transfer(self.up_ptr, delivery, self.handler.broker.max_message_size)
         if result is None:
@@ -370,13 +376,11 @@ class ProxyConsumer(_ProxyEndpoint):
 
     def on_delivery(self, delivery) -> None:
         """The client's disposition: apply it upstream, then settle both (§3.4)."""
-        if pn_delivery_remote_state(delivery) == PN_ACCEPTED:  # nearly always: no helper calls
-            up = self.unsettled.pop(delivery, None)
+        up = self.unsettled.get(delivery)
+        if settle_accepted(delivery, up):  # nearly always: no helper calls
             if up is not None:
-                pn_delivery_update(up, PN_ACCEPTED)
-                pn_delivery_settle(up)
+                del self.unsettled[delivery]
                 self.member.mark_dirty()
-            pn_delivery_settle(delivery)
             return
         state = outcome_of(delivery)
         if state is None:
@@ -468,25 +472,38 @@ class ProxyProducer(_ProxyEndpoint):
             self.handler.refuse_beyond_credit(self.link)
             return
         up = self.up_ptr
-        if (pn_delivery_settled(delivery) and not self.pending and up is not None and self.up_attached
-                and not self.suspects and pn_link_credit(up) > 0):
-            # pre-settled by the client (at-most-once): nothing to replay, so nothing kept;
-            # the bytes go from link to link through the read buffer
-            sent = relay_transfer(self.link_ptr, delivery, up, str(next(self.tags)).encode(),
-                                  self.handler.broker.max_message_size)
-            if sent is None:
+        max_size = self.handler.broker.max_message_size
+        if (not self.pending and up is not None and self.up_attached and not self.suspects
+                and pn_link_credit(up) > 0):  # the common case: straight on, nothing queued
+            tag = next(self.tags)
+            if pn_delivery_settled(delivery):
+                # pre-settled by the client (at-most-once): nothing to replay, so nothing kept;
+                # the bytes go from link to link through the read buffer
+                sent = fast_relay(self.link_ptr, delivery, up, tag, max_size)
+                if sent is RELAY_IN_PYTHON:
+                    sent = relay_transfer(self.link_ptr, delivery, up, tag, max_size)
+                if sent is None:
+                    return
+                if sent is False:
+                    self.handler.refuse_oversized(self.link)
+                    return
+                pn_delivery_settle(sent)
+                pn_delivery_settle(delivery)
+                self.received += 1
+                member = self.member
+                member.sent += 1
+                member.mark_dirty()
                 return
-            if sent is False:
-                self.handler.refuse_oversized(self.link)
+            kept = fast_relay_kept(self.link_ptr, delivery, up, tag, max_size)
+            if kept is not RELAY_IN_PYTHON:  # sent upstream; the bytes kept for a replay
+                payload, up_delivery = kept
+                self.received += 1
+                self.inflight[up_delivery] = (payload, delivery)
+                member = self.member
+                member.sent += 1
+                member.mark_dirty()
                 return
-            pn_delivery_settle(sent)
-            pn_delivery_settle(delivery)
-            self.received += 1
-            member = self.member
-            member.sent += 1
-            member.mark_dirty()
-            return
-        payload = read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
+        payload = read_transfer(self.link_ptr, delivery, max_size)
         if payload is None:
             return
         if payload is False:
@@ -531,12 +548,12 @@ class ProxyProducer(_ProxyEndpoint):
 
     def on_upstream_delivery(self, delivery) -> None:
         """The primary's outcome: pass it to the client, then settle both."""
-        if pn_delivery_remote_state(delivery) == PN_ACCEPTED:  # nearly always: no helper calls
-            item = self.inflight.pop(delivery, None)
-            pn_delivery_settle(delivery)
-            if item is not None and item[1] is not None and not self.closed:
-                pn_delivery_update(item[1], PN_ACCEPTED)
-                pn_delivery_settle(item[1])
+        item = self.inflight.get(delivery)
+        client_delivery = item[1] if item is not None and not self.closed else None
+        if settle_accepted(delivery, client_delivery):  # nearly always: no helper calls
+            if item is not None:
+                del self.inflight[delivery]
+            if client_delivery is not None:
                 self.handler.mark_dirty()
             return
         state = outcome_of(delivery)
