@@ -21,7 +21,8 @@ the primary is unreachable; the upstream link follows the pool member's state
     that detaches or drops has its unsettled deliveries released upstream.
 
 ``ProxyProducer`` (client sends; upstream is our Sender)
-    The client gets credit only as the primary grants it. Each client delivery
+    The client gets credit only as the primary grants it, and at most a window of
+    ``credit_window`` messages held for the primary (``sync_credit``). Each client delivery
     is forwarded and settled with the primary's outcome (end-to-end
     at-least-once). Deliveries in flight when the upstream connection breaks are
     kept and sent again, so the client sees the real outcome rather than a
@@ -420,6 +421,8 @@ class ProxyProducer(_ProxyEndpoint):
         self.inflight: dict = {}  # upstream delivery -> (payload, client delivery | None)
         self.suspects = 0  # deliveries being sent again alone (proxy.upstream.suspects)
         self.received = 0
+        self.window = handler.broker.credit_window  # sync_credit
+        self.refill_every, self.unsynced = max(1, self.window // 4), 0  # settled since the last sync
         super().__init__(handler, client_link, upstream, remote_address, capabilities, rule)
 
     def configure_upstream(self, link: Link) -> None:
@@ -458,11 +461,16 @@ class ProxyProducer(_ProxyEndpoint):
         self.sync_credit()
 
     def sync_credit(self) -> None:
-        """Give the client the credit the primary gave us, minus what is queued."""
+        """The primary's credit minus what is queued, within the window (topped up a quarter
+        at a time). RabbitMQ 3.10 grants 65,536 per link: passed on whole, clients outran it
+        and proton's session held the rest (13 MB in 2 s, 8 senders), walked on every output."""
         if self.closed:
             return
+        self.unsynced = 0
         up_credit = pn_link_credit(self.up_ptr) if self.up_ptr is not None and self.up_attached else 0
-        want = up_credit - len(self.pending) - pn_link_credit(self.link_ptr)
+        pending = len(self.pending)
+        allowed = min(up_credit - pending, self.window - pending - len(self.inflight))
+        want = allowed - pn_link_credit(self.link_ptr)
         if want > 0:
             pn_link_flow(self.link_ptr, want)
             self.handler.mark_dirty()
@@ -493,6 +501,9 @@ class ProxyProducer(_ProxyEndpoint):
                 member = self.member
                 member.sent += 1
                 member.mark_dirty()
+                self.unsynced += 1
+                if self.unsynced >= self.refill_every:
+                    self.sync_credit()
                 return
             kept = fast_relay_kept(self.link_ptr, delivery, up, tag, max_size)
             if kept is not RELAY_IN_PYTHON:  # sent upstream; the bytes kept for a replay
@@ -518,11 +529,14 @@ class ProxyProducer(_ProxyEndpoint):
             up_delivery = send_message(up, str(next(self.tags)).encode(), payload)
             if delivery is None:
                 pn_delivery_settle(up_delivery)
+                self.unsynced += 1
             else:
                 self.inflight[up_delivery] = (payload, delivery)  # kept for a replay
             member = self.member
             member.sent += 1
             member.mark_dirty()
+            if self.unsynced >= self.refill_every:
+                self.sync_credit()
             return
         self.pending.append((payload, delivery))
         self._send_pending()
@@ -555,6 +569,9 @@ class ProxyProducer(_ProxyEndpoint):
                 del self.inflight[delivery]
             if client_delivery is not None:
                 self.handler.mark_dirty()
+            self.unsynced += 1
+            if self.unsynced >= self.refill_every:
+                self.sync_credit()
             return
         state = outcome_of(delivery)
         if state is None:
@@ -571,6 +588,7 @@ class ProxyProducer(_ProxyEndpoint):
                 pn_delivery_update(client_delivery, PN_ACCEPTED)
             pn_delivery_settle(client_delivery)
             self.handler.mark_dirty()
+        self.sync_credit()  # room in the window
 
     def detached(self) -> None:
         """Client link gone: its unsettled sends have no one to report to."""

@@ -163,6 +163,37 @@ def test_a_message_over_the_limit_is_refused_by_name_and_others_go_on(tmp_path):
     run(play)
 
 
+def test_a_sender_gets_at_most_a_window_of_the_primarys_credit_and_never_stalls(tmp_path):
+    """The primary grants 1,000; the gateway's window is 10 messages held for it (§2.6.7)."""
+    async def play():
+        world = World(tmp_path)
+        await world.node("primary")
+        await world.node("gw", rules=[PROXY_RULE], queues={"credit_window": 10})
+        producer = await world.client("gw")
+        sender = producer.sender("work.window")
+        await world.until(lambda: sender.credit > 0, what="credit")
+        upstream_credit = [f["link-credit"] for f in world.frames("primary", "gw", "flow")]
+        assert max(upstream_credit) >= 1000
+        most, sent = 0, 0
+        while sent < 200:  # send whatever credit the client has, as a client does
+            await world.until(lambda: sender.credit > 0, what=f"credit again after {sent} sent")
+            most = max(most, sender.credit)
+            burst = sender.credit
+            for _ in range(burst):
+                sender.send(f"w{sent}", message_id=f"w{sent}", flush=False)
+                sent += 1
+            producer.flush()
+        await world.until(lambda: sender.accepted() == sent, what="every message accepted")
+        assert most <= 10
+        consumer = await world.client("gw")
+        receiver = consumer.receiver("work.window", credit=sent)
+        counts = await receive_ids(world, receiver, sent)
+        assert counts == Counter(f"w{i}" for i in range(sent))
+        await world.close()
+
+    run(play)
+
+
 def test_the_c_fast_path_is_built():
     """The optional extension built (pyproject.toml): a failed build would only show as a slower node."""
     if os.environ.get("FEDGATE_NO_FASTPATH"):
