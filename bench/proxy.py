@@ -33,6 +33,9 @@ Run from the repo root (``make bench-proxy`` installs RabbitMQ and the C clients
    in that round, so the primary's CPU per message is also compared at one rate
    (``primary_cpu_ratio_same_rate``); and ``loaded``, direct again beside a busy
    loop taking the share of a CPU the node took (``primary_cpu_ratio_same_load``).
+   ``--python-path`` adds the target ``python``: the same clients through a second
+   node on the same rule with the C fast path switched off (``FEDGATE_NO_FASTPATH``),
+   so the fast path's gain is measured side by side in each round.
    A speed probe (``harness.speed_probe``) is recorded before every run.
 2. Idle connections. A fresh node proxies ``idle.*`` to RabbitMQ; one process
    (``bench/idle_clients.py``, proton engine objects in one asyncio loop) opens
@@ -87,9 +90,11 @@ def run_target(target: str, node: ProxyNode, primary: Primary, tag: str, args, p
     direct, with the CPU the node took from the machine taken by something else).
     """
     n = args.messages
-    if target == "proxy":
+    if target in ("proxy", "python"):
+        if target == "python":
+            node = node.python_twin
         host, port = "127.0.0.1", node.port
-        addresses = [f"rq.bench-px-{tag}-{i}-proxy" for i in range(pairs)]
+        addresses = [f"rq.bench-px-{tag}-{i}-{target}" for i in range(pairs)]
         primary.queues += [a.removeprefix("rq.") for a in addresses]
     else:
         host, port = "127.0.0.1", primary.port
@@ -177,6 +182,8 @@ def _rounds(case: str, node, primary: Primary, args, pairs: int, mode: str) -> l
         order = ("proxy", "direct") if r % 2 else ("direct", "proxy")
         if args.same_rate:
             order = ("direct", "proxy", "paced", "loaded")
+        if args.python_path:
+            order = ("python",) + order if r % 2 else order + ("python",)
         for target in order:
             rate = burn = 0.0
             if target in ("paced", "loaded"):
@@ -202,9 +209,9 @@ def _rounds(case: str, node, primary: Primary, args, pairs: int, mode: str) -> l
 def summarize(runs: list[dict]) -> dict:
     ok = [r for r in runs if r["ok"]]
     summary = {}
-    for target in ("direct", "proxy", "paced", "loaded"):
+    for target in ("direct", "proxy", "paced", "loaded", "python"):
         rows = [r for r in ok if r["target"] == target]
-        if not rows and target in ("paced", "loaded"):
+        if not rows and target in ("paced", "loaded", "python"):
             continue
         summary[target] = {key: h.median([r[key] for r in rows])
                            for key in ("msgs_per_s", "node_cpu_us_per_msg", "node_cpu_us_per_hop",
@@ -233,6 +240,11 @@ def summarize(runs: list[dict]) -> dict:
         s_primary = summary["paced"]["primary_cpu_us_per_msg"]
         summary["primary_cpu_ratio_same_rate"] = (round(p_primary / s_primary, 3)
                                                   if s_primary and p_primary else None)
+    if "python" in summary:
+        # the node's CPU per hop and the throughput without the C fast path, same round
+        summary["python_node_cpu_us_per_hop"] = summary["python"]["node_cpu_us_per_hop"]
+        py_rate = summary["python"]["msgs_per_s"]
+        summary["python_ratio"] = round(py_rate / direct, 3) if direct and py_rate else None
     if "loaded" in summary:
         # and against direct clients with a busy loop taking the CPU the node took: the
         # same contention for the primary, its clients' traffic unchanged
@@ -248,10 +260,16 @@ def throughput(args) -> dict:
     for primary_name in args.primaries:
         primary = Primary(primary_name, args)
         node = ProxyNode(args, "rq.*", f"throughput-{primary_name}", primary=primary)
+        node.python_twin = None
         try:
             warm = run_target("proxy", node, primary, "warmup", argparse.Namespace(
                 **{**vars(args), "messages": args.warmup}))
             log(f"warm-up: {warm}")
+            if args.python_path:
+                node.python_twin = ProxyNode(args, "rq.*", f"throughput-{primary_name}-python",
+                                             primary=primary, python_path=True)
+                run_target("python", node, primary, "warmup-py", argparse.Namespace(
+                    **{**vars(args), "messages": args.warmup}))
             for layout in args.layouts:
                 for pairs in args.pairs:
                     for mode in args.modes:
@@ -276,8 +294,13 @@ def throughput(args) -> dict:
                             + (f", {figures['primary_cpu_ratio_same_rate']}x at the same rate"
                                if "primary_cpu_ratio_same_rate" in figures else "")
                             + (f", {figures['primary_cpu_ratio_same_load']}x beside the same load"
-                               if "primary_cpu_ratio_same_load" in figures else ""))
+                               if "primary_cpu_ratio_same_load" in figures else "")
+                            + (f"; without the C fast path ratio {figures['python_ratio']}, node "
+                               f"{figures['python_node_cpu_us_per_hop']} µs/hop"
+                               if "python_ratio" in figures else ""))
         finally:
+            if node.python_twin is not None:
+                node.python_twin.stop()
             node.stop()
             primary.stop()
     return {"runs": runs, "cases": cases, "all_ok": all(r["ok"] for r in runs)}
@@ -386,6 +409,9 @@ def main() -> int:
                         help="after each round's proxy run, run direct twice more: the senders "
                              "paced to the proxy's rate (target 'paced'), and beside a busy loop "
                              "taking the CPU share the node took (target 'loaded')")
+    parser.add_argument("--python-path", action="store_true",
+                        help="also run each round through a second node without the C fast path "
+                             "(target 'python')")
     parser.add_argument("--idle", type=int, default=10_000)
     parser.add_argument("--mirror", action="store_true",
                         help="idle clients share one upstream link (rule mirror_auto_delete)")

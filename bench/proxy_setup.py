@@ -88,7 +88,7 @@ class ProxyNode:
     """A fedgate node with one proxy rule to the primary, in a temp dir."""
 
     def __init__(self, args, rule_match: str, name: str, mirror: bool = False,
-                 primary: Primary | None = None) -> None:
+                 primary: Primary | None = None, python_path: bool = False) -> None:
         self.args = args
         self.tmp = tempfile.mkdtemp(prefix=f"fedgate-bench-{name}-")
         self.port = h.free_port()
@@ -110,7 +110,10 @@ class ProxyNode:
         self.log_path = Path(self.tmp) / "node.log"
         self.proc = h.start_fedgate_node(self.port, Path(self.tmp) / "data", log_path=self.log_path,
                                          extra_args=["--config", str(config)], admin=self.admin,
-                                         ready_timeout=args.node_start_timeout)
+                                         ready_timeout=args.node_start_timeout,
+                                         # python_path: the proxy hop without its C fast path
+                                         env={**os.environ, "FEDGATE_NO_FASTPATH": "1"} if python_path
+                                         else None)
         self.pid = self.proc.pid
         log(f"fedgate node pid {self.pid} on 127.0.0.1:{self.port} ({name})")
 
