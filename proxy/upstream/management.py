@@ -15,7 +15,8 @@ request's ``message-id``.
 ``proxy.upstream.probe.RemoteProbe``: a refusal there must not end the
 member's shared session) and calls ``done(status, description)`` once: the
 status code as a number (``0`` if the links were refused or the session
-ended; ``description`` then says why). A proxy rule with ``upstream.declare``
+ended, ``NO_ANSWER`` if nothing came back within ``ANSWER_TIMEOUT``;
+``description`` then says why). A proxy rule with ``upstream.declare``
 sends ``PUT /queues/NAME`` with ``{durable, auto_delete: false, exclusive:
 false, arguments: {x-queue-type, ...}}`` before its first attach to that
 queue: 200 (it exists, equivalent) and 201 (made) let the attach go on; 409
@@ -25,7 +26,9 @@ queue: 200 (it exists, equivalent) and 201 (made) let the attach go on; 409
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
 import uuid
 from urllib.parse import quote
 
@@ -36,6 +39,13 @@ from proxy.amqp import engine
 
 MANAGEMENT = "/management"
 _names = itertools.count(1)
+log = logging.getLogger("fedgate.upstream")
+
+# A request not answered in this long is given up (its links and session closed) and
+# reported as NO_ANSWER: the owner asks again (proxy.upstream.owner), so a lost request or
+# reply never leaves a client's link waiting for ever.
+ANSWER_TIMEOUT = 10.0
+NO_ANSWER = -2
 
 
 def queue_path(remote_address: str) -> str | None:
@@ -72,6 +82,7 @@ class ManagementRequest:
         self.member = member
         self.done = done
         self.message_id = str(uuid.uuid4())
+        self.method, self.path = method, path
         self.request = Message(id=self.message_id, address=path, subject=method, reply_to="$me",
                                body=body).encode()
         self.sent = False
@@ -96,12 +107,27 @@ class ManagementRequest:
         self.sender.open()
         self.receiver.open()
         self.receiver.flow(1)
+        self.timer = asyncio.get_running_loop().call_later(ANSWER_TIMEOUT, self._no_answer)
         member.mark_dirty()
+
+    def _no_answer(self) -> None:
+        self.timer = None
+        sender, receiver = self.sender, self.receiver
+        state = (f"request {'sent' if self.sent else 'not sent'}, sender remote "
+                 f"{'open' if sender.state & Link.REMOTE_ACTIVE else 'not open'} with credit "
+                 f"{sender.credit}, receiver remote "
+                 f"{'open' if receiver.state & Link.REMOTE_ACTIVE else 'not open'}")
+        log.warning("management request %s %s: no answer in %.0f s (%s)", self.method, self.path,
+                    ANSWER_TIMEOUT, state)
+        self._finish(NO_ANSWER, f"no answer in {ANSWER_TIMEOUT:.0f} s ({state})")
 
     def _finish(self, status: int, description: str) -> None:
         if self.done is None:
             return
         done, self.done = self.done, None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         member = self.member
         for link in (self.sender, self.receiver):
             member.unregister(link._impl)
@@ -163,4 +189,7 @@ class ManagementRequest:
         """The member's connection is gone, and our links with it: status -1 (ask again)."""
         if self.done is not None:
             done, self.done = self.done, None
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
             done(-1, "the connection to the primary was lost")

@@ -39,6 +39,11 @@ from proton import Condition, Link
 from proxy.amqp import engine
 
 
+# a queue declare the primary does not answer is asked again, this many times in all, then
+# the client's link is refused (amqp:internal-error)
+DECLARE_TRIES = 3
+
+
 class UplinkState(enum.StrEnum):
     """Where an owner's upstream link is; ``describe`` shows the value."""
 
@@ -81,6 +86,7 @@ class UpstreamLinkOwner:
     declare = None
     remote_address = ""
     _declaring = False
+    _unanswered = 0  # declares in a row the primary did not answer (DECLARE_TRIES)
 
     # -- hooks (the owner's) ---------------------------------------------------------
     def link_name(self) -> str:
@@ -152,11 +158,21 @@ class UpstreamLinkOwner:
         self.link_refused(condition)
 
     def _queue_declared(self, status: int, description: str) -> None:
-        from proxy.upstream.management import OK, refusal
+        from proxy.upstream.management import NO_ANSWER, OK, refusal
 
         self._declaring = False
-        if self.closed or self.up_state is UplinkState.LEFT or status < 0:
-            return  # gone, or the connection was lost: asked again when it is back
+        if self.closed or self.up_state is UplinkState.LEFT:
+            return
+        if status == NO_ANSWER:
+            self._unanswered += 1
+            if self._unanswered < DECLARE_TRIES:
+                if self.member is not None and self.member.is_up:
+                    self.upstream_up(self.member)  # ask again
+                return
+            status, description = 500, f"{description}, {DECLARE_TRIES} times"
+        self._unanswered = 0
+        if status < 0:
+            return  # the connection was lost: asked again when it is back
         if status in OK:
             self.reattach()
             return
