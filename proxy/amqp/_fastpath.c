@@ -383,6 +383,23 @@ settle_accepted(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_TRUE;
 }
 
+/* roundtrip(collector): the same pointer made back into a cffi object, for proxy.amqp.fastpath
+   to check at load that cffi's conversions are the ones this module expects. */
+static PyObject *
+roundtrip(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "roundtrip() takes 1 argument");
+        return NULL;
+    }
+    if (!check_ready())
+        return NULL;
+    void *pointer = to_pointer(args[0], ct_collector);
+    if (pointer == NULL && PyErr_Occurred())
+        return NULL;
+    return from_pointer(pointer, ct_collector);
+}
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
      "setup(cffi_capsule, function_addresses, ctypes, partial_sizes, slow)"},
@@ -394,6 +411,8 @@ static PyMethodDef methods[] = {
      "relay_kept(link, delivery, target, tag, max_size): relay(), returning (bytes, delivery)"},
     {"settle_accepted", (PyCFunction)(void (*)(void))settle_accepted, METH_FASTCALL,
      "settle_accepted(delivery, other): settle an accepted delivery and accept its pair"},
+    {"roundtrip", (PyCFunction)(void (*)(void))roundtrip, METH_FASTCALL,
+     "roundtrip(collector): the pointer converted to C and back (a load-time check)"},
     {NULL, NULL, 0, NULL},
 };
 

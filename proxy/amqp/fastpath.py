@@ -14,6 +14,7 @@ objects the Python code uses.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 
 import _cffi_backend
@@ -21,6 +22,7 @@ import cproton_ffi
 from cproton import ffi as _ffi
 from cproton import lib as _lib
 
+log = logging.getLogger("fedgate.node")
 RELAY_IN_PYTHON = object()  # fast_relay's answer for what relay_transfer must do itself
 fastpath_off = bool(os.environ.get("FEDGATE_NO_FASTPATH"))
 fastpath_loaded = False
@@ -45,10 +47,24 @@ def load(partial_sizes: dict):
         from proxy.amqp import _fastpath
     except ImportError:
         return None
-    library = ctypes.CDLL(cproton_ffi.__file__)  # already loaded: the same handle
-    addresses = tuple(ctypes.cast(getattr(library, name), ctypes.c_void_p).value for name in _FUNCTIONS)
-    pointer_types = tuple(_ffi.typeof(f"{name} *") for name in _POINTER_TYPES)
-    _fastpath.setup(_cffi_backend._C_API, addresses, pointer_types, partial_sizes, RELAY_IN_PYTHON)
+    collector = None
+    try:
+        library = ctypes.CDLL(cproton_ffi.__file__)  # already loaded: the same handle
+        addresses = tuple(ctypes.cast(getattr(library, name), ctypes.c_void_p).value for name in _FUNCTIONS)
+        pointer_types = tuple(_ffi.typeof(f"{name} *") for name in _POINTER_TYPES)
+        _fastpath.setup(_cffi_backend._C_API, addresses, pointer_types, partial_sizes, RELAY_IN_PYTHON)
+        # cffi's conversions as the module expects them, and a pump over an empty collector
+        collector = _lib.pn_collector()
+        back = _fastpath.roundtrip(collector)
+        if back != collector or _ffi.typeof(back) is not _ffi.typeof(collector):
+            raise ValueError("a pointer did not come back the same through cffi's conversions")
+        _fastpath.pump(collector, None, "on_delivery", None, None)
+    except (OSError, AttributeError, TypeError, ValueError, RuntimeError) as exc:
+        log.warning("proxy.amqp._fastpath is built but cannot be used (%s): the Python path runs", exc)
+        return None
+    finally:
+        if collector is not None:
+            _lib.pn_collector_free(collector)
     fastpath_loaded = True
     return _fastpath
 
