@@ -311,6 +311,31 @@ relay_arguments(PyObject *const *args, Py_ssize_t nargs, void **link, void **del
     return 0;
 }
 
+/* relay() and relay_kept(): the new delivery, with ``keep`` (the message's bytes, it). */
+static PyObject *
+relay_one(PyObject *const *args, Py_ssize_t nargs, bool keep)
+{
+    void *link, *delivery, *target;
+    long long tag, max_size;
+    if (relay_arguments(args, nargs, &link, &delivery, &target, &tag, &max_size))
+        return NULL;
+    ssize_t size = take(link, delivery, max_size);
+    if (size < 0)
+        return Py_NewRef(slow);
+    PyObject *payload = NULL;
+    if (keep && (payload = PyBytes_FromStringAndSize(read_buffer, size)) == NULL)
+        return NULL;  /* read, not sent: the caller ends the link (as for any exception) */
+    PyObject *out = from_pointer(put(target, tag, size), ct_delivery);
+    if (!keep || out == NULL) {
+        Py_XDECREF(payload);
+        return out;
+    }
+    PyObject *pair = PyTuple_Pack(2, payload, out);
+    Py_DECREF(payload);
+    Py_DECREF(out);
+    return pair;
+}
+
 /* relay(link, delivery, target, tag, max_size): the complete ``delivery``, current on
    receiver ``link``, sent on sender ``target`` as a new delivery tagged with the decimal
    digits of the int ``tag``; returns the new delivery, or ``slow`` (nothing read, see
@@ -318,39 +343,14 @@ relay_arguments(PyObject *const *args, Py_ssize_t nargs, void **link, void **del
 static PyObject *
 relay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    void *link, *delivery, *target;
-    long long tag, max_size;
-    if (relay_arguments(args, nargs, &link, &delivery, &target, &tag, &max_size))
-        return NULL;
-    ssize_t size = take(link, delivery, max_size);
-    if (size < 0)
-        return Py_NewRef(slow);
-    return from_pointer(put(target, tag, size), ct_delivery);
+    return relay_one(args, nargs, false);
 }
 
 /* relay_kept(...): as relay(), returning (the message's bytes, the new delivery). */
 static PyObject *
 relay_kept(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    void *link, *delivery, *target;
-    long long tag, max_size;
-    if (relay_arguments(args, nargs, &link, &delivery, &target, &tag, &max_size))
-        return NULL;
-    ssize_t size = take(link, delivery, max_size);
-    if (size < 0)
-        return Py_NewRef(slow);
-    PyObject *payload = PyBytes_FromStringAndSize(read_buffer, size);
-    if (payload == NULL)
-        return NULL;  /* read, not sent: the caller ends the link (as for any exception) */
-    PyObject *out = from_pointer(put(target, tag, size), ct_delivery);
-    if (out == NULL) {
-        Py_DECREF(payload);
-        return NULL;
-    }
-    PyObject *pair = PyTuple_Pack(2, payload, out);
-    Py_DECREF(payload);
-    Py_DECREF(out);
-    return pair;
+    return relay_one(args, nargs, true);
 }
 
 /* settle_accepted(delivery, other): False if ``delivery``'s peer did not accept it;
