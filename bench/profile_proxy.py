@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/profile_proxy.py [--messages 100000] [--top 25]
                                             [--primary rabbitmq|rabbitmq4|artemis|fedgate] [--pairs 1]
+                                            [--layout shared|split|node]
 
 Starts the same node as ``bench/proxy.py`` (rule ``rq.* -> the primary``), runs
 ``--pairs`` C senders and receivers through it while ``py-spy record`` samples the node
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -52,6 +54,8 @@ def main() -> int:
     parser.add_argument("--primary", default="rabbitmq",
                         help="rabbitmq (3.10), rabbitmq4, artemis or fedgate, as in bench/proxy.py")
     parser.add_argument("--pairs", type=int, default=1)
+    parser.add_argument("--layout", choices=("shared", "split", "node"), default="shared",
+                        help="CPU layout of the profiled run, as in bench/proxy.py")
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     node_args = argparse.Namespace(node_start_timeout=30.0, keep_data=False, timeout=300.0,
@@ -67,7 +71,9 @@ def main() -> int:
         recorder = subprocess.Popen([spy, "record", "-p", str(node.pid), "-r", str(args.rate),
                                      "--format", "raw", "-o", str(raw), "--nonblocking"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        row = bench_proxy.run_target("proxy", node, primary, "profile", node_args, args.pairs)
+        with (bench_proxy.SplitCpus(primary.pid, node.pid, node_alone=args.layout == "node")
+              if args.layout != "shared" else contextlib.nullcontext()):
+            row = bench_proxy.run_target("proxy", node, primary, "profile", node_args, args.pairs)
         recorder.send_signal(2)
         recorder.wait(timeout=30)
     finally:

@@ -5,7 +5,7 @@ Run from the repo root (``make bench-proxy`` installs RabbitMQ and the C clients
 
     .venv/bin/python bench/proxy.py [--rounds 3] [--messages 50000] [--idle 10000]
                                     [--primaries rabbitmq,artemis,fedgate] [--pairs 1,8]
-                                    [--modes concurrent,phased] [--layouts shared,split]
+                                    [--modes concurrent,phased] [--layouts shared,split,node]
                                     [--skip-throughput] [--skip-idle]
 
 1. Throughput, for each primary (``rabbitmq``: RabbitMQ 3.10 on 5682, queues
@@ -28,6 +28,9 @@ Run from the repo root (``make bench-proxy`` installs RabbitMQ and the C clients
    - ``split``: the primary pinned to the first half of the CPUs, the node and the
      clients to the other half (``sched_setaffinity``), as when the proxy runs
      on its own host in front of the broker. Affinities are restored at the end.
+   - ``node``: the node alone on the second half, the primary and the clients on the
+     first (direct: the second half idles), as when the node has cores of its own:
+     the ratio then says whether the node is the slowest hop.
    ``--same-rate`` adds two targets per round (after ``direct`` and ``proxy``):
    ``paced``, direct again with the senders paced to the rate the proxy reached
    in that round, so the primary's CPU per message is also compared at one rate
@@ -154,20 +157,26 @@ def pin(pid: int, cpus: set[int]) -> None:
 
 
 class SplitCpus:
-    """Pin the primary to the first half of the CPUs, the node and our clients to the rest."""
+    """Pin the primary to the first half of the CPUs, the node and our clients to the rest;
+    with ``node_alone`` (layout ``node``) the clients go with the primary instead."""
 
-    def __init__(self, primary_pid: int, node_pid: int) -> None:
+    def __init__(self, primary_pid: int, node_pid: int, *, node_alone: bool = False) -> None:
         cpus = sorted(os.sched_getaffinity(0))
         half = max(1, len(cpus) // 2)
-        self.all, self.broker, self.ours = set(cpus), set(cpus[:half]), set(cpus[half:])
+        self.all, self.broker, self.node = set(cpus), set(cpus[:half]), set(cpus[half:])
+        self.clients = self.broker if node_alone else self.node
         self.primary_pid, self.node_pid = primary_pid, node_pid
 
     def __enter__(self) -> "SplitCpus":
         pin(self.primary_pid, self.broker)
-        pin(self.node_pid, self.ours)
-        os.sched_setaffinity(0, self.ours)  # the C clients we start inherit it
-        log(f"split layout: the primary on CPUs {sorted(self.broker)}, node and clients on "
-            f"{sorted(self.ours)}")
+        pin(self.node_pid, self.node)
+        os.sched_setaffinity(0, self.clients)  # the C clients we start inherit it
+        if self.clients is self.node:
+            log(f"split layout: the primary on CPUs {sorted(self.broker)}, node and clients on "
+                f"{sorted(self.node)}")
+        else:
+            log(f"node layout: the primary and clients on CPUs {sorted(self.broker)}, the node "
+                f"alone on {sorted(self.node)}")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -274,11 +283,11 @@ def throughput(args) -> dict:
                 for pairs in args.pairs:
                     for mode in args.modes:
                         case = f"{primary_name}-{layout}-{pairs}p-{mode}"
-                        if layout == "split":
+                        if layout in ("split", "node"):
                             if len(os.sched_getaffinity(0)) < 2:
-                                log("split layout skipped: one CPU")
+                                log(f"{layout} layout skipped: one CPU")
                                 continue
-                            with SplitCpus(primary.pid, node.pid):
+                            with SplitCpus(primary.pid, node.pid, node_alone=layout == "node"):
                                 rows = _rounds(case, node, primary, args, pairs, mode)
                         else:
                             rows = _rounds(case, node, primary, args, pairs, mode)
@@ -396,7 +405,7 @@ def main() -> int:
     parser.add_argument("--credit", type=int, default=h.DEFAULT_CREDIT_WINDOW)
     parser.add_argument("--layouts", type=lambda v: [x for x in v.split(",") if x],
                         default=["shared", "split"],
-                        help="CPU layouts for the throughput rounds: shared, split (comma-separated)")
+                        help="CPU layouts for the throughput rounds: shared, split, node (comma-separated)")
     parser.add_argument("--primaries", type=lambda v: [x for x in v.split(",") if x], default=["rabbitmq"],
                         help="comma-separated: rabbitmq (3.10 on 5682), artemis (5673), fedgate (a node)")
     parser.add_argument("--pool-size", type=int, default=1,
