@@ -106,11 +106,12 @@ class Upstream:
         self.run_pending()
 
     def add(self, endpoint) -> PoolMember:
-        """Assign a link owner to the least-loaded member of its side; connect if needed."""
+        """Assign a link owner to the least-loaded member of its side (a connected one among
+        equals); connect it if needed. Links spread over all ``pool_size`` connections: while
+        a connected member with links was preferred to an idle one, every link of a warm node
+        went to its first connection and the others were never opened."""
         side = self.sending if endpoint.sender_upstream else self.receiving
-        member = min(side, key=lambda m: (m.state is not MemberState.UP, len(m.endpoints)))
-        if member.state is not MemberState.UP and any(m.state is MemberState.UP and not m.endpoints for m in side):
-            member = next(m for m in side if m.state is MemberState.UP)
+        member = min(side, key=lambda m: (len(m.endpoints), m.state is not MemberState.UP))
         member.endpoints.add(endpoint)
         member._cancel_timer() if member.state is MemberState.UP else None
         if member.state is MemberState.UP:
