@@ -46,6 +46,15 @@ from proxy.upstream.target import UpstreamTarget
 
 log = logging.getLogger("fedgate.upstream")
 
+def choose_member(side: list) -> PoolMember:
+    """The member a new link goes to: the one with the fewest links, a connected one among
+    equals, and one waiting to retry (``backoff``) only when all are. Links spread over all
+    ``pool_size`` connections: while a connected member was preferred to an idle one, every
+    link of a warm node went to its first connection and the others were never opened."""
+    return min(side, key=lambda m: (m.state is MemberState.BACKOFF, len(m.endpoints),
+                                    m.state is not MemberState.UP))
+
+
 class Upstream:
     """The pool of connections to one primary."""
 
@@ -106,12 +115,8 @@ class Upstream:
         self.run_pending()
 
     def add(self, endpoint) -> PoolMember:
-        """Assign a link owner to the least-loaded member of its side (a connected one among
-        equals); connect it if needed. Links spread over all ``pool_size`` connections: while
-        a connected member with links was preferred to an idle one, every link of a warm node
-        went to its first connection and the others were never opened."""
-        side = self.sending if endpoint.sender_upstream else self.receiving
-        member = min(side, key=lambda m: (len(m.endpoints), m.state is not MemberState.UP))
+        """Assign a link owner to a member of its side (``choose_member``); connect if needed."""
+        member = choose_member(self.sending if endpoint.sender_upstream else self.receiving)
         member.endpoints.add(endpoint)
         member._cancel_timer() if member.state is MemberState.UP else None
         if member.state is MemberState.UP:

@@ -8,6 +8,8 @@ import pytest
 from proton import Delivery, Message
 
 from playbook import World, run
+from proxy.upstream.member import MemberState
+from proxy.upstream.pool import choose_member
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -52,3 +54,23 @@ def test_links_of_a_warm_node_spread_over_every_connection_of_the_pool(tmp_path)
         await world.close()
 
     run(play)
+
+
+class _Member:
+    """What ``choose_member`` reads of a pool member."""
+
+    def __init__(self, state: str, links: int) -> None:
+        self.state = MemberState(state)
+        self.endpoints = set(range(links))
+
+
+@pytest.mark.parametrize("members, chosen", [
+    ([("up", 3), ("down", 0), ("down", 0)], 1),        # an idle connection before a loaded one
+    ([("up", 2), ("connecting", 1), ("down", 1)], 1),  # the fewest links (first of equals)
+    ([("down", 1), ("up", 1)], 1),                     # among equals, the connected one
+    ([("up", 5), ("backoff", 0)], 0),                  # not the one failing to connect
+    ([("backoff", 2), ("backoff", 1)], 1),             # all failing: the fewest links
+])
+def test_a_new_link_goes_to_the_least_loaded_member_that_is_not_failing(members, chosen):
+    side = [_Member(state, links) for state, links in members]
+    assert choose_member(side) is side[chosen]
