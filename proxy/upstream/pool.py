@@ -46,6 +46,7 @@ from proxy.upstream.target import UpstreamTarget
 
 log = logging.getLogger("fedgate.upstream")
 
+
 def choose_member(side: list) -> PoolMember:
     """The member a new link goes to: the one with the fewest links, a connected one among
     equals, and one waiting to retry (``backoff``) only when all are. Links spread over all
