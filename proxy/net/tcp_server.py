@@ -186,15 +186,18 @@ class SocketTransport:
             self._force_close(exc)
             return
         del buffer[:sent]
-        if self._paused and len(buffer) <= self._low:
+        left = len(buffer)
+        if not left:  # before resume_writing, which may write again (issue #33)
+            self._buffer = None
+            self._watch()
+            if self._closing:
+                self._connection_lost(None)
+                return
+        if self._paused and left <= self._low:
             self._paused = False
+            # the protocol writes what waited for this at once: write() sees the buffer as
+            # it is now (empty: a fresh one, and EPOLLOUT watched again), never the old one
             self._protocol.resume_writing()
-        if buffer:
-            return
-        self._buffer = None
-        self._watch()
-        if self._closing:
-            self._connection_lost(None)
 
     def _watch(self) -> None:
         """Tell the epoll set what we wait for now: input while reading, output while buffered."""
