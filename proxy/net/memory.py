@@ -11,10 +11,12 @@ factory registered under ``(host, port)``; a connect to it makes a pipe of two
 ``connection_lost`` exactly once per side). Bytes written are delivered to the
 other side by ``loop.call_soon``, so they arrive in order and only when the
 loop runs: the same interleaving real sockets give, without their timing.
-A reader that pauses reading backs the pipe up as TCP does: what waits for it
-counts against the writer's buffer limits, and the writer gets
-``pause_writing`` past the high-water mark and ``resume_writing`` once the
-reader has taken it down to the low-water mark.
+Each side writes through the TCP transport's ``WriteBuffer`` into a stand-in
+for the kernel's socket buffer (``socket_buffer`` bytes unread per direction):
+a reader that pauses reading backs the pipe up as TCP does, the writer's
+buffer grows, and it gets ``pause_writing`` past its high-water mark and
+``resume_writing`` once the reader has read enough for its buffer to fall to
+the low-water mark.
 
 What the network can do to them, as tests need it:
 
@@ -40,9 +42,23 @@ from collections import defaultdict
 from time import thread_time
 from typing import Callable
 
+from proxy.net.write_buffer import WriteBuffer
+
+
+# what a socket's kernel buffer holds unread, per direction (the memory network's stand-in)
+SOCKET_BUFFER = 256 * 1024
+
 
 class MemoryTransport(asyncio.Transport):
-    """One side of a pipe: writes go to the other side's protocol."""
+    """One side of a pipe: writes go to the other side's protocol.
+
+    Writes go through the same ``WriteBuffer`` as the node's TCP transport, in
+    front of a stand-in for the kernel's socket buffer: a side has
+    ``network.socket_buffer`` bytes of room for what it sent and the peer has
+    not read yet (on the way, or waiting while the peer's reading is paused);
+    what does not fit waits in the ``WriteBuffer`` until the peer reads, as on a
+    socket, with ``pause_writing`` / ``resume_writing`` past its water marks.
+    """
 
     def __init__(self, network: "MemoryNetwork", pipe: "Pipe", host: str, peer_host: str,
                  peer_port: int) -> None:
@@ -57,22 +73,27 @@ class MemoryTransport(asyncio.Transport):
         self._lost = False
         self._paused = False
         self._waiting: list[bytes] = []  # arrived while reading was paused
-        self._unread = 0  # bytes this side wrote that wait in the peer's paused input
-        self._high = 64 * 1024
-        self._low = 16 * 1024
-        self._writing_paused = False
+        self._out: WriteBuffer | None = None  # set with the protocol (attach)
+        self._in_kernel = 0  # bytes this side sent that the peer has not read yet
+        self._writable_soon = False  # a writability callback is scheduled
+
+    def attach(self, protocol) -> None:
+        self.protocol = protocol
+        self._out = WriteBuffer(self._send, protocol)
 
     # -- asyncio.Transport ------------------------------------------------------------
     def get_extra_info(self, name, default=None):
         return {"peername": self._peername, "sockname": (self._host, 0)}.get(name, default)
 
     def set_write_buffer_limits(self, high=None, low=None) -> None:
-        if high is None:
-            high = 64 * 1024 if low is None else 4 * low
-        self._high, self._low = high, high // 4 if low is None else low
+        self._out.set_limits(high, low)
 
     def get_write_buffer_size(self) -> int:
-        return self._unread
+        return self._out.waiting
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._out.sent
 
     def is_closing(self) -> bool:
         return self._closing or self._lost
@@ -85,12 +106,12 @@ class MemoryTransport(asyncio.Transport):
 
     def resume_reading(self) -> None:
         self._paused = False
-        waiting, self._waiting = self._waiting, []
-        for data in waiting:
+        while self._waiting and not self._paused:
+            data = self._waiting.pop(0)
             if self._lost:
                 return
+            self.protocol.data_received(data)
             self.peer._taken(len(data))
-            self._arrive(data)
 
     def is_reading(self) -> bool:
         return not self._paused
@@ -98,14 +119,15 @@ class MemoryTransport(asyncio.Transport):
     def write(self, data) -> None:
         if self._closing or self._lost or not data:
             return
-        self._network._carry(self, bytes(data))
+        self._out.write(data)
 
     def close(self) -> None:
         """Close once what was written has arrived: the peer reads its end of input."""
         if self._closing or self._lost:
             return
         self._closing = True
-        self._network._loop().call_soon(self._network._close_pipe, self._pipe, self)
+        if not self._out.waiting:
+            self._network._loop().call_soon(self._network._close_pipe, self._pipe, self)
 
     def abort(self) -> None:
         if self._lost:
@@ -113,28 +135,40 @@ class MemoryTransport(asyncio.Transport):
         self._closing = True
         self._network._reset_pipe(self._pipe)
 
+    # -- the stand-in for the kernel -------------------------------------------------------
+    def _send(self, data) -> int:
+        room = self._network.socket_buffer - self._in_kernel
+        if room <= 0 or self._lost:
+            return 0
+        chunk = bytes(memoryview(data)[:room])
+        self._in_kernel += len(chunk)
+        self._network._carry(self, chunk)
+        return len(chunk)
+
+    def _taken(self, size: int) -> None:
+        """The peer read (or the network dropped) ``size`` bytes this side sent."""
+        self._in_kernel -= size
+        if self._out is not None and self._out.waiting and not self._writable_soon and not self._lost:
+            self._writable_soon = True  # as epoll reports writability: on a later pass
+            self._network._loop().call_soon(self._on_writable)
+
+    def _on_writable(self) -> None:
+        self._writable_soon = False
+        if self._lost:
+            return
+        self._out.writable()
+        if self._closing and not self._out.waiting and not self._lost:
+            self._network._loop().call_soon(self._network._close_pipe, self._pipe, self)
+
     # -- the network's side --------------------------------------------------------------
     def _arrive(self, data: bytes) -> None:
         if self._lost:
             return
         if self._paused:
-            self._waiting.append(data)
-            self.peer._backed_up(len(data))
+            self._waiting.append(data)  # in the kernel's buffer: the sender's room stays used
             return
         self.protocol.data_received(data)
-
-    def _backed_up(self, size: int) -> None:
-        """``size`` bytes we wrote wait for the peer to read again (a full socket buffer)."""
-        self._unread += size
-        if not self._writing_paused and self._unread > self._high and not self._lost:
-            self._writing_paused = True
-            self.protocol.pause_writing()
-
-    def _taken(self, size: int) -> None:
-        self._unread -= size
-        if self._writing_paused and self._unread <= self._low and not self._lost:
-            self._writing_paused = False
-            self.protocol.resume_writing()
+        self.peer._taken(len(data))
 
     def _eof(self) -> None:
         if not self._lost:
@@ -145,6 +179,8 @@ class MemoryTransport(asyncio.Transport):
             return
         self._lost = True
         self._closing = True
+        if self._out is not None:
+            self._out.drop()
         self.protocol.connection_lost(exc)
 
 
@@ -191,7 +227,8 @@ class MemoryHost:
 
 
 class MemoryNetwork:
-    def __init__(self) -> None:
+    def __init__(self, *, socket_buffer: int = SOCKET_BUFFER) -> None:
+        self.socket_buffer = socket_buffer  # per side: what the stand-in kernel holds unread
         self.listeners: dict[tuple[str, int], Callable] = {}
         self.pipes: list[Pipe] = []
         self.taps: list[Callable[[int, str, str, bytes], None]] = []
@@ -254,7 +291,8 @@ class MemoryNetwork:
         self.pipes.append(pipe)
         server_protocol = listener()
         client_protocol = factory()
-        pipe.server.protocol, pipe.client.protocol = server_protocol, client_protocol
+        pipe.server.attach(server_protocol)
+        pipe.client.attach(client_protocol)
         server_protocol.connection_made(pipe.server)
         client_protocol.connection_made(pipe.client)
         return pipe.client, client_protocol
@@ -264,6 +302,7 @@ class MemoryNetwork:
         source = sender._host
         target = pipe.server_host if sender is pipe.client else pipe.client_host
         if frozenset((source, target)) in self.partitions:
+            self._loop().call_soon(sender._taken, len(data))
             return  # dropped on the floor
         self.in_flight += 1
         self._loop().call_soon(self._deliver, sender.peer, pipe, source, target, data)

@@ -45,6 +45,8 @@ import os
 import select
 import socket
 
+from proxy.net.write_buffer import WriteBuffer
+
 log = logging.getLogger("fedgate.tcp")
 
 READ_SIZE = 256 * 1024  # as asyncio's transports
@@ -56,19 +58,16 @@ _RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 class SocketTransport:
     """One accepted, non-blocking TCP socket (a bare descriptor) driving an asyncio-style protocol."""
 
-    __slots__ = ("_server", "_fd", "_protocol", "_buffer", "_closing", "_lost", "_paused",
-                 "_high", "_low", "_reading", "_read_paused", "_mask")
+    __slots__ = ("_server", "_fd", "_protocol", "_out", "_closing", "_lost", "_reading",
+                 "_read_paused", "_mask")
 
     def __init__(self, server: "TcpServer", fd: int, protocol) -> None:
         self._server = server
         self._fd = fd
         self._protocol = protocol
-        self._buffer: bytearray | None = None  # created when the kernel does not take a write
+        self._out = WriteBuffer(self._send, protocol)  # what the kernel has not taken yet
         self._closing = False
         self._lost = False
-        self._paused = False
-        self._high = 64 * 1024
-        self._low = 16 * 1024
         self._reading = True  # until end of input or close
         self._read_paused = False  # pause_reading: the protocol cannot take input now
         self._mask = 0  # what the epoll set watches for this descriptor
@@ -91,16 +90,15 @@ class SocketTransport:
             sock.detach()
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        if high is None:
-            high = 64 * 1024 if low is None else 4 * low
-        if low is None:
-            low = high // 4
-        if not high >= low >= 0:
-            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
-        self._high, self._low = high, low
+        self._out.set_limits(high, low)
 
     def get_write_buffer_size(self) -> int:
-        return len(self._buffer) if self._buffer else 0
+        return self._out.waiting
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes the kernel took from this transport, in all."""
+        return self._out.sent
 
     def is_closing(self) -> bool:
         return self._closing
@@ -120,23 +118,21 @@ class SocketTransport:
     def write(self, data) -> None:
         if self._closing or not data:
             return
-        if not self._buffer:
-            try:
-                sent = os.write(self._fd, data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as exc:
-                self._force_close(exc)
-                return
-            if sent == len(data):
-                return
-            self._buffer = bytearray(memoryview(data)[sent:])
-            self._watch()
-        else:
-            self._buffer += data
-        if not self._paused and len(self._buffer) > self._high:
-            self._paused = True
-            self._protocol.pause_writing()
+        out = self._out
+        waited = out.waiting
+        try:
+            out.write(data)
+        except OSError as exc:
+            self._force_close(exc)
+            return
+        if not waited and out.waiting:
+            self._watch()  # for writability
+
+    def _send(self, data) -> int:
+        try:
+            return os.write(self._fd, data)
+        except (BlockingIOError, InterruptedError):
+            return 0
 
     def close(self) -> None:
         if self._closing:
@@ -144,7 +140,7 @@ class SocketTransport:
         self._closing = True
         self._reading = False
         self._watch()
-        if not self._buffer:
+        if not self._out.waiting:
             self._server.loop.call_soon(self._connection_lost, None)
 
     def abort(self) -> None:
@@ -154,7 +150,7 @@ class SocketTransport:
     def _ready(self, events: int) -> None:
         # a hang-up or error is reported whatever we asked for: the read or the
         # write it wakes fails or sees the end, which closes the transport
-        if self._buffer and events & (select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP):
+        if self._out.waiting and events & (select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP):
             self._write_ready()
         if self._reading and not self._read_paused and events & (select.EPOLLIN | select.EPOLLERR |
                                                                  select.EPOLLHUP):
@@ -177,34 +173,23 @@ class SocketTransport:
             self.close()
 
     def _write_ready(self) -> None:
-        buffer = self._buffer
         try:
-            sent = os.write(self._fd, buffer)
-        except (BlockingIOError, InterruptedError):
-            return
+            self._out.writable()  # resume_writing may write again from inside (WriteBuffer)
         except OSError as exc:
             self._force_close(exc)
             return
-        del buffer[:sent]
-        left = len(buffer)
-        if not left:  # before resume_writing, which may write again (issue #33)
-            self._buffer = None
-            self._watch()
-            if self._closing:
-                self._connection_lost(None)
-                return
-        if self._paused and left <= self._low:
-            self._paused = False
-            # the protocol writes what waited for this at once: write() sees the buffer as
-            # it is now (empty: a fresh one, and EPOLLOUT watched again), never the old one
-            self._protocol.resume_writing()
+        if self._lost:
+            return
+        self._watch()
+        if self._closing and not self._out.waiting:
+            self._connection_lost(None)
 
     def _watch(self) -> None:
         """Tell the epoll set what we wait for now: input while reading, output while buffered."""
         if self._lost:
             return
         reading = self._reading and not self._read_paused
-        mask = (select.EPOLLIN if reading else 0) | (select.EPOLLOUT if self._buffer else 0)
+        mask = (select.EPOLLIN if reading else 0) | (select.EPOLLOUT if self._out.waiting else 0)
         if mask == self._mask:
             return
         epoll = self._server.epoll
@@ -220,7 +205,7 @@ class SocketTransport:
     def _force_close(self, exc: Exception | None) -> None:
         if self._lost:
             return
-        self._buffer = None
+        self._out.drop()
         self._closing = True
         self._reading = False
         self._watch()
@@ -229,7 +214,7 @@ class SocketTransport:
     def _connection_lost(self, exc: Exception | None) -> None:
         if self._lost:
             return
-        self._buffer = None
+        self._out.drop()
         self._reading = False
         self._watch()
         self._lost = True

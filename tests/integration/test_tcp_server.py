@@ -121,6 +121,45 @@ def test_a_slow_reader_pauses_the_writer_and_gets_every_byte_in_order():
     asyncio.run(main())
 
 
+def test_what_the_protocol_writes_from_resume_writing_is_sent_whole():
+    """Issue #33: a write made from resume_writing once the kernel had taken the whole
+    buffer was dropped with it, and the transport stayed paused for good."""
+    async def main():
+        server, port, accepted = await serve()
+        sock = socket.create_connection(("127.0.0.1", port))
+        protocol = await asyncio.wait_for(accepted.get(), TIMEOUT)
+        transport = protocol.transport
+        transport.set_write_buffer_limits(high=64 * 1024)
+        payloads = [bytes([n]) * (3_000_000 + n) for n in range(1, 6)]  # each several MB
+        waiting = list(payloads)
+        paused = []
+
+        def write_on() -> None:  # as a node does: what waited goes out once writing resumes
+            while waiting and not paused:
+                transport.write(waiting.pop(0))
+            if not waiting and not paused:
+                transport.close()
+
+        protocol.pause_writing = lambda: paused.append(True)
+        protocol.resume_writing = lambda: (paused.clear(), write_on())
+        write_on()
+        assert paused, "the first payload filled the socket"
+        loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        received = bytearray()
+        while True:
+            chunk = await asyncio.wait_for(loop.sock_recv(sock, 1 << 20), TIMEOUT)
+            if not chunk:
+                break
+            received += chunk
+        assert bytes(received) == b"".join(payloads)
+        assert await asyncio.wait_for(protocol.lost, TIMEOUT) is None
+        sock.close()
+        server.close()
+
+    asyncio.run(main())
+
+
 def test_abort_and_a_peer_reset_each_end_with_one_connection_lost():
     async def main():
         server, port, accepted = await serve()

@@ -293,8 +293,14 @@ class PlaybookClient(asyncio.Protocol):
             self.session.open()
         return self.session
 
-    def receiver(self, address: str, *, credit: int = 0) -> ClientLink:
-        link = self._session().receiver(f"{self.name}-r{next(self.tags)}")
+    def new_session(self):
+        """Another session on this connection (links take it with ``session=``)."""
+        session = self.connection.session()
+        session.open()
+        return session
+
+    def receiver(self, address: str, *, credit: int = 0, session=None) -> ClientLink:
+        link = (session or self._session()).receiver(f"{self.name}-r{next(self.tags)}")
         link.source.address = address
         link.open()
         if credit:
@@ -303,8 +309,8 @@ class PlaybookClient(asyncio.Protocol):
         self.flush()
         return self.links[link]
 
-    def sender(self, address: str) -> ClientLink:
-        link = self._session().sender(f"{self.name}-s{next(self.tags)}")
+    def sender(self, address: str, *, session=None) -> ClientLink:
+        link = (session or self._session()).sender(f"{self.name}-s{next(self.tags)}")
         link.target.address = address
         link.open()
         self.links[link] = ClientLink(self, link)
@@ -337,9 +343,10 @@ AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 class World:
     """Nodes built by the real factory, clients, and the network between them."""
 
-    def __init__(self, tmp_path) -> None:
+    def __init__(self, tmp_path, **network) -> None:
+        """``network``: the memory network's settings (``socket_buffer``)."""
         self.tmp_path = tmp_path
-        self.network = MemoryNetwork()
+        self.network = MemoryNetwork(**network)
         self.tap = FrameTap()
         self.network.taps.append(self.tap)
         self.nodes: dict = {}

@@ -1,0 +1,72 @@
+"""A large message never wedges a connection (issue #33).
+
+A large delivery fills the socket: the node's transport keeps what the kernel
+does not take and pauses the connection's output. The queue's next message
+goes out from ``resume_writing``; the TCP transport used to drop that write
+(it looked at its old, emptied buffer after calling the protocol), the stream
+lost bytes mid-frame, the connection stayed paused for good and not even the
+client's close was answered. The memory network writes through the same
+``WriteBuffer`` as the TCP transport, in front of a socket buffer of its own,
+so these playbooks go through that path: each failing order from the issue,
+on one link, on two links of one session and on two sessions.
+"""
+
+from __future__ import annotations
+
+import pytest
+from proton import Connection
+
+from playbook import World, run
+
+pytestmark = pytest.mark.timeout(60)
+
+MB = 1_000_000
+ORDERS = [(10 * MB, 500_000), (5 * MB, MB), (10 * MB, MB), (16 * MB, 10)]
+LAYOUTS = ["one link", "two links of one session", "two sessions"]
+# the kernel's socket buffer: the larger it is, the likelier a resume finds the transport's
+# buffer empty (Linux grows a loopback socket's to a few MiB)
+SOCKET_BUFFERS = [256 * 1024, 1024 * 1024, 4 * 1024 * 1024]
+
+
+async def store(world: World, address: str, sizes: list[int]) -> None:
+    producer = await world.client("a", f"producer-{address}")
+    sender = producer.sender(address)
+    for index, size in enumerate(sizes):
+        await world.until(lambda: sender.credit > 0, what="producer credit")
+        sender.send(b"x" * size, message_id=f"{address}-{index}")
+    await world.until(lambda: sender.accepted() == len(sizes), what="stored")
+
+
+@pytest.mark.parametrize("socket_buffer", SOCKET_BUFFERS, ids=lambda size: f"kernel-{size >> 10}k")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("first,second", ORDERS, ids=[f"{a}-then-{b}" for a, b in ORDERS])
+def test_a_large_message_then_a_smaller_one_both_arrive_and_close_is_answered(tmp_path, layout,
+                                                                               first, second,
+                                                                               socket_buffer):
+    async def play():
+        world = World(tmp_path, socket_buffer=socket_buffer)
+        await world.node("a")
+        client = await world.client("a", "consumer")
+        if layout == "one link":
+            await store(world, "q", [first, second])
+            receivers = [client.receiver("q", credit=10)]
+            expected = [[("q-0", first), ("q-1", second)]]
+        else:
+            await store(world, "big", [first])
+            await store(world, "small", [second])
+            other = client.new_session() if layout == "two sessions" else None
+            receivers = [client.receiver("big", credit=10), client.receiver("small", credit=10,
+                                                                            session=other)]
+            expected = [[("big-0", first)], [("small-0", second)]]
+        await world.until(lambda: all(len(r.received) == len(e) for r, e in zip(receivers, expected)),
+                          what="every message")
+        for receiver, messages in zip(receivers, expected):
+            assert [(m.id, len(m.body)) for m, _ in receiver.received] == messages
+            receiver.settle()
+        client.connection.close()
+        client.flush()
+        await world.until(lambda: client.connection.state & Connection.REMOTE_CLOSED,
+                          what="the node's answer to close")
+        await world.close()
+
+    run(play)
