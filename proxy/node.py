@@ -27,7 +27,7 @@ import ssl
 from pathlib import Path
 from typing import Callable
 
-from proxy.amqp import engine
+from proxy.amqp import drain, engine
 from proxy.amqp.connection import ConnectionSettings
 from proxy.auth.acl import Acl
 from proxy.auth.mechanisms import Authenticator
@@ -365,6 +365,9 @@ class Node:
         if not engine.fastpath_loaded:
             log.warning("the proxy's C fast path (proxy.amqp._fastpath) is %s: proxied messages cost "
                         "about twice the CPU", "switched off" if engine.fastpath_off else "not built")
+        if not drain.answer_drain_at_zero:
+            log.warning("this python-qpid-proton keeps its assertions: a receiver's drain at link "
+                        "credit 0 is not answered (proxy.amqp.drain; go-amqp's DrainCredit waits)")
         for service in self.services:
             await service.start()
 

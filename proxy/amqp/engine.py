@@ -110,9 +110,15 @@ def hold(ptr):
 
 
 class ClientLinkEndpoint:
-    """Base of our endpoints for client links: a held ``link_ptr``, a wrapper on demand."""
+    """Base of our endpoints for client links: a held ``link_ptr``, a wrapper on demand.
+
+    ``drain_requested``: on our sending links, the client's flow asked for a drain
+    (§2.6.7) that the endpoint has not answered yet (``proxy.amqp.drain``); the
+    client handler sets it from the flow event, the endpoint clears it when it answers.
+    """
 
     __slots__ = ()
+    drain_requested = False
 
     @property
     def link(self) -> Link:

@@ -23,14 +23,10 @@ import itertools
 import logging
 from typing import TYPE_CHECKING, Callable
 
-from cproton import (
-    PN_ACCEPTED,
-    pn_link_credit,
-    pn_link_drained,
-    pn_link_get_drain,
-)
+from cproton import PN_ACCEPTED, pn_link_credit
 
 from proxy.amqp import engine
+from proxy.amqp.drain import answer_drain
 from proxy.exchanges.exchange import Exchanges
 from proxy.metrics import Histogram
 from proxy.net.network import TcpNetwork
@@ -202,17 +198,27 @@ class Broker:
 
 
 def _finish_drains(queue: LocalQueue) -> None:
-    """Consumers in drain mode that still have credit after dispatch: drained (§2.6.7)."""
-    if queue.messages:
-        return
+    """Consumers whose drain request is open, after dispatch: answered (§2.6.7).
+
+    Dispatch gave each consumer what it could take: one with credit left and
+    room in its output has nothing more coming for now (an empty queue, or only
+    messages it may not take), one without credit used it all up. Either way the
+    client gets its flow state, once per request. A consumer whose output is
+    blocked waits: the queue is dispatched again when its output has room.
+    """
     hold = queue.holds_drain
     for consumer in itertools.chain(queue.consumers, queue.standby_consumers):
+        if not consumer.drain_requested:
+            continue
         ptr = consumer.link_ptr
-        if pn_link_get_drain(ptr) and pn_link_credit(ptr) > 0:
+        if pn_link_credit(ptr) > 0:
+            if not consumer.handler.can_send(consumer):
+                continue
             if hold is not None and hold(consumer):
                 continue
-            pn_link_drained(ptr)
-            consumer.handler.mark_dirty()
+        consumer.drain_requested = False
+        answer_drain(ptr)
+        consumer.handler.mark_dirty()
 
 
 def _replenish_producers(queue: LocalQueue) -> None:

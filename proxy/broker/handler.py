@@ -24,7 +24,9 @@ from cproton import (
     pn_delivery_settle,
     pn_link_close,
     pn_link_free,
+    pn_link_get_drain,
     pn_link_head,
+    pn_link_is_sender,
     pn_link_next,
     pn_link_session,
     pn_link_state,
@@ -41,7 +43,8 @@ from proxy.amqp import engine
 from proxy.amqp.engine import session_outgoing_bytes
 from proxy.amqp.termini import capability_names, filter_names
 from proxy.broker import relay as anonymous_relay
-from proxy.links.proxy_links import ProxyConsumer, ProxyProducer
+from proxy.links.proxy_links import ProxyConsumer
+from proxy.links.proxy_producer import ProxyProducer
 from proxy.links.shared_consumers import attach_shared_consumer
 from proxy.queues.browsers import QueueBrowser
 from proxy.queues.endpoints import DEAD_LETTER_COPY, QueueConsumer, QueueProducer
@@ -476,8 +479,11 @@ class ClientHandler:
         self.mark_dirty()
 
     def _on_link_flow(self, event) -> None:
-        endpoint = self.links.get(engine.pn_event_link(event))
+        ptr = engine.pn_event_link(event)
+        endpoint = self.links.get(ptr)
         if endpoint is not None:
+            if pn_link_get_drain(ptr) and pn_link_is_sender(ptr):
+                endpoint.drain_requested = True  # answered once by the endpoint (§2.6.7)
             endpoint.on_flow()
 
     def _on_delivery(self, event) -> None:

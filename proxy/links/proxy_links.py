@@ -20,17 +20,8 @@ the primary is unreachable; the upstream link follows the pool member's state
     upstream, and only then is the upstream delivery settled (§3.4). A client
     that detaches or drops has its unsettled deliveries released upstream.
 
-``ProxyProducer`` (client sends; upstream is our Sender)
-    The client gets credit only as the primary grants it, and at most a window of
-    ``credit_window`` messages held for the primary (``sync_credit``). Each client delivery
-    is forwarded and settled with the primary's outcome (end-to-end
-    at-least-once). Deliveries in flight when the upstream connection breaks are
-    kept and sent again, so the client sees the real outcome rather than a
-    spurious release; duplicates are possible, loss is not. They are sent again
-    alone, as suspects (``proxy.upstream.suspects``): a message the primary cannot take
-    is rejected to its client after ``max_send_failures`` instead of ending the
-    shared connection for everyone at every replay. The link sends nothing
-    else until its suspects are settled, so its order holds.
+``ProxyProducer`` (client sends; upstream is our Sender) is in
+``proxy.links.proxy_producer``.
 
 An upstream detach with an error (``amqp:not-found`` ...) closes the client
 link with the same condition.
@@ -52,19 +43,17 @@ from cproton import (
     pn_delivery_settled,
     pn_delivery_update,
     pn_link_credit,
-    pn_link_drained,
     pn_link_flow,
     pn_link_get_drain,
     pn_link_set_drain,
 )
-from proton import Delivery, Link, Terminus
+from proton import Link, Terminus
 
+from proxy.amqp.drain import answer_drain
 from proxy.amqp.engine import (
     RELAY_IN_PYTHON,
     ClientLinkEndpoint,
-    beyond_credit,
     fast_relay,
-    fast_relay_kept,
     hold,
     link_session,
     read_transfer,
@@ -72,7 +61,7 @@ from proxy.amqp.engine import (
     send_message,
     settle_accepted,
 )
-from proxy.amqp.outcomes import copy_outcome, outcome_of, relay_outcome
+from proxy.amqp.outcomes import outcome_of, relay_outcome
 from proxy.amqp.termini import filter_names, set_capabilities
 from proxy.upstream.owner import UpstreamLinkOwner
 
@@ -262,6 +251,8 @@ class ProxyConsumer(_ProxyEndpoint):
     def sync_credit(self) -> None:
         up = self.up_ptr
         if up is None or not self.up_attached:
+            if self.drain_requested and not self.held:
+                self._answer_drain()  # the primary is out of reach: nothing comes for now
             return
         client_credit = pn_link_credit(self.link_ptr) if self.handler.can_send(self) else 0
         if client_credit > FIRST_WINDOW and not pn_link_get_drain(self.link_ptr):
@@ -278,7 +269,11 @@ class ProxyConsumer(_ProxyEndpoint):
         if want > 0 and (want >= up_credit or want * 2 >= client_credit):
             pn_link_flow(up, want)
             changed = True
-        if pn_link_get_drain(self.link_ptr) and not self.draining:
+        if self.drain_requested and not self.draining and pn_link_credit(self.link_ptr) == 0:
+            # nothing to wait for (§2.6.7: no credit to use up): answered now, also
+            # where the primary would not answer a drain at credit 0 (Artemis)
+            self._answer_drain()
+        elif self.drain_requested and not self.draining:
             self.draining = True
             if self.member.drain_unanswered is None:
                 pn_link_set_drain(up, True)
@@ -304,10 +299,22 @@ class ProxyConsumer(_ProxyEndpoint):
         if self.closed or not self.draining:
             return
         self.draining = False
-        if pn_link_get_drain(self.link_ptr) and not self.held and pn_link_credit(self.link_ptr) > 0:
-            pn_link_drained(self.link_ptr)
-            self.handler.mark_dirty()
+        if not self.held or pn_link_credit(self.link_ptr) == 0:
+            self._answer_drain()
             self.upstream.run_pending()
+
+    def _answer_drain(self) -> None:
+        """The client's drain is done: its credit used up, its flow state sent (§2.6.7)."""
+        self.drain_requested = False
+        if self.draining:  # the primary's part of it is moot now
+            self.draining = False
+            if self.drain_timer is not None:
+                self.drain_timer.cancel()
+                self.drain_timer = None
+            if self.up_ptr is not None and pn_link_get_drain(self.up_ptr):
+                pn_link_set_drain(self.up_ptr, False)
+        answer_drain(self.link_ptr)
+        self.handler.mark_dirty()
 
     def on_upstream_flow(self) -> None:
         up = self.up_ptr
@@ -316,9 +323,8 @@ class ProxyConsumer(_ProxyEndpoint):
         if self.draining and pn_link_credit(up) == 0:
             self.draining = False
             pn_link_set_drain(up, False)
-            if pn_link_get_drain(self.link_ptr) and not self.held:
-                pn_link_drained(self.link_ptr)
-                self.handler.mark_dirty()
+            if self.drain_requested and (not self.held or pn_link_credit(self.link_ptr) == 0):
+                self._answer_drain()
         self.sync_credit()
 
     # -- messages --------------------------------------------------------------------
@@ -374,6 +380,8 @@ class ProxyConsumer(_ProxyEndpoint):
                 self.unsettled = {}
             self.unsettled[delivery] = up_delivery
         self.handler.mark_dirty()
+        if self.drain_requested and pn_link_credit(self.link_ptr) == 0:
+            self._answer_drain()  # every credit used: that ends the drain (§2.6.7)
 
     def on_delivery(self, delivery) -> None:
         """The client's disposition: apply it upstream, then settle both (§3.4)."""
@@ -407,194 +415,4 @@ class ProxyConsumer(_ProxyEndpoint):
             pn_delivery_update(up, PN_RELEASED)
             pn_delivery_settle(up)
         self.held = _NONE_HELD
-        self.release_upstream()
-
-
-class ProxyProducer(_ProxyEndpoint):
-    """Client sends to an address on a primary."""
-
-    sender_upstream = True
-
-    def __init__(self, handler, client_link, upstream, remote_address,
-                 capabilities: tuple[str, ...] = (), rule=None) -> None:
-        self.pending: deque = deque()  # (payload, client delivery | None) not yet sent upstream
-        self.inflight: dict = {}  # upstream delivery -> (payload, client delivery | None)
-        self.suspects = 0  # deliveries being sent again alone (proxy.upstream.suspects)
-        self.received = 0
-        self.window = handler.broker.credit_window  # sync_credit
-        self.refill_every, self.unsynced = max(1, self.window // 4), 0  # settled since the last sync
-        super().__init__(handler, client_link, upstream, remote_address, capabilities, rule)
-
-    def configure_upstream(self, link: Link) -> None:
-        link.target.copy(self.link.remote_target)  # durability etc. as the client asked
-        link.target.address = self.remote_address
-        link.source.copy(self.link.remote_source)
-        link.snd_settle_mode = Link.SND_UNSETTLED
-        link.rcv_settle_mode = Link.RCV_FIRST
-
-    def link_lost(self) -> None:
-        member = self.member
-        # sent again alone, in the original order, before anything else (proxy.upstream.suspects)
-        self.suspects += self.upstream.suspects.take(self, self.remote_address, self.inflight, member,
-                                                     self._suspect_settled)
-
-    def _suspect_settled(self, client_delivery, state: int, up_delivery, condition) -> None:
-        """A suspect's outcome: the primary's, or rejected with ``condition`` at the limit."""
-        self.suspects -= 1
-        if not self.closed:
-            if up_delivery is not None and state:
-                copy_outcome(up_delivery, client_delivery, state)
-            elif up_delivery is not None:
-                pn_delivery_update(client_delivery, PN_ACCEPTED)
-            else:
-                wrapped = Delivery.wrap(client_delivery)
-                wrapped.local.condition = condition
-                wrapped.update(PN_REJECTED)
-            pn_delivery_settle(client_delivery)
-            self.handler.mark_dirty()
-            if not self.suspects:
-                self._send_pending()
-                self.sync_credit()
-
-    def on_upstream_flow(self) -> None:
-        self._send_pending()
-        self.sync_credit()
-
-    def sync_credit(self) -> None:
-        """The primary's credit minus what is queued, within the window (topped up a quarter
-        at a time). RabbitMQ 3.10 grants 65,536 per link: passed on whole, clients outran it
-        and proton's session held the rest (13 MB in 2 s, 8 senders), walked on every output."""
-        if self.closed:
-            return
-        self.unsynced = 0
-        up_credit = pn_link_credit(self.up_ptr) if self.up_ptr is not None and self.up_attached else 0
-        pending = len(self.pending)
-        allowed = min(up_credit - pending, self.window - pending - len(self.inflight))
-        want = allowed - pn_link_credit(self.link_ptr)
-        if want > 0:
-            pn_link_flow(self.link_ptr, want)
-            self.handler.mark_dirty()
-
-    def on_delivery(self, delivery) -> None:
-        if beyond_credit(self.link_ptr):
-            self.handler.refuse_beyond_credit(self.link)
-            return
-        up = self.up_ptr
-        max_size = self.handler.broker.max_message_size
-        if (not self.pending and up is not None and self.up_attached and not self.suspects
-                and pn_link_credit(up) > 0):  # the common case: straight on, nothing queued
-            tag = next(self.tags)
-            if pn_delivery_settled(delivery):
-                # pre-settled by the client (at-most-once): nothing to replay, so nothing kept;
-                # the bytes go from link to link through the read buffer
-                sent = fast_relay(self.link_ptr, delivery, up, tag, max_size)
-                if sent is RELAY_IN_PYTHON:
-                    sent = relay_transfer(self.link_ptr, delivery, up, tag, max_size)
-                if sent is None:
-                    return
-                if sent is False:
-                    self.handler.refuse_oversized(self.link)
-                    return
-                pn_delivery_settle(sent)
-                pn_delivery_settle(delivery)
-                self.received += 1
-                member = self.member
-                member.sent += 1
-                member.mark_dirty()
-                self.unsynced += 1
-                if self.unsynced >= self.refill_every:
-                    self.sync_credit()
-                return
-            kept = fast_relay_kept(self.link_ptr, delivery, up, tag, max_size)
-            if kept is not RELAY_IN_PYTHON:  # sent upstream; the bytes kept for a replay
-                payload, up_delivery = kept
-                self.received += 1
-                self.inflight[up_delivery] = (payload, delivery)
-                member = self.member
-                member.sent += 1
-                member.mark_dirty()
-                return
-        payload = read_transfer(self.link_ptr, delivery, max_size)
-        if payload is None:
-            return
-        if payload is False:
-            self.handler.refuse_oversized(self.link)
-            return
-        self.received += 1
-        if pn_delivery_settled(delivery):  # pre-settled by the client: at-most-once
-            pn_delivery_settle(delivery)
-            delivery = None
-        if (not self.pending and up is not None and self.up_attached and not self.suspects
-                and pn_link_credit(up) > 0):  # the common case: straight on, nothing queued
-            up_delivery = send_message(up, str(next(self.tags)).encode(), payload)
-            if delivery is None:
-                pn_delivery_settle(up_delivery)
-                self.unsynced += 1
-            else:
-                self.inflight[up_delivery] = (payload, delivery)  # kept for a replay
-            member = self.member
-            member.sent += 1
-            member.mark_dirty()
-            if self.unsynced >= self.refill_every:
-                self.sync_credit()
-            return
-        self.pending.append((payload, delivery))
-        self._send_pending()
-
-    def _send_pending(self) -> None:
-        up = self.up_ptr
-        if up is None or not self.up_attached or self.suspects:
-            return
-        pending = self.pending
-        sent = 0
-        while pending and pn_link_credit(up) > 0:
-            item = pending.popleft()
-            payload, client_delivery = item
-            up_delivery = send_message(up, str(next(self.tags)).encode(), payload)
-            if client_delivery is None:
-                pn_delivery_settle(up_delivery)
-            else:
-                self.inflight[up_delivery] = item
-            sent += 1
-        if sent:
-            self.member.sent += sent
-            self.member.mark_dirty()
-
-    def on_upstream_delivery(self, delivery) -> None:
-        """The primary's outcome: pass it to the client, then settle both."""
-        item = self.inflight.get(delivery)
-        client_delivery = item[1] if item is not None and not self.closed else None
-        if settle_accepted(delivery, client_delivery):  # nearly always: no helper calls
-            if item is not None:
-                del self.inflight[delivery]
-            if client_delivery is not None:
-                self.handler.mark_dirty()
-            self.unsynced += 1
-            if self.unsynced >= self.refill_every:
-                self.sync_credit()
-            return
-        state = outcome_of(delivery)
-        if state is None:
-            return  # no outcome yet (§3.4.1: received is not terminal)
-        item = self.inflight.pop(delivery, None)
-        pn_delivery_settle(delivery)
-        if item is None:
-            return
-        client_delivery = item[1]
-        if client_delivery is not None and not self.closed:
-            if state:
-                copy_outcome(delivery, client_delivery, state)
-            else:
-                pn_delivery_update(client_delivery, PN_ACCEPTED)
-            pn_delivery_settle(client_delivery)
-            self.handler.mark_dirty()
-        self.sync_credit()  # room in the window
-
-    def detached(self) -> None:
-        """Client link gone: its unsettled sends have no one to report to."""
-        self.closed = True
-        self.pending.clear()
-        if self.suspects:
-            self.upstream.suspects.cancel(self)
-            self.suspects = 0
         self.release_upstream()

@@ -36,13 +36,12 @@ from cproton import (
     pn_delivery_settled,
     pn_delivery_update,
     pn_link_credit,
-    pn_link_drained,
     pn_link_flow,
-    pn_link_get_drain,
 )
 from proton import Link
 
 from proxy.amqp import engine
+from proxy.amqp.drain import answer_drain
 from proxy.amqp.engine import read_transfer, send_message
 from proxy.amqp.outcomes import outcome_of, relay_outcome
 from proxy.upstream.owner import UpstreamLinkOwner
@@ -119,8 +118,9 @@ class SharedSubscription(UpstreamLinkOwner):
 
     def client_flow(self, consumer: "SharedConsumer") -> None:
         self._deliver_held()
-        if pn_link_get_drain(consumer.link_ptr) and pn_link_credit(consumer.link_ptr) > 0:
-            pn_link_drained(consumer.link_ptr)  # nothing held for it: drained here (§2.6.7)
+        if consumer.drain_requested:
+            consumer.drain_requested = False
+            answer_drain(consumer.link_ptr)  # nothing held for it: drained here (§2.6.7)
             consumer.handler.mark_dirty()
         self.recount(consumer)
         self.sync_credit()

@@ -27,11 +27,10 @@ import itertools
 from cproton import (
     pn_delivery_settle,
     pn_link_credit,
-    pn_link_drained,
-    pn_link_get_drain,
 )
 
 from proxy.amqp import engine
+from proxy.amqp.drain import answer_drain
 from proxy.amqp.outcomes import outcome_of
 from proxy.queues.local import LocalQueue
 
@@ -39,7 +38,8 @@ from proxy.queues.local import LocalQueue
 class QueueBrowser(engine.ClientLinkEndpoint):
     """Local queue -> client, as copies. Our side is a proton Sender."""
 
-    __slots__ = ("handler", "link_ptr", "session_ptr", "queue", "presettled", "after", "tags", "address", "sent")
+    __slots__ = ("handler", "link_ptr", "session_ptr", "queue", "presettled", "after", "tags", "address",
+                 "sent", "drain_requested")
 
     def __init__(self, handler, link, queue: LocalQueue, *, presettled: bool) -> None:
         self.handler = handler
@@ -51,6 +51,7 @@ class QueueBrowser(engine.ClientLinkEndpoint):
         self.tags = itertools.count(1)
         self.address = queue.name
         self.sent = 0
+        self.drain_requested = False  # as QueueConsumer's
 
     @property
     def credit(self) -> int:
@@ -60,10 +61,16 @@ class QueueBrowser(engine.ClientLinkEndpoint):
 
     def serve(self) -> None:
         """Send what there is to see, as far as credit goes; answer a drain when done."""
-        credit = self.credit
-        if credit <= 0:
-            return
         ptr = self.link_ptr
+        if not self.handler.can_send(self):
+            return  # output blocked: served again when it has room
+        credit = pn_link_credit(ptr)
+        if credit <= 0:
+            if self.drain_requested:  # a drain at credit 0, or all credit used: answered
+                self.drain_requested = False
+                answer_drain(ptr)
+                self.handler.mark_dirty()
+            return
         batch = self.queue.browse(self.after, credit)
         for message in batch:
             delivery = engine.send_message(ptr, str(next(self.tags)).encode(), message.payload)
@@ -71,8 +78,9 @@ class QueueBrowser(engine.ClientLinkEndpoint):
                 pn_delivery_settle(delivery)
             self.after = max(self.after, message.seq)
         self.sent += len(batch)
-        if len(batch) < credit and pn_link_get_drain(ptr):
-            pn_link_drained(ptr)  # §2.6.7: nothing more to see for now
+        if self.drain_requested:  # §2.6.7: nothing more to see for now, or all credit used
+            self.drain_requested = False
+            answer_drain(ptr)
             self.handler.mark_dirty()
         elif batch:
             self.handler.mark_dirty()

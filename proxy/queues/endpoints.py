@@ -204,7 +204,7 @@ class QueueConsumer(engine.ClientLinkEndpoint):
 
     __slots__ = (
         "handler", "link_ptr", "session_ptr", "queue", "consumer_id", "presettled",
-        "unsettled", "tags", "owns_queue", "address", "sent",
+        "unsettled", "tags", "owns_queue", "address", "sent", "drain_requested",
     )
 
     def __init__(self, handler, link: Link, queue: LocalQueue, *,
@@ -220,6 +220,9 @@ class QueueConsumer(engine.ClientLinkEndpoint):
         self.owns_queue = owns_queue
         self.address = queue.name
         self.sent = 0
+        # a drain the client asked for, not answered yet (set by the handler on the client's
+        # flow, §2.6.7; answered once nothing more comes: proxy.broker.broker._finish_drains)
+        self.drain_requested = False
 
     @property
     def credit(self) -> int:

@@ -83,7 +83,8 @@ def test_every_owner_of_an_upstream_link_uses_the_one_lifecycle():
     sender's upstream_up, which adds to it)."""
     from fragments.steal import Stealer
     from proxy.exchanges.remote_bindings import RemoteSubscription
-    from proxy.links.proxy_links import ProxyConsumer, ProxyProducer
+    from proxy.links.proxy_links import ProxyConsumer
+    from proxy.links.proxy_producer import ProxyProducer
     from proxy.links.remote_destinations import RemoteDestination
     from proxy.links.shared_consumers import SharedSubscription
     from proxy.upstream.suspects import SuspectSender

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from proton import Collector, Connection, Data, Delivery, Event, Message, Transport
+from proton import Collector, Connection, Data, Delivery, Event, Message, Terminus, Transport
 
 from proxy.config import settings as config_mod
 from proxy.net.memory import MemoryNetwork
@@ -299,9 +299,12 @@ class PlaybookClient(asyncio.Protocol):
         session.open()
         return session
 
-    def receiver(self, address: str, *, credit: int = 0, session=None) -> ClientLink:
+    def receiver(self, address: str, *, credit: int = 0, session=None, browse: bool = False) -> ClientLink:
+        """``browse``: a browser (source distribution-mode copy, §3.5.3)."""
         link = (session or self._session()).receiver(f"{self.name}-r{next(self.tags)}")
         link.source.address = address
+        if browse:
+            link.source.distribution_mode = Terminus.DIST_MODE_COPY
         link.open()
         if credit:
             link.flow(credit)
