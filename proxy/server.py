@@ -29,7 +29,7 @@ log = logging.getLogger("fedgate.server")
 
 class AmqpProtocol(EngineProtocol):
     __slots__ = ("node", "broker", "handler", "peer", "ip", "_failed", "_tls", "_early", "internal",
-                 "_ws")
+                 "_ws", "_read_while_blocked")
 
     def __init__(self, node, *, internal: bool = False) -> None:
         super().__init__(node.run_pending)  # one bound method for all connections
@@ -47,6 +47,8 @@ class AmqpProtocol(EngineProtocol):
         # WebSocket binding (proxy.net.websocket): None until the first input tells,
         # then False (AMQP straight on the socket) or the WebSocketTransport
         self._ws = None if node.websocket is not None and not internal else False
+        # bytes of input still to read while output is blocked (None: output is not blocked)
+        self._read_while_blocked: int | None = None
 
     def connection_made(self, transport) -> None:
         peer = transport.get_extra_info("peername")
@@ -131,6 +133,12 @@ class AmqpProtocol(EngineProtocol):
             return
         if self._failed:
             return
+        budget = self._read_while_blocked
+        if budget is not None:  # output blocked: read on within the budget (pause_writing)
+            budget -= len(data)
+            self._read_while_blocked = budget
+            if budget <= 0:
+                self.transport.pause_reading()
         ws = self._ws
         if ws is not False:
             if ws is None:
@@ -237,15 +245,19 @@ class AmqpProtocol(EngineProtocol):
 
     # -- output bound (issue #21) ---------------------------------------------
     # The socket's write buffer past its high-water mark: the client is not reading.
-    # Its consumers get nothing more (the queue keeps it) and we stop reading its
-    # input, which would only make more output (dispositions, flow); both resume once
-    # the buffer is down to the low-water mark.
+    # Its consumers get nothing more (the queue keeps it). Its input is read on for
+    # READ_WHILE_BLOCKED bytes, then no more: enough for a client that is leaving to
+    # be heard (its detach or close: what it held goes back to the queue, issue #33),
+    # while what more input would make us write (dispositions, flow, attach answers)
+    # stays bounded. Both resume once the buffer is down to the low-water mark.
+    READ_WHILE_BLOCKED = 64 * 1024
+
     def pause_writing(self) -> None:
         self.handler.pause()
-        if not self._closed:
-            self.transport.pause_reading()
+        self._read_while_blocked = self.READ_WHILE_BLOCKED
 
     def resume_writing(self) -> None:
+        self._read_while_blocked = None
         if not self._closed:
             self.transport.resume_reading()
         self.handler.writable = True

@@ -172,6 +172,10 @@ class ClientHandler:
         self.server_connection.answer_open()
 
     def _on_connection_close(self, event) -> None:
+        # close is the client's last frame (§2.4.3): nothing it had can be settled any more,
+        # so it goes back to the queues now, not once our answer has reached a client that
+        # may not be reading (its output blocked behind a large message)
+        self.release_all()
         self.server_connection.close_connection()
 
     def _on_session_open(self, event) -> None:

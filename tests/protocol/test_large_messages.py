@@ -70,3 +70,43 @@ def test_a_large_message_then_a_smaller_one_both_arrive_and_close_is_answered(tm
         await world.close()
 
     run(play)
+
+
+@pytest.mark.parametrize("leaving", ["detach", "close"])
+def test_a_client_leaving_while_its_output_is_blocked_gives_its_messages_back(tmp_path, leaving):
+    """The client stops reading in the middle of a large message, then detaches (or closes):
+    the node hears it though its output is blocked; another consumer gets every message,
+    and the leaving client gets its answer once it reads again."""
+    async def play():
+        world = World(tmp_path, socket_buffer=256 * 1024)
+        node = await world.node("a")
+        await store(world, "q", [10 * MB, MB, 10])
+        slow = await world.client("a", "slow")
+        slow.transport_io.pause_reading()  # reads nothing of what comes now
+        receiver = slow.receiver("q", credit=10)
+        await world.until(lambda: node.queues.get("q").unacked >= 1, what="the large one sent")
+        await world.quiet(0.5)
+        assert not receiver.received
+        if leaving == "detach":
+            receiver.link.close()
+        else:
+            slow.connection.close()
+        slow.flush()
+        await world.until(lambda: node.queues.get("q").unacked == 0, what="its messages back")
+
+        other = await world.client("a", "other")
+        taker = other.receiver("q", credit=10)
+        await world.until(lambda: len(taker.received) == 3, what="every message, elsewhere")
+        assert [(m.id, len(m.body)) for m, _ in taker.received] == [
+            ("q-0", 10 * MB), ("q-1", MB), ("q-2", 10)]
+        taker.settle()
+
+        slow.transport_io.resume_reading()
+        if leaving == "detach":
+            await world.until(lambda: receiver.closed_with is not None, what="the detach answered")
+        else:
+            await world.until(lambda: slow.connection.state & Connection.REMOTE_CLOSED,
+                              what="the close answered")
+        await world.close()
+
+    run(play)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from playbook import World, run
+from proxy.server import AmqpProtocol
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,7 +47,18 @@ async def slow_reader_then_reads(world: World, node: str, address: str, waiting)
     await world.quiet(2.0)
     handed_out = COUNT - waiting()
     assert handed_out * len(BODY) <= BOUND, f"{handed_out} of {COUNT} messages left the queue"
-    assert not server_side(world, node, "slow").is_reading()  # nor is its input read
+    # its input is read on for a while (a leaving client's detach or close is heard), but not
+    # for long: it sends on, the node soon stops reading (what it reads makes it write)
+    session = slow.new_session()
+    for i in range(100):  # attaches need no credit: about 2 KB each, each answered
+        link = session.receiver(f"side-{i}-" + "n" * 2000)
+        link.source.address = "side"
+        link.open()
+        slow.flush()
+    await world.quiet(1.0)
+    assert not server_side(world, node, "slow").is_reading()
+    read = server_side(world, node, "slow").protocol.handler.links_held() - 1  # less the receiver
+    assert 0 < read * 2000 <= AmqpProtocol.READ_WHILE_BLOCKED + 2 * 2000, read
 
     other = await world.client(node, "other")  # another client on the node is served meanwhile
     side = other.sender("side")
