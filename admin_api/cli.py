@@ -149,7 +149,8 @@ QUEUE_COLUMNS = [("name", "name"), ("depth", "depth"), ("unacked", "unacked"),
                  ("consumers", "consumers"), ("producers", "producers"), ("bytes", "bytes"),
                  ("max_depth", "max_depth"), ("max_bytes", "max_bytes"), ("temporary", "temporary")]
 CONNECTION_COLUMNS = [("id", "id"), ("peer", "peer"), ("user", "user"), ("mechanism", "mechanism"),
-                      ("links", "links"), ("sent", "sent"), ("received", "received")]
+                      ("links", "links"), ("sent", "sent"), ("received", "received"),
+                      ("stalled s", "output_stalled_s")]
 RULE_COLUMNS = [("name", "name"), ("match", "match"), ("kind", "kind"), ("primary", "primary"),
                 ("remote", "remote")]
 

@@ -10,6 +10,7 @@ and ``node.describe_upstreams()`` when the node has them.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -112,6 +113,10 @@ def _connection(protocol, handler) -> dict[str, Any]:
         "proton_links": handler.links_held(),
         "sent": sum(getattr(e, "sent", 0) for e in links),
         "received": sum(getattr(e, "received", 0) for e in links),
+        # bytes written for the client and not taken yet, and for how long none of them moved:
+        # over 10 s is a stuck connection (a client not reading; issue #33)
+        "output_pending_bytes": protocol.output_pending(),
+        "output_stalled_s": round(protocol.output_stalled_s(asyncio.get_running_loop().time()), 1),
     }
 
 
@@ -154,6 +159,7 @@ def node_info(request: web.Request) -> dict[str, Any]:
             "messages_out": totals.delivered,
             "messages_settled": totals.acknowledged + totals.released + totals.modified + totals.rejected,
             "fragments": len(describe_fragments(node)),
+            "connections_output_stalled": len(node.output_stalled()),
             "upstreams": len(describe_upstreams(node)),
         },
         # bytes of messages held by local queues, against [limits] max_memory (0: none)

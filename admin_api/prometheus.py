@@ -73,6 +73,13 @@ def render(node) -> str:
                "Open client connections by transport (AMQP on TCP, AMQP over WebSocket).",
                [({"transport": "tcp"}, len(node.connections) - websocket),
                 ({"transport": "websocket"}, websocket)])
+    stalled = node.output_stalled()
+    out.family("fedgate_connections_output_stalled", "gauge",
+               "Client connections whose output has waited over 10 s without moving (stuck).",
+               [({}, len(stalled))])
+    out.family("fedgate_connections_output_stalled_max_seconds", "gauge",
+               "The longest time a client connection's output has waited without moving.",
+               [({}, round(max((s for _, s in stalled), default=0.0), 1))])
     out.family("fedgate_links", "gauge", "Attached client links by role.", [
         ({"role": "consumer"}, sum(1 for e in endpoints if isinstance(e, QueueConsumer))),
         ({"role": "producer"}, sum(1 for e in endpoints if isinstance(e, QueueProducer))),

@@ -48,6 +48,10 @@ from routing import RoutingTable
 log = logging.getLogger("fedgate.node")
 
 SHUTDOWN_GRACE = 2.0  # seconds for close frames to reach clients
+# a client's output that waits this long without moving is reported stuck (admin API,
+# /metrics: issue #33); connections are checked every OUTPUT_CHECK seconds
+OUTPUT_STALLED = 10.0
+OUTPUT_CHECK = 2.0
 # a failed SASL exchange's outcome waits FAILURE_DELAY * 2**(failures from that address
 # in the last FAILURE_MEMORY seconds - 1), at most FAILURE_DELAY_MAX: password guessing
 # from one address gets slow (with max_connections_per_ip, a bounded number at a time)
@@ -207,6 +211,7 @@ class Node:
         self.internal_server = None
         self.internal_connections: set[AmqpProtocol] = set()  # from the other workers
         self.connections: set[AmqpProtocol] = set()  # clients
+        self._output_timer = None  # _check_output's next run
         self.handshaking = 0  # TLS handshakes under way (admitted, not yet AMQP connections)
         self._ip_of: dict[AmqpProtocol, str] = {}  # for the per-IP limit
         self._user_of: dict[AmqpProtocol, str] = {}  # for the per-user limit
@@ -365,13 +370,31 @@ class Node:
         if not engine.fastpath_loaded:
             log.warning("the proxy's C fast path (proxy.amqp._fastpath) is %s: proxied messages cost "
                         "about twice the CPU", "switched off" if engine.fastpath_off else "not built")
+        self._output_timer = asyncio.get_running_loop().call_later(OUTPUT_CHECK, self._check_output)
         if not drain.answer_drain_at_zero:
             log.warning("this python-qpid-proton keeps its assertions: a receiver's drain at link "
                         "credit 0 is not answered (proxy.amqp.drain; go-amqp's DrainCredit waits)")
         for service in self.services:
             await service.start()
 
+    def _check_output(self) -> None:
+        """Every OUTPUT_CHECK seconds: which clients' output moved (AmqpProtocol.check_output)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for protocol in list(self.connections):
+            protocol.check_output(now)
+        self._output_timer = loop.call_later(OUTPUT_CHECK, self._check_output)
+
+    def output_stalled(self) -> list:
+        """(protocol, seconds) of clients whose output has waited over OUTPUT_STALLED seconds."""
+        now = asyncio.get_running_loop().time()
+        stalled = ((p, p.output_stalled_s(now)) for p in list(self.connections))
+        return [(p, s) for p, s in stalled if s > OUTPUT_STALLED]
+
     async def stop(self) -> None:
+        if self._output_timer is not None:
+            self._output_timer.cancel()
+            self._output_timer = None
         for service in reversed(self.services):
             await service.stop()
         if self.server is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from proxy.amqp import engine
 from proxy.amqp.connection import ConnectionSettings, ServerConnection
 from proxy.auth.mechanisms import certificate_identity
 from proxy.broker.broker import Broker
@@ -29,7 +30,7 @@ log = logging.getLogger("fedgate.server")
 
 class AmqpProtocol(EngineProtocol):
     __slots__ = ("node", "broker", "handler", "peer", "ip", "_failed", "_tls", "_early", "internal",
-                 "_ws", "_read_while_blocked")
+                 "_ws", "_read_while_blocked", "_sent_seen", "_moved_at")
 
     def __init__(self, node, *, internal: bool = False) -> None:
         super().__init__(node.run_pending)  # one bound method for all connections
@@ -49,6 +50,10 @@ class AmqpProtocol(EngineProtocol):
         self._ws = None if node.websocket is not None and not internal else False
         # bytes of input still to read while output is blocked (None: output is not blocked)
         self._read_while_blocked: int | None = None
+        # output progress (check_output): bytes the client had taken at the last check, and
+        # when its output last moved or had nothing waiting
+        self._sent_seen = 0
+        self._moved_at = 0.0
 
     def connection_made(self, transport) -> None:
         peer = transport.get_extra_info("peername")
@@ -271,6 +276,32 @@ class AmqpProtocol(EngineProtocol):
             self.broker.run_pending()
         except Exception:
             self._contain("resuming output")
+
+    # -- output progress (issue #33) ----------------------------------------------------
+    # A connection whose output waits and does not move is stuck (a client that stopped
+    # reading, or never opens its session window): the node checks every connection
+    # now and then (Node._check_output) and the admin API and /metrics show how long.
+    def output_pending(self) -> int:
+        """Bytes for this client not taken yet: the socket's buffer, and what proton holds."""
+        transport, server = self.transport, self.handler.server_connection if self.handler else None
+        buffered = transport.get_write_buffer_size() if transport is not None and not self._closed else 0
+        held = engine.session_bytes(server.connection_ptr) if server is not None else 0
+        return buffered + held
+
+    def check_output(self, now: float) -> None:
+        transport = self.transport
+        if transport is None or self._closed:
+            return
+        sent = self.written - transport.get_write_buffer_size()
+        if sent != self._sent_seen or not self.output_pending():
+            self._sent_seen = sent
+            self._moved_at = now
+
+    def output_stalled_s(self, now: float) -> float:
+        """Seconds this client's output has waited without moving (0: moving or nothing waits)."""
+        if not self._moved_at or not self.output_pending():
+            return 0.0
+        return max(0.0, now - self._moved_at)
 
     def flush(self) -> None:
         super().flush()

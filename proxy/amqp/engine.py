@@ -125,6 +125,16 @@ class ClientLinkEndpoint:
         return transient(Link, self.link_ptr)
 
 
+def session_bytes(connection) -> int:
+    """Bytes of deliveries proton holds unwritten in the sessions of ``connection`` (a raw pointer)."""
+    held = 0
+    session = _lib.pn_session_head(connection, 0)
+    while session:
+        held += _lib.pn_session_outgoing_bytes(session)
+        session = _lib.pn_session_next(session, 0)
+    return held
+
+
 def links_held(connection) -> int:
     """Links proton still keeps on ``connection`` (a raw pointer): attached, closing or unfreed."""
     count = 0

@@ -25,7 +25,7 @@ from typing import Callable
 class EngineProtocol(asyncio.Protocol):
     # one per socket: slots keep idle connections small
     __slots__ = ("_closed", "_input", "_timer", "_timer_at", "conn", "loop", "run_pending",
-                 "transport")
+                 "transport", "written")
     write_high_water = 256 * 1024
 
     def __init__(self, run_pending: Callable[[], None]) -> None:
@@ -37,6 +37,7 @@ class EngineProtocol(asyncio.Protocol):
         self._timer_at: float | None = None
         self._closed = False
         self._input = False  # bytes arrived since proton's last tick
+        self.written = 0  # bytes handed to the transport, in all
 
     # -- asyncio callbacks -------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -77,6 +78,7 @@ class EngineProtocol(asyncio.Protocol):
             self._schedule(conn.tick(self.loop.time()))
             out += conn.take_output()  # a heartbeat or close frame the tick wrote
         if out:
+            self.written += len(out)
             self.transport.write(out)
         if conn.finished:
             self._closed = True

@@ -110,3 +110,39 @@ def test_a_client_leaving_while_its_output_is_blocked_gives_its_messages_back(tm
         await world.close()
 
     run(play)
+
+
+def test_a_connection_whose_output_does_not_move_is_shown_stuck(tmp_path):
+    """Output waiting without moving for over 10 s: the admin API's connection shows how long,
+    /metrics counts it; once the client reads again it is not stuck any more."""
+    from admin_api import prometheus
+    from admin_api.inspect_api import _connection
+
+    async def play():
+        world = World(tmp_path)
+        node = await world.node("a")
+        await store(world, "q", [5 * MB])
+        slow = await world.client("a", "slow")
+        slow.transport_io.pause_reading()
+        slow.receiver("q", credit=10)
+        other = await world.client("a", "other")  # reads: never stuck
+        other.receiver("side", credit=10)
+        await world.until(lambda: node.queues.get("q").unacked == 1, what="sent")
+        await world.quiet(5.0)
+        assert node.output_stalled() == []  # waiting, but not for 10 s yet
+        await world.quiet(8.0)
+        (stuck, seconds), = node.output_stalled()
+        assert stuck.handler.peer.startswith("slow") and 10 < seconds <= 15
+        shown = _connection(stuck, stuck.handler)
+        assert shown["output_pending_bytes"] > 1 * MB and shown["output_stalled_s"] > 10
+        assert "fedgate_connections_output_stalled 1\n" in prometheus.render(node)
+
+        slow.transport_io.resume_reading()
+        await world.until(lambda: len(slow.links) and all(
+            len(link.received) == 1 for link in slow.links.values()), what="the message read")
+        await world.quiet(3.0)
+        assert node.output_stalled() == []
+        assert "fedgate_connections_output_stalled 0\n" in prometheus.render(node)
+        await world.close()
+
+    run(play)
