@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= deploy/examples/standalone.toml
 PYTEST_ARGS ?=
 
-.PHONY: run test venv system npm brokers bench bench-deps bench-durable bench-fragments bench-proxy fuzz soak load-demo clean
+.PHONY: run test venv system npm brokers bench bench-deps bench-durable bench-fragments bench-proxy fuzz fuzz-large soak load-demo clean
 
 $(STAMP): pyproject.toml proxy/amqp/_fastpath.c
 	bash .ci/install/system.sh
@@ -49,6 +49,13 @@ load-demo: venv
 # FUZZ_SEED=N and FUZZ_CASES=N override the seed and the size
 fuzz: venv
 	$(PY) -m pytest -m fuzz_long -s tests/faults/test_fuzz.py
+
+# random mixes of message sizes (1 B to 16 MiB) through nodes, clients reading at random
+# speeds (opt-in, longer than make test's one mix per case); FEDGATE_LARGE_RUNS=N mixes,
+# FEDGATE_LARGE_SEED=N the first seed (a failing test's id shows its seed)
+FEDGATE_LARGE_RUNS ?= 30
+fuzz-large: venv
+	FEDGATE_LARGE_RUNS=$(FEDGATE_LARGE_RUNS) $(PY) -m pytest -q tests/protocol/test_large_messages_random.py tests/integration/test_large_messages_tcp.py
 
 # soak run (opt-in): half the measured max rate through a proxy and a
 # fragmented queue for FEDGATE_SOAK_SECONDS (default 1800); RSS and fd bounds
