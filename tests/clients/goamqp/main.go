@@ -5,11 +5,29 @@
 // the final one carrying "error".
 //
 //	goamqp-client send    --url URL --address A --count N [--prefix P] [--presettled] [--durable] [--rate R]
+//	                      [--sizes S1,S2,...]
 //	goamqp-client receive --url URL --address A --count N [--credit C] [--idle-ms I]
 //	                      [--outcome accept|release|reject|modify-failed|modify-undeliverable]
+//	                      [--max-message-size B]
+//	goamqp-client drain   --url URL --address A [--credit C] [--take N] [--browse]
+//	                      [--max-message-size B]
 //
 // Common: [--username U --password P] [--sasl auto|anonymous|plain|none]
 // [--ca FILE | --tls-insecure] (amqps:// URLs) [--timeout-ms T].
+//
+// send --sizes: message i has a binary body (one data section) of sizes[i % len(sizes)]
+// bytes instead of the string "message SEQ from PREFIX". receive prints per message
+// {"id", "producer", "seq", "delivery_count", "size"} (size: the body's bytes: the data
+// sections', or a string or binary value's), then {"done", "received", "error"}.
+// --max-message-size B: the receiver's max-message-size (attach); 0 is go-amqp's default
+// (none of its own; it keeps the sender's if that is smaller).
+//
+// drain attaches a receiver with manual credit (--browse: source distribution-mode
+// copy), grants --credit C (0 allowed), receives and accepts --take N messages, then
+// calls DrainCredit and prints {"drained": true, "drain_ms": F, "received": N, "error":
+// null}: drain_ms is the time DrainCredit took, from the drain flow's request to the
+// sender's flow that answers it. When DrainCredit fails or the deadline passes (the
+// drain went unanswered): "drained": false and the error, exit 2 or 3.
 //
 // Exit codes: 0 ok, 2 AMQP/SASL/transport error, 3 timeout, 64 bad command line.
 package main
@@ -25,6 +43,8 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/Azure/go-amqp"
@@ -41,13 +61,31 @@ const (
 
 type options struct {
 	mode, url, address, prefix, username, password, sasl, ca, outcome string
-	count, credit, timeoutMS, idleMS, rate                            int
-	presettled, durable, tlsInsecure                                  bool
+	count, credit, timeoutMS, idleMS, rate, take                      int
+	presettled, durable, tlsInsecure, browse                          bool
+	sizes                                                             []int
+	maxMessageSize                                                    uint64
+}
+
+// parseSizes reads --sizes: comma-separated byte counts, each >= 0.
+func parseSizes(text string) ([]int, error) {
+	if text == "" {
+		return nil, nil
+	}
+	var sizes []int
+	for _, field := range strings.Split(text, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(field))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("--sizes: %q is not a byte count", field)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes, nil
 }
 
 func main() {
-	if len(os.Args) < 2 || (os.Args[1] != "send" && os.Args[1] != "receive") {
-		fmt.Fprintln(os.Stderr, "usage: goamqp-client send|receive --url URL --address A --count N ...")
+	if len(os.Args) < 2 || (os.Args[1] != "send" && os.Args[1] != "receive" && os.Args[1] != "drain") {
+		fmt.Fprintln(os.Stderr, "usage: goamqp-client send|receive|drain --url URL --address A ...")
 		os.Exit(exitUsage)
 	}
 	o := options{mode: os.Args[1]}
@@ -68,9 +106,19 @@ func main() {
 	fs.BoolVar(&o.presettled, "presettled", false, "send pre-settled (at-most-once)")
 	fs.BoolVar(&o.durable, "durable", false, "set header.durable")
 	fs.BoolVar(&o.tlsInsecure, "tls-insecure", false, "skip certificate verification")
+	sizes := fs.String("sizes", "", "send: body sizes in bytes, S1,S2,... (message i: sizes[i % n])")
+	fs.Uint64Var(&o.maxMessageSize, "max-message-size", 0, "receive, drain: the receiver's max-message-size (0: go-amqp's default)")
+	fs.IntVar(&o.take, "take", 0, "drain: messages to receive and accept before the drain")
+	fs.BoolVar(&o.browse, "browse", false, "drain: attach with source distribution-mode copy (a browser)")
 	if err := fs.Parse(os.Args[2:]); err != nil || o.url == "" || o.address == "" ||
-		(o.mode == "send" && o.count <= 0) || o.credit <= 0 {
-		fmt.Fprintln(os.Stderr, "error: --url, --address, --count (and --credit > 0) are required")
+		(o.mode == "send" && o.count <= 0) || (o.mode != "drain" && o.credit <= 0) ||
+		o.credit < 0 || o.take < 0 {
+		fmt.Fprintln(os.Stderr, "error: --url, --address, --count (and --credit > 0; drain: >= 0) are required")
+		os.Exit(exitUsage)
+	}
+	var err error
+	if o.sizes, err = parseSizes(*sizes); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(exitUsage)
 	}
 	ctx := context.Background()
@@ -79,8 +127,11 @@ func main() {
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(o.timeoutMS)*time.Millisecond)
 		defer cancel()
 	}
-	if o.mode == "send" {
+	switch o.mode {
+	case "send":
 		os.Exit(send(ctx, o))
+	case "drain":
+		os.Exit(drain(ctx, o))
 	}
 	os.Exit(receive(ctx, o))
 }
@@ -227,6 +278,9 @@ func send(ctx context.Context, o options) int {
 		}
 		id := fmt.Sprintf("%s-%d", o.prefix, seq)
 		msg := &amqp.Message{Value: fmt.Sprintf("message %d from %s", seq, o.prefix)}
+		if len(o.sizes) > 0 {
+			msg = amqp.NewMessage(make([]byte, o.sizes[seq%len(o.sizes)]))
+		}
 		msg.Properties = &amqp.MessageProperties{MessageID: id}
 		msg.ApplicationProperties = map[string]any{"producer": o.prefix, "seq": int64(seq)}
 		if o.durable {
@@ -297,6 +351,42 @@ func idString(id any) any {
 	return id
 }
 
+// bodySize is the body's length in bytes: its data sections', or a string or binary
+// value's; nil for any other body.
+func bodySize(msg *amqp.Message) any {
+	if len(msg.Data) > 0 {
+		size := 0
+		for _, section := range msg.Data {
+			size += len(section)
+		}
+		return size
+	}
+	switch v := msg.Value.(type) {
+	case string:
+		return len(v)
+	case []byte:
+		return len(v)
+	}
+	return nil
+}
+
+// messageLine is receive's line for one message.
+func messageLine(msg *amqp.Message) map[string]any {
+	line := map[string]any{"id": nil, "producer": nil, "seq": nil, "delivery_count": 0,
+		"size": bodySize(msg)}
+	if msg.Properties != nil {
+		line["id"] = idString(msg.Properties.MessageID)
+	}
+	if msg.ApplicationProperties != nil {
+		line["producer"] = msg.ApplicationProperties["producer"]
+		line["seq"] = msg.ApplicationProperties["seq"]
+	}
+	if msg.Header != nil {
+		line["delivery_count"] = msg.Header.DeliveryCount
+	}
+	return line
+}
+
 func receive(ctx context.Context, o options) int {
 	received := 0
 	finish := func(err error) int {
@@ -319,7 +409,8 @@ func receive(ctx context.Context, o options) int {
 	}
 	// manual credit: never more than min(credit, count - received) outstanding, so
 	// a receiver asked for N messages never takes more than N off a queue
-	receiver, err := session.NewReceiver(ctx, o.address, &amqp.ReceiverOptions{Credit: -1})
+	receiver, err := session.NewReceiver(ctx, o.address, &amqp.ReceiverOptions{Credit: -1,
+		MaxMessageSize: o.maxMessageSize})
 	if err != nil {
 		return finish(err)
 	}
@@ -355,21 +446,65 @@ func receive(ctx context.Context, o options) int {
 		}
 		outstanding--
 		received++
-		line := map[string]any{"id": nil, "producer": nil, "seq": nil, "delivery_count": 0}
-		if msg.Properties != nil {
-			line["id"] = idString(msg.Properties.MessageID)
-		}
-		if msg.ApplicationProperties != nil {
-			line["producer"] = msg.ApplicationProperties["producer"]
-			line["seq"] = msg.ApplicationProperties["seq"]
-		}
-		if msg.Header != nil {
-			line["delivery_count"] = msg.Header.DeliveryCount
-		}
+		line := messageLine(msg)
 		if err := settle(ctx, receiver, msg, o.outcome); err != nil {
 			return finish(err)
 		}
 		emit(line)
 	}
 	return finish(conn.Close()) // ends the link too (see send)
+}
+
+// -- drain -----------------------------------------------------------------------
+
+// drain: credit, --take messages, then DrainCredit, timed (see the file's note).
+func drain(ctx context.Context, o options) int {
+	received := 0
+	result := map[string]any{"drained": false, "drain_ms": nil}
+	finish := func(err error) int {
+		description, code := describe(ctx, err)
+		result["received"] = received
+		result["error"] = description
+		emit(result)
+		return code
+	}
+	conn, err := dial(ctx, o)
+	if err != nil {
+		return finish(err)
+	}
+	defer conn.Close()
+	session, err := conn.NewSession(ctx, nil)
+	if err != nil {
+		return finish(err)
+	}
+	receiverOpts := &amqp.ReceiverOptions{Credit: -1, MaxMessageSize: o.maxMessageSize}
+	if o.browse {
+		receiverOpts.SourceDistributionMode = amqp.SourceDistributionModeCopy
+	}
+	receiver, err := session.NewReceiver(ctx, o.address, receiverOpts)
+	if err != nil {
+		return finish(err)
+	}
+	if o.credit > 0 {
+		if err := receiver.IssueCredit(uint32(o.credit)); err != nil {
+			return finish(err)
+		}
+	}
+	for received < o.take {
+		msg, err := receiver.Receive(ctx, nil)
+		if err != nil {
+			return finish(err)
+		}
+		received++
+		if err := receiver.AcceptMessage(ctx, msg); err != nil {
+			return finish(err)
+		}
+	}
+	start := time.Now()
+	if err := receiver.DrainCredit(ctx, nil); err != nil {
+		return finish(err)
+	}
+	result["drain_ms"] = float64(time.Since(start).Microseconds()) / 1000
+	result["drained"] = true
+	return finish(conn.Close())
 }
