@@ -1,23 +1,35 @@
 """proton-python command-line client with the same contract as tests/js/*.js.
 
     python proton_client.py send --url U --address A --count N [--prefix P] [--presettled]
-                                 [--durable] [--report-accepted] [--rate R]
+                                 [--durable] [--report-accepted] [--rate R] [--sizes S1,S2,...]
                                  [--username U --password P] [--timeout-ms T]
     python proton_client.py receive --url U --address A --count N [--credit C]
                                  [--idle-ms I] [--timeout-ms T] [--hold] [--dynamic]
                                  [--check-body] [--summary]
+    python proton_client.py drain --url U --address A [--credit C] [--take N] [--browse]
+                                 [--timeout-ms T]
 
 send prints one JSON line {"sent", "accepted", "released", "rejected", "modified", "error"};
 with --report-accepted it first prints {"accepted_id": id} as each outcome arrives.
 --rate R sends at most R messages per second (on average since the start).
 --durable sets the header's durable field and asks for a durable target terminus.
-receive prints {"id", "producer", "seq", "delivery_count"} per message, then
+--sizes S1,S2,...: message SEQ has a binary body (a data section) of sizes[SEQ % len]
+bytes instead of the string "message SEQ".
+receive prints {"id", "producer", "seq", "delivery_count", "size"} per message (size: the
+body's bytes, a string's in UTF-8; null for other bodies), then
 {"done": true, "received": n, "error": null}. With --hold it accepts nothing:
 it prints each message and then waits (to be killed by a test). --check-body
 checks every message against what send makes of its id (body "message SEQ",
 id "PREFIX-SEQ"): a mismatch prints {"bad_body": ...} and exits 4 at once.
 --summary prints no line per message (long runs): the final line adds "seen",
 {producer: base64(zlib(bytes))} where byte SEQ counts the deliveries of SEQ.
+drain attaches a receiver (--browse: source distribution-mode copy), grants --credit C
+(0 allowed) once the peer attached, receives and accepts --take N messages, then drains
+(receiver.drain(0): a flow with drain set and the credit left) and waits for the sender's
+flow that answers it: the first flow for the link after the drain that leaves it no
+credit. It prints {"drained": true, "drain_ms": F, "received": N, "error": null}, drain_ms
+from the drain request to that flow; unanswered by --timeout-ms: "drained": false and a
+"timeout" error.
 Exit codes: 0 ok, 2 AMQP error, 3 timeout, 4 corrupt message.
 """
 
@@ -32,7 +44,7 @@ import zlib
 
 from proton import Message, Terminus
 from proton.handlers import MessagingHandler
-from proton.reactor import Container, LinkOption
+from proton.reactor import Container, Copy, LinkOption
 
 
 def emit(obj) -> None:
@@ -154,6 +166,9 @@ class Sender(Base):
                 properties={"producer": self.args.prefix, "seq": seq},
                 durable=self.args.durable,
             )
+            if self.args.sizes:
+                message.body = bytes(self.args.sizes[seq % len(self.args.sizes)])
+                message.inferred = True  # bytes as a data section, not an amqp-value
             delivery = sender.send(message)
             if self.args.report_accepted:
                 self.ids[delivery.tag] = message.id
@@ -242,7 +257,7 @@ class Receiver(Base):
             self.count_seen(props.get("producer"), props.get("seq"))
         else:
             emit({"id": message.id, "producer": props.get("producer"), "seq": props.get("seq"),
-                  "delivery_count": message.delivery_count})
+                  "delivery_count": message.delivery_count, "size": body_size(message.body)})
         self.received += 1
         if self.args.hold:
             return
@@ -279,6 +294,65 @@ class Receiver(Base):
         return result
 
 
+def body_size(body) -> int | None:
+    if isinstance(body, str):
+        return len(body.encode())
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return len(body)
+    return None
+
+
+class Drainer(Base):
+    """drain: credit, --take messages, then a drain request answered by the sender's flow."""
+
+    def __init__(self, args):
+        super().__init__(args, prefetch=0, auto_accept=False)
+        self.received = 0
+        self.drain_started: float | None = None
+        self.drain_ms: float | None = None
+
+    def start_link(self, event):
+        options = [Copy()] if self.args.browse else None
+        self.receiver = event.container.create_receiver(self.conn, self.args.address,
+                                                        options=options)
+
+    def on_link_opened(self, event):
+        if event.link != self.receiver or self.drain_started is not None:
+            return
+        if self.args.credit:
+            self.receiver.flow(self.args.credit)
+        if self.args.take == 0:
+            self.start_drain()
+
+    def on_message(self, event):
+        if self.drain_started is not None:
+            return  # came for the credit the drain used up: not taken
+        self.accept(event.delivery)
+        self.received += 1
+        if self.received >= self.args.take:
+            self.start_drain()
+
+    def start_drain(self):
+        self.drain_started = time.monotonic()
+        self.receiver.drain(0)  # drain set, the credit left unchanged
+
+    def on_link_flow(self, event):
+        if (event.link == self.receiver and self.drain_started is not None
+                and self.drain_ms is None and self.receiver.credit == 0):
+            self.drain_ms = (time.monotonic() - self.drain_started) * 1000.0
+            self.conn.close()
+
+    def finished(self):
+        return self.drain_ms is not None
+
+    def on_connection_closed(self, event):
+        self.stop_container()
+
+    def result(self):
+        return {"drained": self.drain_ms is not None and self.error is None,
+                "drain_ms": self.drain_ms, "received": self.received, "error": self.error}
+
+
 class RateTimer:
     """--rate: send what became due since the last call."""
 
@@ -301,9 +375,17 @@ class IdleTimer:
             self.receiver.conn.close()
 
 
+def sizes_of(text: str) -> list[int]:
+    """--sizes: comma-separated byte counts."""
+    sizes = [int(field) for field in text.split(",")]
+    if not sizes or min(sizes) < 0:
+        raise argparse.ArgumentTypeError("byte counts >= 0")
+    return sizes
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["send", "receive"])
+    parser.add_argument("mode", choices=["send", "receive", "drain"])
     parser.add_argument("--url", required=True)
     parser.add_argument("--address")
     parser.add_argument("--count", type=int, default=0)
@@ -321,8 +403,11 @@ def main() -> int:
     parser.add_argument("--idle-ms", type=int, default=0)
     parser.add_argument("--hold", action="store_true")
     parser.add_argument("--dynamic", action="store_true")
+    parser.add_argument("--sizes", type=sizes_of, default=None)
+    parser.add_argument("--take", type=int, default=0)
+    parser.add_argument("--browse", action="store_true")
     args = parser.parse_args()
-    handler = Sender(args) if args.mode == "send" else Receiver(args)
+    handler = {"send": Sender, "receive": Receiver, "drain": Drainer}[args.mode](args)
     Container(handler).run()
     emit(handler.result())
     return handler.exit_code
