@@ -92,6 +92,18 @@ function jsonable(v) {
     return v;
 }
 
+// The body's length in bytes: its data sections', or a string's (UTF-8) or binary
+// value's; null for any other body.
+function bodySize(body) {
+    if (typeof body === 'string') return Buffer.byteLength(body);
+    if (Buffer.isBuffer(body)) return body.length;
+    if (body && body.typecode === 0x75) {
+        const sections = body.multiple ? body.content : [body.content];
+        return sections.reduce((total, section) => total + section.length, 0);
+    }
+    return null;
+}
+
 container.on('receiver_open', (ctx) => {
     const src = ctx.receiver.remote.attach && ctx.receiver.remote.attach.source;
     // A peer refusing the link answers with a null source and then detaches
@@ -119,6 +131,7 @@ container.on('message', (ctx) => {
         producer: jsonable(props.producer),
         seq: jsonable(props.seq),
         delivery_count: msg.delivery_count === undefined ? 0 : msg.delivery_count,
+        size: bodySize(msg.body),
     });
     if (count > 0 && received >= count) {
         complete();

@@ -6,7 +6,7 @@ const rhea = require('rhea');
 const common = require('./common.js');
 
 const USAGE = `usage: node send.js --url amqp://HOST:PORT --address ADDR --count N
-                    [--prefix ID] [--presettled] [--durable]
+                    [--prefix ID] [--presettled] [--durable] [--sizes S1,S2,...]
                     [--username U --password P] [--sasl auto|anonymous|plain|none]
                     [--hostname H] [--timeout-ms T] [--tls-insecure]`;
 
@@ -14,6 +14,9 @@ const values = common.parseCli(USAGE, {
     prefix: { type: 'string', default: 'rhea' },
     presettled: { type: 'boolean', default: false },
     durable: { type: 'boolean', default: false },
+    // --sizes S1,S2,...: message seq gets a binary body (one data section) of
+    // sizes[seq % n] bytes instead of the string body
+    sizes: { type: 'string' },
 });
 if (values.address === undefined) common.usageError(USAGE, '--address is required');
 const count = common.parseIntOption(USAGE, values, 'count', { required: true });
@@ -21,6 +24,10 @@ const timeoutMs = common.parseIntOption(USAGE, values, 'timeout-ms', { fallback:
 const prefix = values.prefix;
 const presettled = values.presettled;
 const connOpts = common.connectOptions(USAGE, values);
+const sizes = values.sizes === undefined ? null : values.sizes.split(',').map((field) => {
+    if (!/^\d+$/.test(field.trim())) common.usageError(USAGE, `--sizes: ${JSON.stringify(field)} is not a byte count`);
+    return Number(field.trim());
+});
 
 const result = { sent: 0, accepted: 0, released: 0, rejected: 0, modified: 0, error: null };
 let outcomes = 0;       // deliveries whose outcome/settlement has been seen
@@ -83,7 +90,8 @@ function pump(sender) {
         const msg = {
             message_id: `${prefix}-${seq}`,
             application_properties: { producer: prefix, seq },
-            body: `message ${seq} from ${prefix}`,
+            body: sizes ? rhea.message.data_section(Buffer.alloc(sizes[seq % sizes.length]))
+                : `message ${seq} from ${prefix}`,
         };
         if (values.durable) msg.durable = true;
         sender.send(msg);
