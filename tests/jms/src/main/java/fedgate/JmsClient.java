@@ -1,5 +1,6 @@
 package fedgate;
 
+import jakarta.jms.BytesMessage;
 import jakarta.jms.Connection;
 import jakarta.jms.DeliveryMode;
 import jakarta.jms.JMSException;
@@ -30,13 +31,19 @@ import org.apache.qpid.jms.message.JmsInboundMessageDispatch;
  * Each command prints JSON lines on stdout; a JMS failure is printed as
  * {"error": ..., "type": ...} and exits 2.
  *
- *   send URL QUEUE COUNT PREFIX [PAUSE_AFTER [TTL_MS]]
+ *   send URL QUEUE COUNT PREFIX [PAUSE_AFTER [TTL_MS [SIZES]]]
  *                                              persistent sends, each waiting for its outcome;
  *                                              after PAUSE_AFTER (0: never) prints {"paused": n}
  *                                              and waits for a line on stdin; TTL_MS: time to live
+ *                                              (0: none); SIZES S1,S2,...: message i is a
+ *                                              BytesMessage of S[i % n] bytes, not a TextMessage
  *   receive URL QUEUE COUNT IDLE_MS [PAUSE_AFTER]
  *                                              until COUNT (0: any) or IDLE_MS without a
- *                                              message; PAUSE_AFTER as for send
+ *                                              message; PAUSE_AFTER as for send. Prints
+ *                                              {"ids": [...], "sizes": [...]}: each message's
+ *                                              id property and body size in bytes (a
+ *                                              BytesMessage's length, a TextMessage's text in
+ *                                              UTF-8; null for other bodies), in arrival order
  *   browse URL QUEUE                           a QueueBrowser's enumeration
  *   select URL QUEUE SELECTOR COUNT IDLE_MS    a consumer with a message selector
  *   rpc URL QUEUE COUNT [RESPONDER_URL]        request/reply through a temporary queue; the
@@ -50,7 +57,8 @@ public final class JmsClient {
             switch (args[0]) {
                 case "send" -> send(args[1], args[2], Integer.parseInt(args[3]), args[4],
                                     args.length > 5 ? Integer.parseInt(args[5]) : 0,
-                                    args.length > 6 ? Long.parseLong(args[6]) : 0);
+                                    args.length > 6 ? Long.parseLong(args[6]) : 0,
+                                    args.length > 7 ? sizes(args[7]) : null);
                 case "receive" -> receive(args[1], args[2], Integer.parseInt(args[3]),
                                           Long.parseLong(args[4]), null,
                                           args.length > 5 ? Integer.parseInt(args[5]) : 0);
@@ -98,8 +106,20 @@ public final class JmsClient {
         return connection;
     }
 
+    private static int[] sizes(String text) {
+        String[] fields = text.split(",");
+        int[] sizes = new int[fields.length];
+        for (int i = 0; i < fields.length; i++) {
+            sizes[i] = Integer.parseInt(fields[i].trim());
+            if (sizes[i] < 0) {
+                throw new IllegalArgumentException("SIZES: byte counts >= 0, got " + fields[i]);
+            }
+        }
+        return sizes;
+    }
+
     private static void send(String url, String queueName, int count, String prefix, int pauseAfter,
-                             long ttlMs) throws Exception {
+                             long ttlMs, int[] sizes) throws Exception {
         try (Connection connection = connect(url)) {
             Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
             MessageProducer producer = session.createProducer(session.createQueue(queueName));
@@ -110,7 +130,14 @@ public final class JmsClient {
                     print("{\"paused\": " + i + "}");
                     new BufferedReader(new InputStreamReader(System.in)).readLine();
                 }
-                TextMessage message = session.createTextMessage(prefix + "-" + i);
+                Message message;
+                if (sizes == null) {
+                    message = session.createTextMessage(prefix + "-" + i);
+                } else {
+                    BytesMessage bytes = session.createBytesMessage();
+                    bytes.writeBytes(new byte[sizes[i % sizes.length]]);
+                    message = bytes;
+                }
                 message.setStringProperty("id", prefix + "-" + i);
                 producer.send(message);
             }
@@ -127,6 +154,7 @@ public final class JmsClient {
             MessageConsumer consumer = selector == null ? session.createConsumer(queue)
                                                         : session.createConsumer(queue, selector);
             List<String> ids = new ArrayList<>();
+            List<String> sizes = new ArrayList<>();
             while (count == 0 || ids.size() < count) {
                 if (pauseAfter > 0 && ids.size() == pauseAfter) {
                     print("{\"paused\": " + pauseAfter + "}");
@@ -137,10 +165,22 @@ public final class JmsClient {
                     break;
                 }
                 ids.add(message.getStringProperty("id"));
+                sizes.add(bodySize(message));
             }
             consumer.close();
-            print("{\"ids\": " + quoteAll(ids) + "}");
+            print("{\"ids\": " + quoteAll(ids) + ", \"sizes\": [" + String.join(", ", sizes) + "]}");
         }
+    }
+
+    /** The body's length in bytes, as JSON: null for a body neither bytes nor text. */
+    private static String bodySize(Message message) throws JMSException {
+        if (message instanceof BytesMessage bytes) {
+            return String.valueOf(bytes.getBodyLength());
+        }
+        if (message instanceof TextMessage text && text.getText() != null) {
+            return String.valueOf(text.getText().getBytes(java.nio.charset.StandardCharsets.UTF_8).length);
+        }
+        return "null";
     }
 
     private static void browse(String url, String queueName) throws Exception {
