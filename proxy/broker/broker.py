@@ -130,6 +130,7 @@ class Broker:
     def _dropped(self, queue: LocalQueue, dropped: list) -> None:
         """Overflow drop-head (as RabbitMQ's): the oldest are dead-lettered if the queue says so."""
         for message in dropped:
+            queue.forget(message)
             if queue.dead_letter:
                 queue.stats.dead_lettered += 1
                 if not self.dead_letter(queue, message):
@@ -178,6 +179,7 @@ class Broker:
         """Messages past their ttl (§3.2.1): dead-lettered if the queue says so, else dropped."""
         expired, queue.expired = queue.expired, []
         for message in expired:
+            queue.forget(message)
             if queue.dead_letter:
                 queue.stats.dead_lettered += 1
                 if not self.dead_letter(queue, message):

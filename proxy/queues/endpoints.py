@@ -66,7 +66,7 @@ class QueueProducer(engine.ClientLinkEndpoint):
     """Client -> local queue. Our side is a proton Receiver."""
 
     __slots__ = ("handler", "link_ptr", "queue", "window", "address", "received",
-                 "awaiting", "attached", "expiry")
+                 "awaiting", "attached", "expiry", "unconfirmed")
 
     def __init__(self, handler, link: Link, queue: LocalQueue, window: int, *,
                  expiry: bool = True) -> None:
@@ -83,6 +83,9 @@ class QueueProducer(engine.ClientLinkEndpoint):
         # durable; settled and enqueued in arrival order (proxy.journal)
         self.awaiting: deque = deque()
         self.attached = True
+        # deliveries stored but not yet accepted: a replicated queue accepts once its
+        # in-sync copies hold them (proxy.replication calls confirmed())
+        self.unconfirmed = 0
 
     @property
     def outstanding_credit(self) -> int:
@@ -92,7 +95,8 @@ class QueueProducer(engine.ClientLinkEndpoint):
         """Grant credit up to the window, within the queue's room (§2.6.7)."""
         ptr = self.link_ptr
         credit = pn_link_credit(ptr)
-        want = self.window - credit - len(self.awaiting)  # unsettled until durable count too
+        # unsettled until durable, or until the copies hold them, count too
+        want = self.window - credit - len(self.awaiting) - self.unconfirmed
         if want <= 0:
             return
         want = self.queue.credit_within_room(want)
@@ -122,10 +126,7 @@ class QueueProducer(engine.ClientLinkEndpoint):
         journal = self.handler.broker.journal
         if journal is None or not (self.awaiting or self.queue.durable) \
                 or not self._hold(journal, delivery, message):
-            if not pn_delivery_settled(delivery):
-                pn_delivery_update(delivery, PN_ACCEPTED)
-            pn_delivery_settle(delivery)
-            self.handler.broker.enqueue(self.queue, message, expiry=self.expiry)
+            self._store(delivery, message)
         if pn_link_credit(ptr) <= self.window // 2:
             self.top_up()
 
@@ -163,14 +164,36 @@ class QueueProducer(engine.ClientLinkEndpoint):
                 if delivery is not None:  # the journal failed before this one was on disk
                     self._reject(delivery, f"journal write failed: {error}")
                 continue
-            if delivery is not None:
-                pn_delivery_update(delivery, PN_ACCEPTED)
-                pn_delivery_settle(delivery)
-            broker.enqueue(queue, message, expiry=self.expiry)
+            self._store(delivery, message)
         if self.attached:
             self.handler.mark_dirty()
             self.top_up()
         return bool(awaiting)
+
+    def _store(self, delivery, message: StoredMessage) -> None:
+        """Enqueue, and accept (§3.4.2) now or, on a replicated queue, once the copies hold it."""
+        queue = self.queue
+        self.handler.broker.enqueue(queue, message, expiry=self.expiry)
+        replica_set = queue.replica_set
+        if delivery is None:
+            return
+        if replica_set is None or pn_delivery_settled(delivery):
+            if not pn_delivery_settled(delivery):
+                pn_delivery_update(delivery, PN_ACCEPTED)
+            pn_delivery_settle(delivery)
+            return
+        replica_set.wait(replica_set.ticket, (self, delivery))
+        self.unconfirmed += 1
+
+    def confirmed(self, delivery) -> None:
+        """The in-sync copies hold ``delivery``'s message: accepted now."""
+        self.unconfirmed -= 1
+        if self.attached:
+            pn_delivery_update(delivery, PN_ACCEPTED)
+            pn_delivery_settle(delivery)
+            self.handler.mark_dirty()
+            if pn_link_credit(self.link_ptr) <= self.window // 2:
+                self.top_up()
 
     def _reject(self, delivery, description: str, condition: str = INTERNAL_ERROR) -> None:
         if pn_delivery_settled(delivery):
@@ -193,6 +216,9 @@ class QueueProducer(engine.ClientLinkEndpoint):
         self.attached = False
         if self.awaiting:  # still enqueued once durable; the deliveries are gone with the link
             self.awaiting = deque((batch, None, message) for batch, _, message in self.awaiting)
+        if self.unconfirmed and queue.replica_set is not None:  # their deliveries are gone
+            queue.replica_set.forget(lambda token: token[0] is self)
+            self.unconfirmed = 0
         if self in queue.producers:
             queue.producers.remove(self)
         if queue.temporary:

@@ -62,6 +62,8 @@ class StoredMessage:
     seq: int = 0
     # time.monotonic() after which it is expired (its header's ttl); 0 = never
     expires_at: float = 0.0
+    # its replication id on a replicated queue (proxy.replication); 0 = not replicated
+    rid: int = 0
 
 
 class Consumer(Protocol):
@@ -170,6 +172,12 @@ class LocalQueue:
     # (§2.6.7): True keeps the drain open for now (fragments: messages are being
     # fetched from another worker for that consumer). None: never held.
     holds_drain: object = None
+    # Called with each message dispatch hands to a consumer (a replicated queue tells its
+    # backups: proxy.replication). None: nobody asks.
+    on_acquired: object = None
+    # A replicated queue's replica set while this node is its primary (proxy.replication):
+    # producers' deliveries are accepted once the in-sync copies hold them. None: at once.
+    replica_set: object = None
     # Links browsing the queue (distribution-mode copy): sent copies, take nothing
     browsers: list = field(default_factory=list)
     _seq: int = 0  # the last StoredMessage.seq given
@@ -279,6 +287,7 @@ class LocalQueue:
         messages = self.messages
         consumers = self.consumers
         standby = self.standby_consumers
+        acquired = self.on_acquired
         sent = 0
         now = 0.0
         while messages:
@@ -302,6 +311,8 @@ class LocalQueue:
             messages.popleft()
             self.unacked += 1
             sent += 1
+            if acquired is not None:
+                acquired(message)
             consumer.deliver(message)
         self.stats.delivered += sent
         return sent
@@ -411,6 +422,10 @@ class LocalQueue:
             self._resized(message, message_header.modify(message.payload, increment_count=True))
             self.messages.appendleft(message)
         self.stats.released += len(returned)
+
+    def forget(self, message: StoredMessage) -> None:
+        """``message`` left the queue for good outside an outcome (expired, dropped): for
+        subclasses that keep track (a replicated queue tells its backups)."""
 
     def purge(self) -> int:
         count = len(self.messages)

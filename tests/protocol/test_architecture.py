@@ -31,6 +31,7 @@ LAYERS = [
     ["proxy.broker"],
     ["proxy.server", "proxy.plugins", "proxy.workers"],
     ["proxy.node"],
+    ["proxy.replication"],
     ["fragments"],
     ["admin_api"],
     ["proxy.cli"],

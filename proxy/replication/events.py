@@ -1,0 +1,143 @@
+"""Replication events and the batches that carry them from a primary to a backup.
+
+How this works
+--------------
+A primary tells each backup what happens to a replicated queue as events,
+each naming a message by its replication id (``rid``), never by a position
+(docs/replication.md). Events go in order on one AMQP link per backup, packed
+into batches: one transfer carries one batch. Only fedgate nodes read them, so
+the transfer's payload is this module's binary format, not an AMQP message;
+message bytes inside are the producer's, untouched.
+
+A batch::
+
+    version u8 | epoch u64 | batch number u64 | events u32 | event...
+
+An event starts with its kind (one ASCII byte) and its rid (u64):
+
+* ``E`` enqueue: ``len u32`` + the message's bytes, at the tail;
+* ``F`` front (catch-up): ``acquired u8`` + ``len u32`` + bytes, at the head;
+* ``A`` acquire: handed to a consumer (its outcome is pending);
+* ``R`` release: back in the queue; ``len u32`` + new bytes when they changed
+  (modified: delivery-count, annotations), ``len`` 0xFFFFFFFF when not;
+* ``D`` dequeue: gone for good (accepted, rejected, expired, dropped);
+* ``C`` catch-up done (rid 0): every message the primary held at the sync
+  point has been sent.
+
+Encoding copies each payload once, into the batch; decoding hands out
+``memoryview`` slices of the batch (the receiver copies what it keeps).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+VERSION = 1
+ENQUEUE, FRONT, ACQUIRE, RELEASE, DEQUEUE, CATCHUP_DONE = b"EFARDC"
+KINDS = {ENQUEUE, FRONT, ACQUIRE, RELEASE, DEQUEUE, CATCHUP_DONE}
+UNCHANGED = 0xFFFFFFFF  # a release that keeps the message's bytes
+
+_HEADER = struct.Struct(">BQQI")
+_EVENT = struct.Struct(">BQ")
+_LENGTH = struct.Struct(">I")
+_FLAG = struct.Struct(">B")
+
+RID_BITS = 40  # a rid is epoch << RID_BITS | n (docs/replication.md)
+
+
+def rid(epoch: int, n: int) -> int:
+    return (epoch << RID_BITS) | n
+
+
+def rid_epoch(value: int) -> int:
+    return value >> RID_BITS
+
+
+class BatchError(ValueError):
+    """A batch that does not parse: the backup ends the link (its primary is not a fedgate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: int
+    rid: int
+    payload: object = None  # bytes (E, F; R when changed)
+    acquired: bool = False  # F: out with a consumer at the primary
+
+    def size(self) -> int:
+        """Bytes this event takes in a batch."""
+        extra = 0
+        if self.kind in (ENQUEUE, FRONT) or (self.kind == RELEASE):
+            extra = _LENGTH.size + (len(self.payload) if self.payload is not None else 0)
+        if self.kind == FRONT:
+            extra += _FLAG.size
+        return _EVENT.size + extra
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    epoch: int
+    number: int
+    events: list
+
+
+def encode(epoch: int, number: int, events: list[Event]) -> bytearray:
+    out = bytearray(_HEADER.size + sum(e.size() for e in events))
+    _HEADER.pack_into(out, 0, VERSION, epoch, number, len(events))
+    at = _HEADER.size
+    for event in events:
+        kind = event.kind
+        _EVENT.pack_into(out, at, kind, event.rid)
+        at += _EVENT.size
+        if kind == FRONT:
+            _FLAG.pack_into(out, at, 1 if event.acquired else 0)
+            at += _FLAG.size
+        if kind in (ENQUEUE, FRONT, RELEASE):
+            payload = event.payload
+            if payload is None:
+                _LENGTH.pack_into(out, at, UNCHANGED)
+                at += _LENGTH.size
+                continue
+            size = len(payload)
+            _LENGTH.pack_into(out, at, size)
+            at += _LENGTH.size
+            out[at:at + size] = payload
+            at += size
+    return out
+
+
+def decode(data) -> Batch:
+    view = memoryview(data)
+    try:
+        version, epoch, number, count = _HEADER.unpack_from(view, 0)
+        if version != VERSION:
+            raise BatchError(f"replication batch version {version}, this node reads {VERSION}")
+        at = _HEADER.size
+        events = []
+        for _ in range(count):
+            kind, value = _EVENT.unpack_from(view, at)
+            at += _EVENT.size
+            if kind not in KINDS:
+                raise BatchError(f"unknown replication event {bytes([kind])!r}")
+            acquired = False
+            payload = None
+            if kind == FRONT:
+                acquired = bool(_FLAG.unpack_from(view, at)[0])
+                at += _FLAG.size
+            if kind in (ENQUEUE, FRONT, RELEASE):
+                (size,) = _LENGTH.unpack_from(view, at)
+                at += _LENGTH.size
+                if size != UNCHANGED:
+                    if at + size > len(view):
+                        raise BatchError("replication event longer than its batch")
+                    payload = view[at:at + size]
+                    at += size
+                elif kind != RELEASE:
+                    raise BatchError("an enqueue without bytes")
+            events.append(Event(kind, value, payload, acquired))
+    except struct.error as exc:
+        raise BatchError(f"truncated replication batch: {exc}") from None
+    if at != len(view):
+        raise BatchError("bytes after the last replication event")
+    return Batch(epoch, number, events)

@@ -1,0 +1,297 @@
+"""The primary's side of one replicated queue: rids, a stream per backup, delayed completion.
+
+How this works
+--------------
+``ReplicaSet`` is plain data driven by calls (no I/O, time passed in), so the
+protocol is tested on a virtual clock (docs/replication.md has the design):
+
+* The queue reports what happens to its messages (``enqueued``, ``acquired``,
+  ``released``, ``dequeued``); each becomes an event appended to every
+  attached backup's ``BackupStream``. An enqueue gets the next rid
+  (``epoch << 40 | n``) and a **ticket** (the count of enqueues so far).
+* ``take_batch`` packs a stream's waiting events (live ones first, then the
+  catch-up's ``front`` events, newest first, skipping what was dequeued
+  meanwhile) into one batch of at most ``MAX_BATCH_BYTES`` / ``MAX_BATCH_EVENTS``.
+  Each batch remembers the ticket it carries enqueues *through*: once a backup
+  acknowledges it, that backup holds every message with that ticket or less.
+* **Delayed completion**: a producer's delivery waits (``wait(ticket, token)``)
+  until every backup in the in-sync set (ISR) holds its ticket and the copies
+  holding it number at least ``min_in_sync``; ``completed()`` hands back the
+  tokens whose time has come, in order.
+* **The ISR** changes only through proposals (``proposals()``): the I/O layer
+  writes the proposed set where failover reads it (etcd), then calls
+  ``isr_committed``. A backup leaves the ISR when it lags (its oldest event
+  not acknowledged for ``catchup_timeout`` seconds, or more than
+  ``MAX_STREAM_BYTES`` waiting) or its link ends; it joins once it has
+  acknowledged its catch-up's end. Until a removal is committed the removed
+  backup still counts: nothing is accepted that it might not hold.
+* ``fenced``: nothing completes any more.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .events import ACQUIRE, CATCHUP_DONE, DEQUEUE, ENQUEUE, FRONT, RELEASE, Event, rid
+from .states import CopyState
+
+MAX_BATCH_BYTES = 1 << 20
+MAX_BATCH_EVENTS = 512
+MAX_STREAM_BYTES = 64 << 20  # bytes of events waiting for one backup before it is dropped
+
+
+@dataclass
+class SentBatch:
+    number: int
+    sent_at: float
+    through: int  # tickets up to this one are in this batch or an earlier one
+    ends_catchup: bool = False
+
+
+@dataclass
+class BackupStream:
+    """What one attached backup has been sent and has acknowledged."""
+
+    node: str
+    state: CopyState = CopyState.CATCHING_UP
+    pending: deque = field(default_factory=deque)  # (event, ticket stamp, appended at)
+    pending_bytes: int = 0
+    catchup: list | None = None  # rids still to send, oldest first (sent from the end); None: done
+    catchup_total: int = 0
+    unacked: deque = field(default_factory=deque)  # SentBatch, in order
+    next_number: int = 1
+    held_through: int = 0  # tickets this backup holds (its acknowledged batches)
+    acked_at: float = 0.0
+    catchup_acked: bool = False  # the batch with catchup-done was acknowledged
+    dropped: str | None = None  # why it leaves the ISR (lagging, link lost)
+
+    def add(self, event: Event, ticket: int, now: float) -> None:
+        self.pending.append((event, ticket, now))
+        self.pending_bytes += event.size()
+
+    def behind_since(self) -> float | None:
+        """When the oldest event this backup has not acknowledged was made."""
+        if self.unacked:
+            return self.unacked[0].sent_at
+        if self.pending:
+            return self.pending[0][2]
+        if self.catchup:
+            return None  # catch-up paces itself by credit; its end is what counts
+        return None
+
+    @property
+    def lag_events(self) -> int:
+        return len(self.pending) + (len(self.catchup) if self.catchup else 0)
+
+
+class ReplicaSet:
+    """The primary's state for one replicated queue (see the module note)."""
+
+    def __init__(self, name: str, epoch: int, clock, *, min_in_sync: int = 1,
+                 catchup_timeout: float = 10.0, isr: frozenset = frozenset(),
+                 index: dict | None = None) -> None:
+        """``clock()``: the time now (the event loop's; a virtual one in tests)."""
+        self.name = name
+        self.clock = clock
+        self.epoch = epoch
+        self.min_in_sync = min_in_sync
+        self.catchup_timeout = catchup_timeout
+        self.n = 0  # rids given in this epoch
+        self.ticket = 0  # enqueues so far
+        # rid -> message, every message the primary holds (waiting or out with a consumer)
+        self.index: dict = index if index is not None else {}
+        self.acquired: set = set()  # rids out with a consumer
+        self.streams: dict[str, BackupStream] = {}
+        self.isr: frozenset = isr  # as committed where failover reads it
+        self._proposed: frozenset | None = None  # written, not yet committed
+        self.waiting: deque = deque()  # (ticket, token) of deliveries not yet accepted
+        self.fenced = False
+        self.accepted = 0  # deliveries completed (admin)
+
+    # -- what happens to the queue's messages -------------------------------------
+    def enqueued(self, message) -> int:
+        """``message`` (with ``payload``, ``rid``) was stored: its rid, event, ticket (returned)."""
+        self.n += 1
+        message.rid = rid(self.epoch, self.n)
+        self.ticket += 1
+        self.index[message.rid] = message
+        self._emit(Event(ENQUEUE, message.rid, message.payload))
+        return self.ticket
+
+    def acquired_by_consumer(self, message) -> None:
+        self.acquired.add(message.rid)
+        self._emit(Event(ACQUIRE, message.rid))
+
+    def released(self, message, changed: bool) -> None:
+        """Back in the queue (released, modified, orphaned); ``changed``: its bytes differ now."""
+        self.acquired.discard(message.rid)
+        self._emit(Event(RELEASE, message.rid, message.payload if changed else None))
+
+    def dequeued(self, message) -> None:
+        if self.index.pop(message.rid, None) is None:
+            return
+        self.acquired.discard(message.rid)
+        self._emit(Event(DEQUEUE, message.rid))
+
+    def _emit(self, event: Event) -> None:
+        if not self.streams:
+            return
+        ticket, now = self.ticket, self.clock()
+        for stream in self.streams.values():
+            stream.add(event, ticket, now)
+
+    # -- backups ----------------------------------------------------------------------
+    def attach(self, node: str, now: float) -> BackupStream:
+        """A backup's link arrived: a fresh stream, beginning with a catch-up of everything."""
+        stream = BackupStream(node)
+        stream.catchup = list(self.index)  # the sync point; sent from its end: newest first
+        stream.catchup_total = len(stream.catchup)
+        stream.acked_at = now
+        self.streams[node] = stream
+        return stream
+
+    def detach(self, node: str, why: str = "link lost") -> BackupStream | None:
+        """The backup's link ended, or it lags: its stream goes, and it leaves the ISR (by a
+        proposal: until that is committed, nothing completes that it might not hold)."""
+        stream = self.streams.pop(node, None)
+        if stream is not None:
+            stream.dropped = why
+            stream.state = CopyState.LAGGING
+        return stream
+
+    def take_batch(self, node: str, now: float) -> tuple[int, list[Event]] | None:
+        """The next batch for ``node`` (live events first, then catch-up), or None."""
+        stream = self.streams.get(node)
+        if stream is None:
+            return None
+        events, size, through = [], 0, None
+        pending = stream.pending
+        while pending and len(events) < MAX_BATCH_EVENTS:
+            event, ticket, _ = pending[0]
+            event_size = event.size()
+            if events and size + event_size > MAX_BATCH_BYTES:
+                break
+            pending.popleft()
+            stream.pending_bytes -= event_size
+            events.append(event)
+            size += event_size
+            through = ticket
+        if not pending:
+            through = self.ticket  # nothing of this stream is older than now
+        ends_catchup = False
+        if stream.catchup is not None:
+            catchup = stream.catchup
+            while catchup and len(events) < MAX_BATCH_EVENTS and size < MAX_BATCH_BYTES:
+                value = catchup.pop()
+                message = self.index.get(value)
+                if message is None:
+                    continue  # dequeued since the sync point: consumers shrank the work
+                event = Event(FRONT, value, message.payload, value in self.acquired)
+                events.append(event)
+                size += event.size()
+            if not catchup and len(events) < MAX_BATCH_EVENTS:  # the end of the catch-up
+                events.append(Event(CATCHUP_DONE, 0))
+                stream.catchup = None
+                ends_catchup = True
+        if not events:
+            return None
+        number = stream.next_number
+        stream.next_number += 1
+        stream.unacked.append(SentBatch(number, now, through if through is not None else stream.held_through,
+                                        ends_catchup))
+        return number, events
+
+    def acked(self, node: str, number: int, now: float) -> None:
+        """``node`` holds batch ``number`` (and, the link being ordered, every earlier one)."""
+        stream = self.streams.get(node)
+        if stream is None:
+            return
+        while stream.unacked and stream.unacked[0].number <= number:
+            batch = stream.unacked.popleft()
+            stream.held_through = max(stream.held_through, batch.through)
+            stream.catchup_acked = stream.catchup_acked or batch.ends_catchup
+        stream.acked_at = now
+
+    def lagging(self, now: float) -> list[tuple[str, str]]:
+        """Backups to drop now: (node, why)."""
+        out = []
+        for node, stream in self.streams.items():
+            since = stream.behind_since()
+            if since is not None and now - since > self.catchup_timeout:
+                out.append((node, f"{now - since:.1f}s behind (catchup_timeout {self.catchup_timeout:g}s)"))
+            elif stream.pending_bytes > MAX_STREAM_BYTES:
+                out.append((node, f"{stream.pending_bytes} bytes waiting for it"))
+        return out
+
+    # -- the in-sync set ----------------------------------------------------------------
+    def wanted_isr(self) -> frozenset:
+        """Who should be in the ISR now: the committed members still attached and not
+        dropped, and every backup whose catch-up is acknowledged."""
+        keep = {node for node in self.isr if node in self.streams}
+        keep |= {node for node, s in self.streams.items() if s.catchup_acked}
+        return frozenset(keep)
+
+    def proposal(self) -> frozenset | None:
+        """An ISR to write, if it differs from the committed one and none is being written."""
+        if self._proposed is not None:
+            return None
+        wanted = self.wanted_isr()
+        if wanted == self.isr:
+            return None
+        self._proposed = wanted
+        return wanted
+
+    def isr_committed(self, isr: frozenset | None) -> None:
+        """The proposal was written (``isr``), or failed (None: propose again later)."""
+        self._proposed = None
+        if isr is None:
+            return
+        self.isr = isr
+        for node, stream in self.streams.items():
+            if node in isr and stream.catchup_acked:
+                stream.state = CopyState.READY
+            elif stream.state == CopyState.READY:
+                stream.state = CopyState.LAGGING
+
+    # -- delayed completion -------------------------------------------------------------
+    def wait(self, ticket: int, token) -> None:
+        self.waiting.append((ticket, token))
+
+    def completed(self) -> list:
+        """Tokens of deliveries that may be accepted now, in order."""
+        if self.fenced or not self.waiting:
+            return []
+        if any(node not in self.streams for node in self.isr):
+            return []  # an ISR member without a link: wait until its removal is committed
+        # a backup being added counts once its joining is committed
+        members = [self.streams[node] for node in self.isr]
+        if 1 + len(members) < self.min_in_sync:
+            return []
+        held = min((s.held_through for s in members), default=self.ticket)
+        done = []
+        waiting = self.waiting
+        while waiting and waiting[0][0] <= held:
+            done.append(waiting.popleft()[1])
+        self.accepted += len(done)
+        return done
+
+    def forget(self, which) -> None:
+        """Waiting deliveries whose link went away (``which(token)`` true) wait no more
+        (their messages stay in the queue)."""
+        if self.waiting:
+            self.waiting = deque(item for item in self.waiting if not which(item[1]))
+
+    def describe(self, now: float) -> dict:
+        return {
+            "epoch": self.epoch,
+            "in_sync": sorted(self.isr),
+            "waiting_acceptance": len(self.waiting),
+            "backups": [
+                {"node": node, "state": str(s.state),
+                 "lag_messages": s.lag_events + sum(1 for _ in s.unacked),
+                 "lag_ms": round(1000 * (now - s.behind_since()), 1) if s.behind_since() else 0.0,
+                 "catchup_left": len(s.catchup) if s.catchup else 0}
+                for node, s in sorted(self.streams.items())
+            ],
+        }

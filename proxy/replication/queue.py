@@ -1,0 +1,96 @@
+"""A local queue that tells its replica set what happens to its messages.
+
+``ReplicatedQueue`` is a ``LocalQueue`` (same storage, dispatch and outcomes)
+whose changes are also reported to ``replica_set`` (``ReplicaSet``, the
+primary's side of the protocol) while this node is the queue's primary: an
+enqueue, a message handed to a consumer, released or modified back into the
+queue, or gone for good (accepted, rejected, expired, dropped, purged). With
+no replica set (this node is a backup, or fenced) it reports nothing: its
+content is then what promotion put there. ``changed`` is told after each
+report, for the batches to go out in the same cycle (``broker.dirty_queues``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.queues.local import LocalQueue, StoredMessage
+
+
+@dataclass(eq=False)
+class ReplicatedQueue(LocalQueue):
+    # replica_set (LocalQueue's field): proxy.replication.primary.ReplicaSet while primary
+    changed: object = None  # called with the queue after a report
+
+    def serve_replicas(self, replica_set, changed) -> None:
+        self.replica_set = replica_set
+        self.changed = changed
+        self.on_acquired = self._acquired
+
+    def stop_replicas(self) -> None:
+        self.replica_set = None
+        self.on_acquired = None
+
+    def _acquired(self, message: StoredMessage) -> None:
+        rs = self.replica_set
+        if rs is not None:
+            rs.acquired_by_consumer(message)
+
+    def enqueue(self, message: StoredMessage, *, expiry: bool = True) -> None:
+        super().enqueue(message, expiry=expiry)
+        rs = self.replica_set
+        if rs is not None:
+            rs.enqueued(message)
+            self.changed(self)
+
+    def restore(self, message: StoredMessage) -> None:
+        """Put ``message`` (promoted from a copy, its rid kept) at the tail, reporting nothing."""
+        rs, self.replica_set = self.replica_set, None
+        try:
+            super().enqueue(message)
+        finally:
+            self.replica_set = rs
+
+    def settled_accepted(self, message: StoredMessage) -> None:
+        super().settled_accepted(message)
+        self._gone(message)
+
+    def settled_released(self, message: StoredMessage) -> None:
+        super().settled_released(message)
+        self._back(message, False)
+
+    def settled_modified(self, message: StoredMessage, **outcome) -> None:
+        before = message.payload
+        super().settled_modified(message, **outcome)
+        self._back(message, message.payload is not before)
+
+    def settled_rejected(self, message: StoredMessage) -> StoredMessage | None:
+        dead = super().settled_rejected(message)
+        self._gone(message)
+        return dead
+
+    def orphaned(self, messages) -> None:
+        returned = list(messages)
+        super().orphaned(returned)
+        for message in returned:
+            self._back(message, True)
+
+    def forget(self, message: StoredMessage) -> None:
+        self._gone(message)
+
+    def purge(self) -> int:
+        for message in self.messages:
+            self._gone(message)
+        return super().purge()
+
+    def _gone(self, message: StoredMessage) -> None:
+        rs = self.replica_set
+        if rs is not None:
+            rs.dequeued(message)
+            self.changed(self)
+
+    def _back(self, message: StoredMessage, changed: bool) -> None:
+        rs = self.replica_set
+        if rs is not None:
+            rs.released(message, changed)
+            self.changed(self)
