@@ -412,6 +412,10 @@ class ClientHandler:
         self.links[endpoint.link_ptr] = endpoint
         return endpoint
 
+    def open_link(self, link: Link, *, presettled: bool = False, address: str | None = None) -> None:
+        """Answer an attach that a package above the node serves with an endpoint of its own."""
+        self._open_client_link(link, presettled, address)
+
     def _open_client_link(self, link: Link, presettled: bool, address: str | None = None) -> None:
         """Answer the client's attach with matching termini (§2.6.3)."""
         link.source.copy(link.remote_source)

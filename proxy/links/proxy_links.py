@@ -400,6 +400,16 @@ class ProxyConsumer(_ProxyEndpoint):
             self.member.mark_dirty()
         pn_delivery_settle(delivery)
 
+    def rehome(self, upstream) -> None:
+        """The address moved to another primary (proxy.replication): what came from the old
+        one and is not settled comes again from the new one; the link goes on there."""
+        if self.closed:
+            return
+        self.release_upstream()
+        self.link_lost()  # unsettled deliveries die with the old link, held ones are dropped
+        self.upstream = upstream
+        self.join_pool()
+
     def detached(self) -> None:
         """Client link gone: release what it held upstream (§3.4.4), close our link."""
         self.closed = True

@@ -230,6 +230,21 @@ class ProxyProducer(_ProxyEndpoint):
             self.handler.mark_dirty()
         self.sync_credit()  # room in the window
 
+    def rehome(self, upstream) -> None:
+        """The address moved to another primary (proxy.replication): what the old one has not
+        answered is sent to the new one as suspects, in order, then the link goes on there."""
+        if self.closed:
+            return
+        moved = self.upstream.suspects.hand_over(self) if self.suspects else []
+        old_member = self.member
+        self.release_upstream()
+        self.upstream = upstream
+        upstream.suspects.adopt(moved)
+        if self.inflight:
+            self.suspects += upstream.suspects.take(self, self.remote_address, self.inflight,
+                                                    old_member, self._suspect_settled)
+        self.join_pool()
+
     def detached(self) -> None:
         """Client link gone: its unsettled sends have no one to report to."""
         self.closed = True

@@ -457,13 +457,18 @@ class QueueRegistry:
     def get(self, name: str) -> LocalQueue | None:
         return self.queues.get(name)
 
-    def declare(self, name: str, **options) -> LocalQueue:
+    def declare(self, name: str, *, kind: type = LocalQueue, **options) -> LocalQueue:
+        """The queue called ``name``, made (a ``kind``: LocalQueue or a subclass) if absent."""
         queue = self.queues.get(name)
         if queue is None:
-            queue = LocalQueue(name=name, memory=self.memory, **options)
+            queue = kind(name=name, memory=self.memory, **options)
             self.queues[name] = queue
             log.debug("queue %s declared", name)
         return queue
+
+    def defaults(self, name: str) -> dict:
+        """The options a queue called ``name`` gets when made (config defaults and [[queue]])."""
+        return dict(self._defaults(name))
 
     def lookup_or_create(self, name: str) -> LocalQueue | None:
         queue = self.queues.get(name)

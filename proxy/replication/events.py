@@ -22,7 +22,9 @@ An event starts with its kind (one ASCII byte) and its rid (u64):
   (modified: delivery-count, annotations), ``len`` 0xFFFFFFFF when not;
 * ``D`` dequeue: gone for good (accepted, rejected, expired, dropped);
 * ``C`` catch-up done (rid 0): every message the primary held at the sync
-  point has been sent.
+  point has been sent;
+* ``S`` in sync (rid 0): the primary has written this backup into the in-sync
+  set (it may now be promoted).
 
 Encoding copies each payload once, into the batch; decoding hands out
 ``memoryview`` slices of the batch (the receiver copies what it keeps).
@@ -34,8 +36,8 @@ import struct
 from dataclasses import dataclass
 
 VERSION = 1
-ENQUEUE, FRONT, ACQUIRE, RELEASE, DEQUEUE, CATCHUP_DONE = b"EFARDC"
-KINDS = {ENQUEUE, FRONT, ACQUIRE, RELEASE, DEQUEUE, CATCHUP_DONE}
+ENQUEUE, FRONT, ACQUIRE, RELEASE, DEQUEUE, CATCHUP_DONE, IN_SYNC = b"EFARDCS"
+KINDS = {ENQUEUE, FRONT, ACQUIRE, RELEASE, DEQUEUE, CATCHUP_DONE, IN_SYNC}
 UNCHANGED = 0xFFFFFFFF  # a release that keeps the message's bytes
 
 _HEADER = struct.Struct(">BQQI")

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .events import ACQUIRE, CATCHUP_DONE, DEQUEUE, ENQUEUE, FRONT, RELEASE, Event, rid
+from .events import ACQUIRE, CATCHUP_DONE, DEQUEUE, ENQUEUE, FRONT, IN_SYNC, RELEASE, Event, rid
 from .states import CopyState
 
 MAX_BATCH_BYTES = 1 << 20
@@ -248,10 +248,12 @@ class ReplicaSet:
         if isr is None:
             return
         self.isr = isr
+        now = self.clock()
         for node, stream in self.streams.items():
-            if node in isr and stream.catchup_acked:
+            if node in isr and stream.catchup_acked and stream.state != CopyState.READY:
                 stream.state = CopyState.READY
-            elif stream.state == CopyState.READY:
+                stream.add(Event(IN_SYNC, 0), self.ticket, now)  # it may be promoted now
+            elif node not in isr and stream.state == CopyState.READY:
                 stream.state = CopyState.LAGGING
 
     # -- delayed completion -------------------------------------------------------------

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from proxy.amqp import message_header
 
-from .events import ACQUIRE, CATCHUP_DONE, DEQUEUE, ENQUEUE, FRONT, RELEASE, Batch
+from .events import ACQUIRE, CATCHUP_DONE, DEQUEUE, ENQUEUE, FRONT, IN_SYNC, RELEASE, Batch
 
 
 class StaleEpoch(Exception):
@@ -68,6 +68,7 @@ class ReplicaImage:
         self.messages: OrderedDict[int, Entry] = OrderedDict()
         self.bytes = 0
         self.catching_up = True
+        self.in_sync = False  # the primary wrote this copy into the in-sync set (an S event)
         self.early: dict[int, Early] = {}
         self.batches = 0  # applied, in all
         self.last_batch = 0  # the number of the last applied batch on the current link
@@ -84,6 +85,7 @@ class ReplicaImage:
         self.messages.clear()
         self.bytes = 0
         self.catching_up = True
+        self.in_sync = False
         self.early.clear()
         self.last_batch = 0
         return dropped
@@ -118,6 +120,8 @@ class ReplicaImage:
             elif kind == CATCHUP_DONE:
                 self.catching_up = False
                 self.early.clear()
+            elif kind == IN_SYNC:
+                self.in_sync = not self.catching_up
             elif entry is None:
                 if self.catching_up:
                     early = self.early.setdefault(value, Early())

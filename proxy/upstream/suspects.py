@@ -120,6 +120,32 @@ class SuspectSender(UpstreamLinkOwner):
             self._next()
         return taken
 
+    def hand_over(self, owner) -> list[Suspect]:
+        """Every suspect of ``owner``, the one in flight first (what the primary here says of
+        it now is ignored): its address moved to another primary (``adopt`` there)."""
+        mine: list[Suspect] = []
+        current = self.current
+        if current is not None and current.owner is owner and current.done is not None:
+            mine.append(Suspect(owner, current.address, current.payload, current.done,
+                                current.failures, current.reason, current.condition))
+            current.done = None
+        kept = deque()
+        for suspect in self.queue:
+            (mine if suspect.owner is owner else kept).append(suspect)
+        self.queue = kept
+        return mine
+
+    def adopt(self, suspects: list[Suspect]) -> None:
+        """Suspects handed over by another pool's sender (``hand_over``), sent from here."""
+        if not suspects:
+            return
+        self.queue.extend(suspects)
+        if not self.active:
+            self.active = True
+            self.join_pool(alone=True)
+        else:
+            self._next()
+
     def cancel(self, owner) -> list[Suspect]:
         """Forget ``owner``'s suspects (its client went away); return those not sent yet."""
         kept, dropped = deque(), []

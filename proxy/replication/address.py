@@ -1,0 +1,398 @@
+"""One replicated queue as this node sees it: who owns it, this node's copy, clients' links.
+
+How this works
+--------------
+``ReplicatedAddress`` decides where a client's link goes and what this node's
+copy does (docs/replication.md):
+
+* a **replication link** (a primary pushing to this node) makes this node a
+  backup of that primary, unless its epoch is stale; a primary copy here that
+  sees a higher epoch fences itself first;
+* a **client link** goes to the local queue when this node is the primary,
+  through the proxy path to the owner when another node is, and waits
+  (``PendingLink``: attached, no credit) while nobody knows the owner yet: then
+  this node tries to settle it (``_resolve``): a queue nobody ever claimed is
+  claimed by its preferred node (the first of the replica set; others proxy
+  their clients there, which makes it claim); an existing queue whose owner is
+  gone is claimed by an eligible copy only (the last primary or a member of the
+  in-sync set it recorded, holding its copy), in a transaction conditional on
+  that record. Waiting links go on once the owner is known; proxies follow the
+  owner when it changes (``rehome``).
+
+Becoming primary takes the content of the backup copy (or what the journal
+recovered), the new epoch, and starts pushing to the other members of the
+replica set. A primary fenced (lease lost, another owner seen) ends its
+clients' links and keeps nothing: it will be a backup again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from proxy.amqp import engine
+from proxy.broker.handler import LinkRefused
+
+from .copies import BackupCopy, PrimaryCopy
+from .links import is_replication, link_properties
+from .queue import ReplicatedQueue
+from .states import CopyState
+
+log = logging.getLogger("fedgate.replication")
+
+NOT_ALLOWED = "amqp:not-allowed"
+RETRY = 1.0  # seconds before trying again to settle who owns a queue
+
+
+@dataclass(frozen=True)
+class ReplicationSettings:
+    replicas: int = 2
+    nodes: tuple = ()
+    min_in_sync: int = 1
+    durable: bool = False
+    catchup_timeout: float = 10.0
+
+    @classmethod
+    def of(cls, rule) -> "ReplicationSettings":
+        return cls(replicas=rule.replicas, nodes=tuple(rule.nodes), min_in_sync=rule.min_in_sync,
+                   durable=rule.durable, catchup_timeout=rule.catchup_timeout)
+
+
+class PendingLink(engine.ClientLinkEndpoint):
+    """A client's link while the queue's owner is not known: attached, no credit, no messages."""
+
+    __slots__ = ("handler", "link_ptr", "entry", "browse", "address")
+
+    def __init__(self, handler, link, entry, browse: bool) -> None:
+        self.handler = handler
+        self.link_ptr = engine.hold(link._impl)
+        self.entry = entry
+        self.browse = browse
+        self.address = entry.address
+
+    def on_flow(self) -> None:
+        pass
+
+    def on_delivery(self, delivery) -> None:
+        # a transfer without credit (§2.6.7): the client is told, as everywhere else
+        self.handler.refuse_beyond_credit(self.link)
+
+    def detached(self) -> None:
+        self.entry.pending.discard(self)
+
+
+class ReplicatedAddress:
+    def __init__(self, service, address: str, settings: ReplicationSettings) -> None:
+        self.service = service
+        self.node = service.node
+        self.node_id = service.node_id
+        self.address = address
+        self.settings = settings
+        self.resource = "queue/" + address
+        self.claim = None  # this node's claim while it is primary (proxy.cluster.Claim)
+        self.owner = None  # (node id, epoch) as known here
+        self.primary: PrimaryCopy | None = None
+        self.backup: BackupCopy | None = None
+        self.proxies: list = []  # proxy endpoints made for clients here
+        self.pending: set[PendingLink] = set()
+        self.recovered_messages: list | None = None  # from this node's journal, if any
+        self.failovers = 0
+        self._resolving = False
+        known = service.coordinator.current_owner(self.resource)
+        if known is not None:
+            self.owner = (known.owner, known.epoch)
+
+    # -- links ------------------------------------------------------------------------------
+    def attach(self, client, link) -> None:
+        if not link.is_sender and is_replication(link.remote_target):
+            self._replication_link(client, link)
+            return
+        browse = link.is_sender and link.remote_source.distribution_mode == \
+            link.remote_source.DIST_MODE_COPY
+        target = self._target()
+        if target is None:
+            pending = PendingLink(client, link, self, browse)
+            client.open_link(link, presettled=link.is_sender
+                             and link.remote_snd_settle_mode == link.SND_SETTLED, address=self.address)
+            client.links[pending.link_ptr] = pending
+            self.pending.add(pending)
+            self._resolve()
+            return
+        self._route(client, link, target, browse)
+
+    def _route(self, client, link, target: str, browse: bool) -> None:
+        if target == "local":
+            queue = self.primary.queue
+            if not link.is_sender:
+                client.attach_queue_producer(link, queue)
+            elif browse:
+                client.attach_queue_browser(link, queue)
+            else:
+                client.attach_queue_consumer(link, queue)
+            return
+        upstream = self.node.broker.upstreams.for_url(target, self.service.peer_options)
+        if link.is_sender:
+            endpoint = client.attach_proxy_consumer(link, upstream, self.address)
+        else:
+            endpoint = client.attach_proxy_producer(link, upstream, self.address)
+        self.proxies = [p for p in self.proxies if not p.closed]
+        self.proxies.append(endpoint)
+
+    def _target(self) -> str | None:
+        """'local', the owner's AMQP URL, or None (not known yet)."""
+        if self.primary is not None and not self.primary.fenced:
+            return "local"
+        if self.owner is not None and self.owner[0] != self.node_id:
+            return self.service.url_of(self.owner[0]) or None
+        if self.owner is None and not self.service.automatic:
+            preferred = self._preferred()
+            if preferred != self.node_id:
+                return self.service.url_of(preferred)
+        return None
+
+    def _go_on(self) -> None:
+        """The owner is known now: waiting links are routed, proxies follow it."""
+        target = self._target()
+        if target is None:
+            return
+        for pending in list(self.pending):
+            self.pending.discard(pending)
+            handler, link = pending.handler, pending.link
+            if pending.link_ptr not in handler.links or link.state & link.REMOTE_CLOSED:
+                continue
+            try:
+                self._route(handler, link, target, pending.browse)
+            except LinkRefused as refused:
+                handler.close_link(link, refused.condition, refused.description)
+        # proxies made earlier follow the owner (to this node too, through its own listener)
+        url = self.service.url_of(self.node_id) if target == "local" else target
+        if url is None:
+            return
+        pool = self.node.broker.upstreams.for_url(url, self.service.peer_options)
+        live = []
+        for endpoint in self.proxies:
+            if endpoint.closed:
+                continue
+            if endpoint.upstream is not pool:
+                endpoint.rehome(pool)
+            live.append(endpoint)
+        self.proxies = live
+        self.node.broker.run_pending()
+
+    # -- replication links -------------------------------------------------------------------
+    def _replication_link(self, client, link) -> None:
+        primary, epoch = link_properties(link)
+        if not primary or not epoch:
+            raise LinkRefused(NOT_ALLOWED, "a replication link must say its primary and epoch")
+        if self.primary is not None:
+            if epoch <= self.primary.epoch:
+                raise LinkRefused("fedgate:stale-epoch", f"queue {self.address}: this node is its "
+                                                        f"primary at epoch {self.primary.epoch}")
+            self.fence(f"{primary} replicates it at epoch {epoch}")
+        if self.backup is None:
+            self.backup = BackupCopy(self.service, self.address, durable=self.settings.durable)
+        if self.backup.accept(client, link, primary, epoch) is not None:
+            self._learn_owner(primary, epoch)
+
+    # -- ownership ------------------------------------------------------------------------------
+    def _preferred(self) -> str:
+        placement = self.service.placement(self.address, self.settings)
+        return placement[0] if placement else self.node_id
+
+    def _learn_owner(self, node: str, epoch: int) -> None:
+        if self.owner is not None and self.owner[1] > epoch:
+            return
+        if self.owner != (node, epoch):
+            if self.owner is not None and self.owner[0] != node:
+                self.failovers += 1
+            self.owner = (node, epoch)
+            log.info("queue %s: primary %s (epoch %d)", self.address, node, epoch)
+        self._go_on()
+
+    def owner_changed(self, claim) -> None:
+        """The coordinator's watch: ``claim`` (None: nobody owns the queue now)."""
+        if claim is None:
+            if self.primary is not None and not self.primary.fenced and self.claim is not None:
+                self.fence("its claim is gone from etcd")
+            self.owner = None
+            self._resolve()
+            return
+        if claim.owner != self.node_id and self.primary is not None and not self.primary.fenced:
+            self.fence(f"{claim.owner} owns it at epoch {claim.epoch}")
+        if claim.owner == self.node_id and self.primary is not None:
+            return
+        self._learn_owner(claim.owner, claim.epoch)
+
+    def _resolve(self) -> None:
+        if self._resolving:
+            return
+        self._resolving = True
+        self.service.spawn(self._resolve_owner())
+
+    async def _resolve_owner(self) -> None:
+        try:
+            if not self.service.automatic:
+                if self._preferred() == self.node_id and self.primary is None:
+                    claim = await self.service.coordinator.claim(self.resource)
+                    self.become_primary(claim)
+                self._go_on()
+                return
+            known = self.service.coordinator.current_owner(self.resource)
+            if known is not None:
+                self.owner_changed(known)
+                return
+            record_bytes, record = await self.service.read_record(self.address)
+            if not self._eligible(record):
+                if record is None and self._preferred() != self.node_id:
+                    self.owner = None  # a new queue: its preferred node makes it on our attach
+                    self._proxy_to_preferred()
+                return  # an eligible copy claims it: the watch tells us
+            claim = await self.service.claim(self.address, record_bytes,
+                                             epoch_at_least=self._epoch_seen() + 1)
+            if claim is None:
+                return  # another copy was faster: the watch tells us
+            self.become_primary(claim)
+        except Exception as exc:  # etcd unreachable, fenced: try again in a while
+            log.warning("queue %s: no owner settled now: %s", self.address, exc)
+            asyncio.get_running_loop().call_later(RETRY, self._resolve)
+        finally:
+            self._resolving = False
+
+    def _epoch_seen(self) -> int:
+        seen = self.owner[1] if self.owner is not None else 0
+        if self.backup is not None:
+            seen = max(seen, self.backup.image.epoch)
+        return seen
+
+    def _eligible(self, record: dict | None) -> bool:
+        """May this node claim the queue? (docs/replication.md: failover)."""
+        if record is None:  # never claimed: its preferred node makes it
+            return self._preferred() == self.node_id
+        named = record.get("primary") == self.node_id or self.node_id in record.get("isr", ())
+        if not named:
+            return False
+        if self.backup is not None and self.backup.ready:
+            return True
+        if record.get("primary") == self.node_id and self.recovered_messages is not None:
+            return True  # its own journal brought the queue back
+        return False
+
+    def _proxy_to_preferred(self) -> None:
+        url = self.service.url_of(self._preferred())
+        if url is None:
+            return
+        for pending in list(self.pending):
+            self.pending.discard(pending)
+            handler, link = pending.handler, pending.link
+            if pending.link_ptr in handler.links and not link.state & link.REMOTE_CLOSED:
+                self._route(handler, link, url, pending.browse)
+        self.node.broker.run_pending()
+
+    def recovered(self, queue) -> None:
+        """The journal brought messages back under this address before the service started."""
+        self.recovered_messages = list(queue.messages)
+        queue.messages.clear()
+        self.node.queues.delete(queue.name)
+
+    # -- roles ------------------------------------------------------------------------------------
+    def become_primary(self, claim) -> None:
+        registry = self.node.queues
+        queue = registry.get(self.address)
+        if queue is not None and not isinstance(queue, ReplicatedQueue):
+            registry.delete(self.address)
+            queue = None
+        if queue is None:
+            options = registry.defaults(self.address)
+            options["durable"] = self.settings.durable
+            queue = registry.declare(self.address, kind=ReplicatedQueue, **options)
+        content = []
+        if self.backup is not None and self.backup.image.depth:
+            content = self.backup.promote()
+        elif self.recovered_messages:
+            content = self.recovered_messages
+        if self.backup is not None:
+            self.backup.close()
+            self.backup = None
+        self.recovered_messages = None
+        for message in content:
+            queue.restore(message)
+        was = self.owner
+        self.claim = claim
+        self.owner = (self.node_id, claim.epoch)
+        if was is not None and was[0] != self.node_id:
+            self.failovers += 1
+        self.primary = PrimaryCopy(self.service, self.address, queue, claim.epoch, self.settings)
+        log.warning("queue %s: this node is its primary now (epoch %d, %d messages)",
+                    self.address, claim.epoch, len(content))
+        self.members_changed()
+        self._go_on()
+
+    def members_changed(self) -> None:
+        if self.primary is None or self.primary.fenced:
+            return
+        placement = self.service.placement(self.address, self.settings)
+        backups = {}
+        for node in placement:
+            if node != self.node_id:
+                url = self.service.url_of(node)
+                if url is not None:
+                    backups[node] = url
+        self.primary.set_backups(backups)
+
+    def fence(self, why: str) -> None:
+        primary = self.primary
+        if primary is None or primary.fenced:
+            return
+        primary.fence(why)
+        self.primary = None
+        self.claim = None
+        registry = self.node.queues
+        if registry.get(self.address) is primary.queue:
+            registry.delete(self.address)
+        primary.queue.purge()  # a backup again: the new primary's catch-up refills it
+
+    async def promote(self, *, force: bool) -> dict:
+        """An operator makes this node the primary (docs/replication.md: without etcd)."""
+        from .service import PromoteRefused
+
+        if self.primary is not None and not self.primary.fenced:
+            return self.describe()
+        backup = self.backup
+        if not force and (backup is None or backup.role.state not in (CopyState.READY,)):
+            state = backup.role.state if backup is not None else "no copy"
+            raise PromoteRefused(f"queue {self.address}: this node's copy is {state}, not a ready "
+                                 "backup (force promotes it anyway, and loses what it lacks)")
+        epoch = self._epoch_seen() + 1
+        claim = await self.service.coordinator.claim(self.resource, only_if_owner_gone=False,
+                                                     epoch_at_least=epoch)
+        if claim is None:
+            raise PromoteRefused(f"queue {self.address}: another node holds it")
+        self.become_primary(claim)
+        return self.describe()
+
+    def close(self) -> None:
+        if self.primary is not None:
+            self.primary.fence("node stopping")
+        if self.backup is not None:
+            self.backup.close()
+
+    def describe(self) -> dict:
+        role = "primary" if self.primary is not None and not self.primary.fenced else \
+            str(self.backup.role.state) if self.backup is not None else "proxy"
+        item = {
+            "address": self.address,
+            "role": role,
+            "primary": self.owner[0] if self.owner else None,
+            "epoch": self.owner[1] if self.owner else None,
+            "replicas": self.settings.replicas,
+            "placement": self.service.placement(self.address, self.settings),
+            "failovers": self.failovers,
+            "waiting_links": len(self.pending),
+        }
+        if self.primary is not None:
+            item.update(self.primary.describe())
+            item["depth"] = self.primary.queue.depth
+        elif self.backup is not None:
+            item["copy"] = self.backup.describe()
+        return item

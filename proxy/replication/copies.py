@@ -1,0 +1,334 @@
+"""A node's copy of one replicated queue, as primary or as backup: the protocol's I/O glue.
+
+How this works
+--------------
+``PrimaryCopy`` joins a ``ReplicatedQueue`` (what clients use) and its
+``ReplicaSet`` (the protocol, ``proxy.replication.primary``) to the links:
+one ``ReplicationPusher`` per backup. After every broker cycle that touched
+the queue (``after_dispatch``) and whenever a backup grants credit, each
+backup gets what waits for it, one batch per credit. Acknowledgements
+complete producers' deliveries (``QueueProducer.confirmed``) and may change
+the in-sync set: every proposal is written through ``write_isr`` (the
+service: etcd, or this node's state) and committed when written. Every
+``LAG_CHECK`` seconds lagging backups are dropped (their link is detached;
+they come back with a new catch-up after ``REATTACH``). ``fence()`` stops it
+all: nothing is settled any more and clients' links end.
+
+``BackupCopy`` keeps a ``ReplicaImage`` filled by the current ``ReplicaSink``
+(one at a time: a new primary's link replaces the old one, a lower epoch is
+refused). A durable copy journals what each batch adds and removes, and the
+batch is acknowledged once the journal has it on disk. ``promote()`` turns
+the copy into the queue's content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from proxy.queues import durable as journal_queues
+from proxy.queues.local import StoredMessage
+
+from .links import LAGGING, STALE_EPOCH, ReplicaSink, ReplicationPusher
+from .primary import ReplicaSet
+from .replica import ReplicaImage, StaleEpoch
+from .states import CopyRole, CopyState
+
+log = logging.getLogger("fedgate.replication")
+
+LAG_CHECK = 0.5  # seconds between looks for lagging backups
+REATTACH = 1.0  # seconds before a dropped backup is sent a new catch-up
+
+
+class PrimaryCopy:
+    def __init__(self, service, address: str, queue, epoch: int, settings, *,
+                 isr: frozenset = frozenset()) -> None:
+        self.service = service
+        self.node = service.node
+        self.node_id = service.node.node_id
+        self.address = address
+        self.queue = queue
+        self.epoch = epoch
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        index = {m.rid: m for m in queue.messages if m.rid}
+        self.replica_set = ReplicaSet(address, epoch, loop.time, min_in_sync=settings.min_in_sync,
+                                      catchup_timeout=settings.catchup_timeout, isr=isr, index=index)
+        self.pushers: dict[str, ReplicationPusher] = {}
+        self._retry: dict[str, asyncio.TimerHandle] = {}
+        self.fenced = False
+        queue.serve_replicas(self.replica_set, self._changed)
+        queue.after_dispatch = self._after_dispatch
+        self._timer = loop.call_later(LAG_CHECK, self._check_lag)
+
+    # -- backups ----------------------------------------------------------------------
+    def set_backups(self, backups: dict[str, str]) -> None:
+        """Replicate to ``backups`` (node id -> AMQP URL), and no longer to anyone else."""
+        if self.fenced:
+            return
+        for node in [n for n in self.pushers if n not in backups]:
+            self._drop(node, "no longer in the replica set")
+        for node, url in backups.items():
+            if node not in self.pushers:
+                upstream = self.node.broker.upstreams.for_url(url, self.service.peer_options)
+                self.pushers[node] = ReplicationPusher(self, node, upstream)
+
+    def backup_attached(self, pusher: ReplicationPusher) -> None:
+        self.replica_set.attach(pusher.backup, self.loop.time())
+        log.info("queue %s: backup %s attached (epoch %d): catching up %d messages",
+                 self.address, pusher.backup, self.epoch, len(self.replica_set.index))
+        self.flush_backup(pusher)
+
+    def backup_lost(self, pusher: ReplicationPusher, why: str, *, stale: bool = False) -> None:
+        if self.replica_set.detach(pusher.backup, why) is not None:
+            log.warning("queue %s: backup %s out of sync: %s", self.address, pusher.backup, why)
+        self._propose()
+        if stale:  # the backup follows a higher epoch: another node is primary now
+            self.service.stale(self.address, f"backup {pusher.backup} follows a higher epoch")
+            return
+        if not self.fenced and pusher.up_state.value == "refused":
+            self._retry_later(pusher.backup)
+
+    def backup_acked(self, pusher: ReplicationPusher, number: int) -> None:
+        self.replica_set.acked(pusher.backup, number, self.loop.time())
+        self._propose()
+        self._complete()
+        self.flush_backup(pusher)
+
+    def flush_backup(self, pusher: ReplicationPusher) -> None:
+        if self.fenced:
+            return
+        replica_set, now = self.replica_set, self.loop.time()
+        while pusher.credit > 0:
+            batch = replica_set.take_batch(pusher.backup, now)
+            if batch is None:
+                break
+            pusher.send(*batch)
+
+    def _retry_later(self, node: str) -> None:
+        if node in self._retry:
+            return
+
+        def again() -> None:
+            self._retry.pop(node, None)
+            pusher = self.pushers.get(node)
+            if pusher is not None and not self.fenced:
+                pusher.reattach()
+        self._retry[node] = self.loop.call_later(REATTACH, again)
+
+    def _drop(self, node: str, why: str) -> None:
+        pusher = self.pushers.pop(node, None)
+        if pusher is not None:
+            pusher.drop()
+        self.replica_set.detach(node, why)
+        timer = self._retry.pop(node, None)
+        if timer is not None:
+            timer.cancel()
+        self._propose()
+
+    def _check_lag(self) -> None:
+        self._timer = None
+        if self.fenced:
+            return
+        for node, why in self.replica_set.lagging(self.loop.time()):
+            log.warning("queue %s: backup %s dropped from the in-sync set: %s", self.address, node, why)
+            self.replica_set.detach(node, why)
+            pusher = self.pushers.get(node)
+            if pusher is not None:
+                pusher.detach_upstream_link()  # it catches up again after REATTACH
+                self._retry_later(node)
+        self._propose()
+        self._timer = self.loop.call_later(LAG_CHECK, self._check_lag)
+
+    # -- the queue's cycle ---------------------------------------------------------------
+    def _changed(self, queue) -> None:
+        self.node.broker.dirty_queues.add(queue)
+
+    def _after_dispatch(self, queue) -> None:
+        for pusher in self.pushers.values():
+            if pusher.credit > 0:
+                self.flush_backup(pusher)
+        self._complete()
+
+    def _complete(self) -> None:
+        for producer, delivery in self.replica_set.completed():
+            producer.confirmed(delivery)
+
+    # -- the in-sync set ------------------------------------------------------------------
+    def _propose(self) -> None:
+        if self.fenced:
+            return
+        proposal = self.replica_set.proposal()
+        if proposal is not None:
+            self.service.write_isr(self, proposal)
+
+    def isr_written(self, isr: frozenset | None) -> None:
+        """The service wrote the proposal (``isr``), or could not (None: proposed again)."""
+        if self.fenced:
+            return
+        self.replica_set.isr_committed(isr)
+        if isr is not None:
+            log.info("queue %s: in-sync backups now %s (epoch %d)", self.address,
+                     sorted(isr) or "none", self.epoch)
+            self._complete()
+            for pusher in self.pushers.values():
+                self.flush_backup(pusher)
+            self._propose()  # what changed meanwhile
+        else:
+            self.loop.call_later(REATTACH, self._propose)
+        self.node.broker.run_pending()
+
+    # -- the end of the reign ---------------------------------------------------------------
+    def fence(self, why: str) -> None:
+        """Stop acting at once (docs/replication.md): settle nothing, end clients' links."""
+        if self.fenced:
+            return
+        self.fenced = True
+        self.replica_set.fenced = True
+        log.warning("queue %s: primary fenced (epoch %d): %s", self.address, self.epoch, why)
+        if self._timer is not None:
+            self._timer.cancel()
+        for timer in self._retry.values():
+            timer.cancel()
+        for pusher in self.pushers.values():
+            pusher.drop()
+        self.pushers.clear()
+        queue = self.queue
+        queue.stop_replicas()
+        queue.after_dispatch = None
+        description = f"queue {self.address}: this node is no longer its primary ({why})"
+        for endpoint in [*queue.consumers, *queue.producers, *queue.browsers]:
+            if getattr(endpoint, "attached", True):
+                endpoint.handler.close_link(endpoint.link, "amqp:link:detach-forced", description)
+        self.node.broker.run_pending()
+
+    def describe(self) -> dict:
+        return self.replica_set.describe(self.loop.time())
+
+
+class BackupCopy:
+    def __init__(self, service, address: str, *, durable: bool) -> None:
+        self.service = service
+        self.node = service.node
+        self.address = address
+        self.durable = durable
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.image = ReplicaImage(address)
+        self.role = CopyRole(loop.time())
+        self.sink: ReplicaSink | None = None
+        self.primary: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Holds everything the primary accepted: caught up and written into the in-sync set."""
+        return self.sink is not None and not self.image.catching_up and self.image.in_sync
+
+    def accept(self, handler, link, primary: str, epoch: int) -> ReplicaSink | None:
+        """A primary's replication link: a new catch-up, or refused when its epoch is stale."""
+        if epoch < self.image.epoch:
+            handler.refuse_link(link, STALE_EPOCH, f"queue {self.address}: this copy follows "
+                                                   f"epoch {self.image.epoch}, not {epoch}")
+            return None
+        if self.sink is not None:
+            self.sink.fail(LAGGING, "replaced by a new replication link")
+        self._journal_removed(self.image.restart(epoch))
+        self.primary = primary
+        handler.open_link(link)
+        sink = ReplicaSink(handler, link, self, primary, epoch)
+        handler.links[sink.link_ptr] = sink
+        self.sink = sink
+        self.role.move(CopyState.CATCHING_UP, self.loop.time(), f"primary {primary}, epoch {epoch}")
+        sink.grant()
+        return sink
+
+    def apply(self, sink: ReplicaSink, batch, item) -> None:
+        if sink is not self.sink:
+            return
+        try:
+            changes = self.image.apply(batch)
+        except StaleEpoch as exc:
+            sink.fail(STALE_EPOCH, f"queue {self.address}: {exc}")
+            return
+        if self.image.in_sync and self.role.state == CopyState.CATCHING_UP:
+            self.role.move(CopyState.READY, self.loop.time(), "in the in-sync set")
+        journal = self.node.broker.journal if self.durable else None
+        if journal is None or journal.error is not None:
+            sink.settle(item)
+            return
+        wait_for = 0
+        for _, entry in changes.added:
+            if journal_queues.header_durable(entry.payload):
+                entry.journal_id, wait_for = journal.enqueue(self.address, entry.payload)
+        for entry in changes.removed:
+            if entry.journal_id:
+                journal.dequeue(entry.journal_id)  # a lost dequeue only means a redelivery
+        for _, entry in changes.rewritten:
+            if entry.journal_id:
+                journal.dequeue(entry.journal_id)
+                entry.journal_id, wait_for = journal.enqueue(self.address, entry.payload)
+        if not wait_for or wait_for <= journal.durable_batch:
+            sink.settle(item)
+            return
+        journal.wait(_BatchOnDisk(sink, item, wait_for))
+
+    def _journal_removed(self, entries) -> None:
+        journal = self.node.broker.journal if self.durable else None
+        if journal is None:
+            return
+        for entry in entries:
+            if entry.journal_id:
+                journal.dequeue(entry.journal_id)
+
+    def sink_gone(self, sink: ReplicaSink) -> None:
+        if sink is self.sink:
+            self.sink = None
+            if self.role.state in (CopyState.CATCHING_UP, CopyState.READY):
+                self.role.move(CopyState.LAGGING, self.loop.time(), "the replication link ended")
+
+    def promote(self) -> list[StoredMessage]:
+        """The copy as the queue's content (rids kept, in order; out with a consumer: counted)."""
+        if self.sink is not None:
+            self.sink.fail(STALE_EPOCH, f"queue {self.address}: promoted to primary")
+            self.sink = None
+        content = []
+        for rid, entry in self.image.promote():
+            content.append(StoredMessage(entry.payload, journal_id=entry.journal_id, rid=rid))
+        self._journal_rewrites(content)
+        return content
+
+    def _journal_rewrites(self, content: list[StoredMessage]) -> None:
+        """Delivery-counts raised by promotion are journaled too (a restart keeps them)."""
+        journal = self.node.broker.journal if self.durable else None
+        if journal is None:
+            return
+        for message in content:
+            if message.journal_id:
+                journal.dequeue(message.journal_id)
+                message.journal_id, _ = journal.enqueue(self.address, message.payload)
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.fail(LAGGING, f"queue {self.address}: copy dropped here")
+            self.sink = None
+
+    def describe(self) -> dict:
+        return {"state": str(self.role.state), "primary": self.primary, "epoch": self.image.epoch,
+                "depth": self.image.depth, "bytes": self.image.bytes,
+                "catching_up": self.image.catching_up, "in_sync": self.image.in_sync}
+
+
+class _BatchOnDisk:
+    """Waits for the journal to have a backup's batch on disk, then acknowledges it."""
+
+    def __init__(self, sink: ReplicaSink, item: list, batch: int) -> None:
+        self.sink, self.item, self.batch = sink, item, batch
+
+    def journal_progress(self, durable_batch: int, error) -> bool:
+        if durable_batch < self.batch and error is None:
+            return True  # still waiting
+        if error is None:
+            self.sink.settle(self.item)
+        else:
+            self.sink.fail("amqp:internal-error", f"journal write failed: {error}")
+        return False
