@@ -100,6 +100,7 @@ class EtcdCoordinator:
         self._acting_reported: bool | None = None  # None: not acted yet
         self._first_registration = True
         self._registered_at = 0.0
+        self._stopping = False
 
     # -- the interface ---------------------------------------------------------------------
     @property
@@ -123,22 +124,27 @@ class EtcdCoordinator:
             raise
 
     async def stop(self) -> None:
+        """Revoke the lease: the registration and every claim under it go at once."""
         loop = asyncio.get_running_loop()
+        self._stopping = True
         if self._fence_timer is not None:
             self._fence_timer.cancel()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            await watch.cancel()
         lease = self.keeper.lease_id
+        self.keeper.stop(loop.time())
         if self.register and lease is not None and self.healthy:
-            try:  # our registration and every claim under the lease go at once
+            try:
                 await self.store.revoke(lease)
                 log.info("cluster %s: lease %x revoked, %s left", self.name, lease, self.node_id)
             except StoreUnavailable as exc:
                 log.warning("cluster %s: could not revoke lease %x (%s): it expires within %gs",
                             self.name, lease, exc, self.keeper.ttl)
-        self.keeper.stop(loop.time())
         await self._drop_session()
         self.healthy = False
 
@@ -462,6 +468,8 @@ class EtcdCoordinator:
 
     # -- what the watch says ------------------------------------------------------------------
     def _dispatch(self, changes: Changes, *, rules: bool = True) -> None:
+        if self._stopping:
+            return
         lost = changes.deleted_members.get(self.node_id)
         if self.register and lost is not None and lost == self.keeper.lease_id:
             log.warning("cluster %s: the registration of %s is gone from etcd (lease expired)",
