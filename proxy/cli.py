@@ -62,6 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=config.node.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from proxy.cluster import CoordinatorError
     from proxy.journal.journal import JournalError
 
     workers = config_mod.worker_count(config.node.workers)
@@ -73,6 +74,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return asyncio.run(_serve(config))
     except JournalError as exc:  # e.g. the data dir's journal is another node's
         print(f"fedgate: {exc}", file=sys.stderr)
+        return 1
+    except CoordinatorError as exc:  # etcd unreachable at start, or our node id is taken
+        print(f"fedgate: cluster: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"fedgate: cannot listen on {config.node.listen}: {exc}", file=sys.stderr)
@@ -103,10 +107,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
         channel=socket.socket(fileno=args.channel_fd),
         admin_token=os.environ.pop("FEDGATE_WORKER_TOKEN", ""))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
+    from proxy.cluster import CoordinatorError
+
     try:
         return asyncio.run(_serve(config, worker=worker))
     except JournalError as exc:
         print(f"fedgate: worker {args.index}: {exc}", file=sys.stderr)
+        return 1
+    except CoordinatorError as exc:
+        print(f"fedgate: worker {args.index}: cluster: {exc}", file=sys.stderr)
         return 1
 
 

@@ -39,8 +39,8 @@ _CACHE_SIZE = 4096
 class RuleSet:
     """Validated rules + peers; build with :meth:`RuleSet.build`."""
 
-    __slots__ = ("_rules", "_written", "_members", "_peers", "_node_id", "_exact", "_index",
-                 "_cache")
+    __slots__ = ("_rules", "_written", "_every", "_members", "_peers", "_node_id", "_exact",
+                 "_index", "_cache")
 
     def __init__(
         self,
@@ -55,6 +55,7 @@ class RuleSet:
             if not isinstance(r, Rule):
                 raise TypeError(f"expected Rule, got {type(r).__name__}")
         self._written: tuple[Rule, ...] = rules
+        self._every = frozenset(r.name for r in rules if r.every_member)
         if members is None:
             members = dict.fromkeys([node_id, *(peers or {})] if node_id else list(peers or {}), False)
         self._members: Mapping[str, bool] = MappingProxyType(dict(members))
@@ -122,6 +123,11 @@ class RuleSet:
     @property
     def peers(self) -> Mapping[str, str]:
         return self._peers
+
+    @property
+    def every_member_rules(self) -> frozenset[str]:
+        """Names of the rules written with ``fragments = "*"``."""
+        return self._every
 
     @property
     def members(self) -> Mapping[str, bool]:
