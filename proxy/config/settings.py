@@ -495,7 +495,8 @@ def load(path: str | Path) -> Config:
 
 
 def apply_overrides(config: Config, **flags: Any) -> Config:
-    """Command-line flags win over the file: listen, admin, node_id, data_dir, log_level."""
+    """Command-line flags win over the file: listen, admin, node_id, data_dir, log_level,
+    workers, advertise, advertise_admin."""
     node = config.node
     node_changes = {
         key: flags[flag]
@@ -510,4 +511,10 @@ def apply_overrides(config: Config, **flags: Any) -> Config:
     if flags.get("admin") is not None:
         admin = dataclasses.replace(admin, listen=flags["admin"])
         admin.check("admin")
-    return dataclasses.replace(config, node=node, admin=admin)
+    cluster = config.cluster
+    cluster_changes = {key: flags[key] for key in ("advertise", "advertise_admin")
+                       if flags.get(key) is not None}
+    if cluster_changes:
+        cluster = dataclasses.replace(cluster, **cluster_changes)
+        cluster.check("cluster")
+    return dataclasses.replace(config, node=node, admin=admin, cluster=cluster)
