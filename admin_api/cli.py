@@ -210,7 +210,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     elif cluster.get("etcd_rules"):
         held = cluster["etcd_rules"]
         print(f"  rules in etcd: v{held['version']} (revision {held['revision']})"
-              + ("" if cluster["converged"] else "; this node serves other rules"))
+              + ("; this node serves other rules" if cluster["divergent"] else ""))
     if cluster["divergent"]:
         print(f"  divergent: {', '.join(cluster['divergent'])}")
     if cluster.get("rejected"):

@@ -198,8 +198,10 @@ class RulesManager:
         return record
 
     def follow(self, value: bytes | None, revision: int) -> None:
-        """``EtcdCoordinator.on_rules``: a new record in etcd (None: the key was deleted)."""
+        """``EtcdCoordinator.on_rules``: a new record in etcd (None: there is none now; the
+        rules here stay, and the next record is taken whatever its revision: a new etcd)."""
         if value is None:
+            self._followed = revision
             return
         task = asyncio.get_running_loop().create_task(self._follow(value, revision))
         self._tasks.add(task)

@@ -101,6 +101,7 @@ class EtcdCoordinator:
         self._first_registration = True
         self._registered_at = 0.0
         self._stopping = False
+        self._cluster_id: int | None = None  # the etcd cluster the view came from
 
     # -- the interface ---------------------------------------------------------------------
     @property
@@ -130,9 +131,9 @@ class EtcdCoordinator:
         if self._fence_timer is not None:
             self._fence_timer.cancel()
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        while task is not None and not task.done():
+            task.cancel()  # again if a call it was in swallowed the first one
+            await asyncio.wait([task], timeout=1.0)
         watch, self._watch = self._watch, None
         if watch is not None:
             await watch.cancel()
@@ -300,15 +301,25 @@ class EtcdCoordinator:
             await asyncio.sleep(backoff.next_delay())
 
     async def _sync(self) -> None:
-        """Resume the watch where it stopped; read everything when that is not possible."""
+        """Resume the watch where it stopped; read everything when that is not possible:
+        revisions compacted away, or another etcd (a new cluster, one restored from a backup:
+        its id differs or its revision went back)."""
         self._watch_error = None
         if self.view.revision:
-            try:
-                await self._start_watch(self.view.revision + 1)
-                return
-            except StoreCompacted as exc:
-                log.info("cluster %s: %s; reading everything again", self.name, exc)
+            revision, _ = await self.store.range(self.keys.rules)
+            if self.store.cluster_id == self._cluster_id and revision >= self.view.revision:
+                try:
+                    await self._start_watch(self.view.revision + 1)
+                    return
+                except StoreCompacted as exc:
+                    log.info("cluster %s: %s; reading everything again", self.name, exc)
+            else:
+                log.warning("cluster %s: etcd is not the one it was (cluster id %x, revision %d; "
+                            "was %x at %d); reading everything again", self.name,
+                            self.store.cluster_id or 0, revision, self._cluster_id or 0,
+                            self.view.revision)
         revision, kvs = await self.store.range(self.keys.prefix)
+        self._cluster_id = self.store.cluster_id
         self._dispatch(self.view.load(revision, kvs))
         await self._start_watch(revision + 1)
 
@@ -348,11 +359,14 @@ class EtcdCoordinator:
             self._wake.clear()
             if self._watch_error is not None:
                 continue
+            # a timer sets the event (not wait_for: on Python 3.11 it can lose a cancellation
+            # that comes as the wait ends, and stop() would wait forever)
+            timer = None if wake is None else loop.call_at(wake, self._wake.set)
             try:
-                await asyncio.wait_for(self._wake.wait(),
-                                       None if wake is None else max(0.0, wake - loop.time()))
-            except asyncio.TimeoutError:
-                pass
+                await self._wake.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
 
     async def _renew(self) -> None:
         loop = asyncio.get_running_loop()

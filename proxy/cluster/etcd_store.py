@@ -103,6 +103,7 @@ class AetcdStore:
         self.index = -1
         self.client: _Client | None = None
         self.endpoint = self.endpoints[0]
+        self.cluster_id: int | None = None
 
     # -- connection ------------------------------------------------------------------------
     def _credentials(self, scheme: str) -> grpc.ChannelCredentials | None:
@@ -176,6 +177,7 @@ class AetcdStore:
     # -- keys -----------------------------------------------------------------------------------
     async def range(self, prefix: str) -> tuple[int, list[KV]]:
         result = await self._call(self._live().get_prefix(prefix.encode()))
+        self.cluster_id = result.header.cluster_id
         kvs = [KV(kv.key.decode(), bytes(kv.value), kv.create_revision, kv.mod_revision, kv.lease)
                for kv in result.kvs]
         return result.header.revision, kvs

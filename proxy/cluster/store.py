@@ -84,6 +84,7 @@ class Watching(Protocol):
 
 class Store(Protocol):
     endpoint: str  # the endpoint in use, for status
+    cluster_id: int | None  # the etcd cluster that answered the last read (None: none yet)
 
     async def connect(self) -> None: ...
     async def close(self) -> None: ...

@@ -116,10 +116,10 @@ class ClusterView:
                 changes.owners[name] = new[0] if new else None
         old_rev = self.rules.mod_revision if self.rules else 0
         new_rev = rules.mod_revision if rules else 0
-        if old_rev != new_rev:
+        if old_rev != new_rev or (self.rules and rules and self.rules.value != rules.value):
             changes.rules = (rules.value if rules else None, new_rev)
         self.members_raw, self.owners, self.rules, self.state = seen_members, seen_owners, rules, state
-        self.revision = max(self.revision, revision)
+        self.revision = revision  # a full read is the truth, also from an etcd that went back
         return changes
 
     def apply(self, events: list[Event]) -> Changes:

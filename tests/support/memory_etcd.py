@@ -37,6 +37,9 @@ class _Lease:
     timer: asyncio.TimerHandle | None = None
 
 
+_CLUSTER_IDS = itertools.count(0xE7CD)
+
+
 class MemoryEtcd:
     def __init__(self, *, min_ttl: int = 2) -> None:
         self.revision = 1
@@ -50,6 +53,7 @@ class MemoryEtcd:
         self.keepalives = 0  # handled, for tests of renewal timing
         self.expired: list[tuple[float, int]] = []  # (time, lease id)
         self._ids = itertools.count(0x1000)
+        self.cluster_id = next(_CLUSTER_IDS)
 
     @property
     def loop(self):
@@ -163,6 +167,15 @@ class MemoryEtcd:
         for watch in list(self.watchers):
             watch.fail(StoreUnavailable("etcd stopped"))
 
+    def wipe(self) -> None:
+        """A new etcd in its place (data lost, or a new cluster): nothing kept, a new id."""
+        for lease in self.leases.values():
+            if lease.timer is not None:
+                lease.timer.cancel()
+        self.revision, self.kvs, self.leases, self.history = 1, {}, {}, []
+        self.compacted = 0
+        self.cluster_id = next(_CLUSTER_IDS)
+
     def start(self) -> None:
         self.up = True
         now = self.loop.time()
@@ -215,6 +228,7 @@ class MemoryStore:
         self.timeout = timeout
         self.cut = False
         self.connected = False
+        self.cluster_id: int | None = None
         self.calls: list[tuple[float, str]] = []  # (sent at, operation)
 
     def partition(self) -> None:
@@ -257,7 +271,10 @@ class MemoryStore:
         await self._rpc("revoke", lambda: self.server.revoke(lease_id))
 
     async def range(self, prefix: str):
-        return await self._rpc("range", lambda: self.server.range(prefix))
+        def read():
+            self.cluster_id = self.server.cluster_id
+            return self.server.range(prefix)
+        return await self._rpc(f"range {prefix}", read)
 
     async def txn(self, compare, success, failure) -> TxnResult:
         return await self._rpc("txn", lambda: self.server.txn(compare, success, failure))
