@@ -383,6 +383,7 @@ class FragmentGroup:
             "draining": sorted(self.draining),
             "removed": self.removed,
             "depth": queue.depth if queue is not None else 0,
+            "unacked": queue.unacked if queue is not None else 0,  # delivered, not yet settled
             "enqueued": stats.enqueued if stats else 0,
             "served_locally": (stats.delivered - stolen_out) if stats else 0,
             "stolen_out": stolen_out,

@@ -429,7 +429,8 @@ class Node:
 
     def _holds_every_member_fragments(self) -> bool:
         every = self.routing.current.every_member_rules
-        return any(group.get("local") and group.get("depth", 0) > 0 and group.get("rule") in every
+        return any(group.get("local") and group.get("rule") in every
+                   and group.get("depth", 0) + group.get("unacked", 0) > 0
                    for group in self.describe_fragments())
 
     async def _drain_before_leaving(self) -> None:

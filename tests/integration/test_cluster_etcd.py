@@ -170,3 +170,37 @@ def test_fragments_on_every_live_member_follow_joins_and_deaths(start_node, etcd
     assert len(_receive(n1.url, "work.a", 50)) == 50
     n3.kill()
     wait_for(lambda: members_on(n1) == ["n1", "n2"], LEASE_TTL + 1.5, "n3 gone from work.a on n1")
+
+
+def test_a_node_stopping_lets_the_others_take_its_fragment_first(start_node, etcd_url, cluster_name):
+    n1 = etcd_node(start_node, "n1", [etcd_url], cluster_name, rules=[WORK])
+    n2 = etcd_node(start_node, "n2", [etcd_url], cluster_name, rules=[WORK],
+                   cluster={"drain_timeout": 30.0})
+    wait_members(n1, ["n1", "n2"], 2.0)
+    _send(n2.url, "work.d", 300)  # all in n2's fragment (nothing durable: gone if n2 just left)
+    got: list = []
+
+    def slow_consumer():  # on n1: it steals n2's messages a few at a time
+        conn = BlockingConnection(n1.url, timeout=30)
+        try:
+            receiver = conn.create_receiver("work.d", credit=10)
+            while len(got) < 300:
+                got.append(receiver.receive(timeout=30).body)
+                receiver.accept()
+                time.sleep(0.01)
+        finally:
+            conn.close()
+    consumer = threading.Thread(target=slow_consumer)
+    consumer.start()
+    wait_for(lambda: len(got) >= 10, 10.0, "the consumer on n1 under way")
+    assert len(got) < 200
+    stopping = time.monotonic()
+    n2.proc.send_signal(15)  # SIGTERM: marked draining, waits until its fragment is empty
+    wait_for(lambda: any(m.get("draining") for m in cluster_view(n1)["members"]), 2.0,
+             "n2 shown draining")
+    assert n2.proc.wait(40) == 0
+    consumer.join(30)
+    assert sorted(got) == sorted(f"m{i}" for i in range(300))  # every message, none twice
+    assert time.monotonic() - stopping < 30
+    assert "drained for leaving: 0 messages left" in n2.log_path.read_text()
+    assert member_ids(n1) == ["n1"]

@@ -18,10 +18,10 @@ LEASE_TTL = 3
 
 
 def etcd_node(start_node, name: str, etcd: list[str], cluster_name: str, *, rules=None,
-              lease_ttl: float = LEASE_TTL, **sections):
+              lease_ttl: float = LEASE_TTL, cluster: dict | None = None, **sections):
     config = {"admin": {"tokens": TOKENS},
               "cluster": {"name": cluster_name, "etcd": list(etcd), "lease_ttl": lease_ttl,
-                          "start_timeout": 20.0},
+                          "start_timeout": 20.0, **(cluster or {})},
               **sections}
     if rules is not None:
         config["rules"] = rules
