@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install and start a one-member etcd 3.4 (Debian bookworm's etcd-server) for the test suite,
+# Install and start a one-member etcd 3.4 (Debian bookworm's etcd-server, and etcd-client for
+# etcdctl, which the TLS and authentication test uses) for the test suite,
 # on test ports of its own: clients 127.0.0.1:2479, peers 127.0.0.1:2480 (ETCD_PORT and
 # ETCD_PEER_PORT override), data in .tools/etcd/ (wiped at each start: a fresh store per run).
 # The 3-member clusters and restarted members some tests need are started by the tests
@@ -47,16 +48,16 @@ running_pid() {
 }
 
 install_pkg() {
-    if command -v etcd >/dev/null 2>&1; then
+    if command -v etcd >/dev/null 2>&1 && command -v etcdctl >/dev/null 2>&1; then
         return 0
     fi
-    log "installing etcd-server (Debian package)"
+    log "installing etcd-server and etcd-client (Debian packages)"
     export DEBIAN_FRONTEND=noninteractive
     # the package's own service (2379) is not ours: policy-rc.d or systemd may start it
-    if ! as_root apt-get install -y --no-install-recommends etcd-server >/tmp/etcd-apt.log 2>&1; then
+    if ! as_root apt-get install -y --no-install-recommends etcd-server etcd-client >/tmp/etcd-apt.log 2>&1; then
         as_root apt-get update >/dev/null 2>&1 || true
-        as_root apt-get install -y --no-install-recommends etcd-server >/tmp/etcd-apt.log 2>&1 \
-            || { tail -20 /tmp/etcd-apt.log >&2; die "apt-get install etcd-server failed"; }
+        as_root apt-get install -y --no-install-recommends etcd-server etcd-client >/tmp/etcd-apt.log 2>&1 \
+            || { tail -20 /tmp/etcd-apt.log >&2; die "apt-get install etcd-server etcd-client failed"; }
     fi
     command -v etcd >/dev/null 2>&1 || die "etcd not found after installing etcd-server"
 }

@@ -86,7 +86,10 @@ class _Watching:
 
 
 def _unavailable(exc: BaseException, endpoint: str) -> StoreUnavailable:
-    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, grpc.aio.AioRpcError):  # its str() is a multi-line dump
+        text = f"{exc.details()} ({exc.code().name})"
+    else:
+        text = str(exc).strip() or type(exc).__name__
     return StoreUnavailable(f"{endpoint}: {text.splitlines()[0][:300]}")
 
 

@@ -77,12 +77,13 @@ class EtcdMember:
     """One etcd process of a test: ``start``, ``kill`` (SIGKILL), ``stop`` (SIGTERM)."""
 
     def __init__(self, workdir: Path, name: str, *, client_port: int | None = None,
-                 peer_port: int | None = None) -> None:
+                 peer_port: int | None = None, tls=None) -> None:
         self.workdir = workdir
         self.name = name
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
-        self.url = f"http://127.0.0.1:{self.client_port}"
+        self.tls = tls  # certs.Certs: clients over TLS, with client certificates
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.client_port}"
         self.peer_url = f"http://127.0.0.1:{self.peer_port}"
         self.data_dir = workdir / f"etcd-{name}"
         self.log_path = workdir / f"etcd-{name}.log"
@@ -99,7 +100,8 @@ class EtcdMember:
              "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
              "--initial-cluster", self.initial_cluster,
              "--initial-cluster-state", "existing" if self.started_once else "new",
-             "--initial-cluster-token", f"fedgate-{self.workdir.name}", "--log-level", "warn"],
+             "--initial-cluster-token", f"fedgate-{self.workdir.name}", "--log-level", "warn",
+             *self._tls_args()],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         self.started_once = True
@@ -107,9 +109,37 @@ class EtcdMember:
             self.wait_healthy()
         return self
 
+    def _tls_args(self) -> list[str]:
+        if not self.tls:
+            return []
+        return ["--cert-file", str(self.tls.server_cert), "--key-file", str(self.tls.server_key),
+                "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
+
+    def ctl(self, *args: str) -> str:
+        """``etcdctl`` against this member (with the client certificate under TLS)."""
+        require(shutil.which("etcdctl") is not None, "etcdctl (.ci/install/etcd.sh installs etcd-client)")
+        cmd = ["etcdctl", "--endpoints", self.url, "--command-timeout", "10s"]
+        if self.tls:
+            cmd += ["--cacert", str(self.tls.ca), "--cert", str(self.tls.client_cert),
+                    "--key", str(self.tls.client_key)]
+        proc = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=30,
+                              env=dict(os.environ, ETCDCTL_API="3"))
+        if proc.returncode != 0:
+            raise RuntimeError(f"etcdctl {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def healthy(self) -> bool:
+        if not self.tls:
+            return health(self.url)
+        try:
+            self.ctl("endpoint", "health")
+            return True
+        except RuntimeError:
+            return False
+
     def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
-        while not health(self.url):
+        while not self.healthy():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"etcd {self.name} exited:\n{self.log_path.read_text()[-2000:]}")
             if time.monotonic() > deadline:
@@ -184,8 +214,8 @@ def etcd_members(tmp_path):
 
     class Factory:
         @staticmethod
-        def member(name: str = "solo") -> EtcdMember:
-            member = EtcdMember(tmp_path, name).start()
+        def member(name: str = "solo", tls=None) -> EtcdMember:
+            member = EtcdMember(tmp_path, name, tls=tls).start()
             started.append(member)
             return member
 
