@@ -50,6 +50,7 @@ from routing import RuleError
 
 from .errors import ApiError, invalid_rules, json_response
 from .inputs import read_json
+from .inspect_api import ADMIN_URL
 from .rules_manager import RulesManager
 
 log = logging.getLogger("fedgate.admin.cluster")
@@ -248,6 +249,10 @@ async def get_cluster(request: web.Request) -> web.Response:
 
 async def push_rules(request: web.Request) -> web.Response:
     sync = request.app[CLUSTER]
+    # on etcd only worker 0 hands records to the node's other workers (on their Unix sockets)
+    if sync.manager.on_etcd and not request.app[ADMIN_URL]["url"].startswith("unix:"):
+        raise ApiError(409, "rules_in_etcd", "this cluster keeps its rules in etcd: change them "
+                       "through /api/v1/rules", field="body")
     try:
         record = RulesRecord.from_dict(await read_json(request))
     except RecordError as exc:

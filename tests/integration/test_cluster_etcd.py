@@ -81,6 +81,10 @@ def test_two_changes_with_the_same_if_match_on_two_nodes_exactly_one_wins(
     n1 = etcd_node(start_node, "n1", [etcd_url], cluster_name)
     n2 = etcd_node(start_node, "n2", [etcd_url], cluster_name)
     wait_members(n1, ["n1", "n2"], 2.0)
+    # no way around etcd: the static clusters' node-to-node push is refused
+    status, body = http("POST", n1.admin_url + "/api/v1/cluster/rules",
+                        {"version": 99, "updated_at": 1.0, "origin": "n2", "rules": []})
+    assert status == 409 and body["error"] == "rules_in_etcd", body
     for round_ in range(5):
         etag = etag_of(n1)
         assert etag_of(n2) == etag
