@@ -69,7 +69,7 @@ class EtcdCoordinator:
     def __init__(self, *, name: str, node_id: str, amqp: str, admin: str | None, workers: int,
                  version: str, store: Store, endpoints: list[str], lease_ttl: float = 3.0,
                  clock_drift: float = 0.1, start_timeout: float = 10.0, register: bool = True,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, backoff: Backoff | None = None) -> None:
         self.name = name
         self.node_id = node_id
         self.local = Member(node_id, amqp, admin, workers, version, None)
@@ -82,6 +82,7 @@ class EtcdCoordinator:
         self.keys = Keys(name)
         self.view = ClusterView(self.keys)
         self.keeper = LeaseKeeper(ttl=lease_ttl, clock_drift=clock_drift)
+        self.backoff = backoff or Backoff()  # reconnects: 0.1 s doubling to 2 s, with jitter
         self.healthy = False
         self.last_error: str | None = None
         self.reconnects = 0
@@ -272,7 +273,7 @@ class EtcdCoordinator:
 
     # -- the session ---------------------------------------------------------------------------
     async def _run(self) -> None:
-        backoff = Backoff()
+        backoff = self.backoff
         while True:
             try:
                 await self.store.connect()
@@ -295,6 +296,9 @@ class EtcdCoordinator:
                 self.last_error = str(exc)
                 log.log(logging.WARNING if self.healthy else logging.INFO,
                         "cluster %s: etcd session lost (%s); reconnecting", self.name, exc)
+            except Exception as exc:  # a bug or a client surprise: never a silent end of renewals
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("cluster %s: etcd session failed; reconnecting", self.name)
             self._set_healthy(False)
             await self._drop_session()
             self.reconnects += 1
@@ -352,6 +356,7 @@ class EtcdCoordinator:
                     await self._register()
                 elif self.keeper.renewal_due(now):
                     await self._renew()
+                self._check_fencing()  # a passed deadline is a move, not a time to wake at
                 wake = self.keeper.next_wakeup(loop.time())
             else:  # a watcher only: prove now and then that etcd still answers
                 await self.store.range(self.keys.rules)
@@ -373,7 +378,7 @@ class EtcdCoordinator:
         sent = self.keeper.renewal_sent(loop.time())
         try:
             ttl = await self.store.keepalive(self.keeper.lease_id)
-        except StoreUnavailable:
+        except Exception:  # also an unexpected one: the renewal is over, it failed
             self.keeper.renewal_failed(sent_at=sent, now=loop.time())
             self._check_fencing()
             raise

@@ -191,7 +191,7 @@ class LeaseKeeper:
         times = []
         if self.next_renewal_at is not None and self.in_flight is None:
             times.append(self.next_renewal_at)
-        if self.state is LeaseState.ACTING:
+        if self.state is LeaseState.ACTING and self.deadline > now:  # past: tick() it, no wake
             times.append(self.deadline)
         return max(now, min(times)) if times else None
 
