@@ -7,7 +7,8 @@ One task (``_run``) keeps a session with etcd through a ``Store``
 
 1. **connect** to the next endpoint; **sync**: resume the watch of
    ``/fedgate/<name>/`` from the last revision seen + 1 (events missed while
-   cut off are replayed in order), or, the first time and after a compaction,
+   cut off are replayed in order), or, the first time, after a compaction and
+   when etcd is not the one it was (another cluster id, a revision gone back),
    read the whole prefix into the ``ClusterView`` and watch from there;
 2. **register** when the node holds no lease: grant a lease of ``lease_ttl``,
    then put ``members/<id>`` under it only if absent (a transaction comparing
