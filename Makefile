@@ -35,6 +35,7 @@ test: venv npm brokers
 	bash .ci/install/chromium.sh
 	bash .ci/install/dmz.sh
 	bash .ci/install/toxiproxy.sh
+	bash .ci/install/etcd.sh
 	bash .ci/install/java.sh
 	bash .ci/install/jms.sh
 	bash .ci/install/go-client.sh

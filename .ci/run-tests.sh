@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the test suite, then stops what it started: the brokers (RabbitMQ 3.10 on 5682,
-# RabbitMQ 4.0 on 5684, Artemis on 5673) and any process a test left behind, and fails if
+# RabbitMQ 4.0 on 5684, Artemis on 5673, etcd on 2479) and any process a test left behind, and fails if
 # anything still listens. Also on failure and on Ctrl-C, so `make test` then `make run` works.
 #   bash .ci/run-tests.sh [pytest args...]
 set -uo pipefail

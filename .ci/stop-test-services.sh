@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stops the test brokers and whatever the tests started, then checks that nothing
+# Stops the test brokers (and etcd) and whatever the tests started, then checks that nothing
 # of theirs is left: no listener on the brokers' ports (AMQP, Artemis CORE, Erlang
 # distribution and port mapper) nor on those `make run` needs (5672, 8080), no process
 # running from pytest's temporary directories (nodes, clients). Exit 1 if something was
@@ -12,6 +12,7 @@ rc=0
 bash .ci/install/rabbitmq.sh stop || rc=1
 bash .ci/install/rabbitmq4.sh stop || rc=1
 bash .ci/install/artemis.sh stop || rc=1
+bash .ci/install/etcd.sh stop || rc=1
 # the Erlang port mapper RabbitMQ's tools started (refuses while a node is registered)
 if command -v epmd >/dev/null 2>&1; then epmd -kill >/dev/null 2>&1 || true; fi
 
@@ -43,9 +44,11 @@ holder() {  # $1 = port: "pid command" of the process that listens, when ss may 
 started_at() { awk '{ sub(/^.*\) /, ""); print $20 }' "/proc/$1/stat" 2>/dev/null; }  # clock ticks after boot
 
 # The suite's brokers: RabbitMQ 3.10 (AMQP, Erlang distribution 25672), RabbitMQ 4.0 (AMQP,
-# distribution 25684, its own epmd 4370), Artemis (AMQP, CORE). Nothing else has them.
+# distribution 25684, its own epmd 4370), Artemis (AMQP, CORE), etcd (clients, peers).
+# Nothing else has them.
 for port in "${RABBITMQ_PORT:-5682}" 25672 "${RABBITMQ4_PORT:-5684}" 25684 4370 \
-            "${ARTEMIS_PORT:-5673}" "${ARTEMIS_CORE_PORT:-61616}"; do
+            "${ARTEMIS_PORT:-5673}" "${ARTEMIS_CORE_PORT:-61616}" \
+            "${ETCD_PORT:-2479}" "${ETCD_PEER_PORT:-2480}"; do
     if listening "$port"; then
         log "something still listens on port $port: $(holder "$port" || echo '(process unknown)')"
         rc=1

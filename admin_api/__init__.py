@@ -15,5 +15,5 @@ def service(node):
     from .app import AdminService, DisabledService
 
     if not node.config.admin.enabled:
-        return DisabledService()
+        return DisabledService(node)
     return AdminService(node)

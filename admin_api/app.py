@@ -4,7 +4,8 @@ How this works
 --------------
 ``build_app(node)`` is the factory: one route table (``ROUTES``, mirrored by
 ``admin_api.openapi``), two middlewares and the cluster sync as a
-``cleanup_ctx`` (started with the app, cancelled when it is cleaned up).
+``cleanup_ctx`` (started with the app, cancelled when it is cleaned up): the
+gossip of a static cluster, or on etcd the rules manager following the watch.
 
 * ``errors`` (outermost): ``ApiError`` and aiohttp's HTTP exceptions become
   ``{"error", "detail", "field"}`` JSON; anything unexpected is logged and
@@ -33,7 +34,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from . import console, first_run, health, inspect_api, openapi, rules_api
 from .auth import Tokens, allowed, bearer_token
-from .cluster import CLUSTER, ClusterSync, get_cluster, push_rules
+from .cluster import CLUSTER, ClusterSync, follow_etcd, get_cluster, push_rules
 from .errors import ApiError, from_http_exception, json_response
 from .inspect_api import ADMIN_URL, NODE, STARTED
 from .rules_api import MANAGER
@@ -167,9 +168,13 @@ def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.A
     app[ADMIN_URL] = {"url": admin_url}
     app[TOKENS] = Tokens.from_config(settings.tokens)
     app[MANAGER] = manager
-    sync = ClusterSync(manager, dict(settings.cluster), settings.node_token(), interval=sync_interval)
+    # the gossip is for static clusters: on etcd the rules come with the watch
+    peers = {} if manager.on_etcd else dict(settings.cluster)
+    sync = ClusterSync(manager, peers, settings.node_token(), interval=sync_interval)
     app[CLUSTER] = sync
     app.cleanup_ctx.append(sync.context)
+    if manager.on_etcd:
+        app.cleanup_ctx.append(follow_etcd(manager))
     history = History(node)
     app[HISTORY] = history
     app.cleanup_ctx.append(history.context)
@@ -269,10 +274,22 @@ class AdminService:
 
 
 class DisabledService:
-    """``[admin] enabled = false``: nothing listens."""
+    """``[admin] enabled = false``: nothing listens (on etcd, the rules still follow the watch)."""
+
+    def __init__(self, node=None) -> None:
+        self.node = node
+        self.manager: RulesManager | None = None
 
     async def start(self) -> None:
         log.info("admin API disabled")
+        if self.node is not None and self.node.coordinator.kind == "etcd":
+            self.manager = RulesManager(self.node)
+            self.node.coordinator.on_rules(self._follow)
+            self._follow(*self.node.coordinator.rules_record())
+
+    def _follow(self, value, revision) -> None:
+        if self.manager is not None:
+            self.manager.follow(value, revision)
 
     async def stop(self) -> None:
-        pass
+        self.manager = None

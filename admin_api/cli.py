@@ -198,16 +198,52 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"up {node['uptime_s']:.0f}s rules v{node['rules_version']}")
     print("  " + " ".join(f"{k}={v}" for k, v in counters.items()))
     cluster = call(args, "GET", "/api/v1/cluster")
-    for item in cluster["nodes"]:
-        state = (f"rules v{item['version']} {item['digest'][:12]}" if item["reachable"]
-                 else f"unreachable ({item['error']})")
-        print(f"  {item['id']:<12} {state}")
+    print("  " + coordinator_line(cluster.get("coordinator") or {"kind": "static"}))
+    if cluster.get("members"):
+        print("\n".join("  " + line for line in table(
+            [dict(m, draining="yes" if m.get("draining") else None) for m in cluster["members"]],
+            MEMBER_COLUMNS).splitlines()))
+    if (cluster.get("coordinator") or {}).get("kind") != "etcd":
+        for item in cluster["nodes"]:
+            state = (f"rules v{item['version']} {item['digest'][:12]}" if item["reachable"]
+                     else f"unreachable ({item['error']})")
+            print(f"  {item['id']:<12} {state}")
+    elif cluster.get("etcd_rules"):
+        held = cluster["etcd_rules"]
+        print(f"  rules in etcd: v{held['version']} (revision {held['revision']})"
+              + ("; this node serves other rules" if cluster["divergent"] else ""))
     if cluster["divergent"]:
         print(f"  divergent: {', '.join(cluster['divergent'])}")
     if cluster.get("rejected"):
         rejected = cluster["rejected"]
         print(f"  rejected v{rejected['version']} from {rejected['from']}: {rejected['detail']}")
     return 0
+
+
+MEMBER_COLUMNS = [("member", "id"), ("amqp", "amqp"), ("admin", "admin"), ("workers", "workers"),
+                  ("lease_age_s", "lease_age_s"), ("draining", "draining")]
+
+
+def coordinator_line(coordinator: dict) -> str:
+    """One line: where the cluster state lives, whether it answers, whether this node acts."""
+    if coordinator.get("kind") != "etcd":
+        return "cluster: static ([peers]; no etcd)"
+    endpoint = coordinator.get("endpoint") or ", ".join(coordinator.get("endpoints") or [])
+    if coordinator.get("healthy"):
+        health = f"etcd {endpoint} healthy, revision {coordinator.get('revision')}"
+    else:
+        health = (f"etcd UNREACHABLE ({coordinator.get('last_error') or 'connecting'}), "
+                  f"reconnecting with backoff (attempt {coordinator.get('reconnects', 0)})")
+    lease = coordinator.get("lease") or {}
+    if coordinator.get("error"):
+        acting = f"FENCED: {coordinator['error']}"
+    elif coordinator.get("acting"):
+        acting = f"acting (lease ttl {lease.get('ttl'):g} s, renewed {lease.get('renewed_s_ago')} s ago)"
+    elif lease:
+        acting = f"FENCED (lease {lease.get('state')}; no renewal for {lease.get('renewed_s_ago')} s)"
+    else:
+        acting = "watching (a worker of the node)"
+    return f"cluster {coordinator.get('name')}: {health}; this node {acting}"
 
 
 def _run(func):

@@ -25,11 +25,19 @@ know, a proxy rule pointing at this very node) is refused and kept in
 ``rejected``; ``GET /api/v1/cluster`` shows it, with each node's version and
 digest and whether they diverge. Node-to-node calls carry this node's admin
 token; every call is bounded by ``timeout``.
+
+All that is for a static cluster. On etcd (``[cluster] etcd``) the rules record
+lives in etcd and every node follows its watch (``RulesManager.follow``,
+started by ``follow_etcd``); ``GET /api/v1/cluster`` then says whether this
+node serves the record etcd holds. In both cases it lists the ``members`` (id,
+AMQP and admin URLs, workers, version, ``lease_age_s``) and the
+``coordinator`` (kind, endpoints, healthy, revision, this node's lease).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from typing import Any
@@ -42,6 +50,7 @@ from routing import RuleError
 
 from .errors import ApiError, invalid_rules, json_response
 from .inputs import read_json
+from .inspect_api import ADMIN_URL
 from .rules_manager import RulesManager
 
 log = logging.getLogger("fedgate.admin.cluster")
@@ -191,12 +200,59 @@ class ClusterSync:
 CLUSTER = web.AppKey("cluster_sync", ClusterSync)
 
 
+def follow_etcd(manager: RulesManager):
+    """cleanup_ctx: the rules manager follows the rules record in etcd."""
+    async def context(app: web.Application):
+        coordinator = manager.coordinator
+        following = {"on": True}
+
+        def follow(value, revision) -> None:
+            if following["on"]:
+                manager.follow(value, revision)
+        coordinator.on_rules(follow)
+        follow(*coordinator.rules_record())  # a change made between the node's start and now
+        try:
+            yield
+        finally:
+            following["on"] = False
+    return context
+
+
+def etcd_view(manager: RulesManager) -> dict[str, Any]:
+    """On etcd: does this node serve the record etcd holds?"""
+    local = manager.current
+    coordinator = manager.coordinator
+    value, revision = coordinator.rules_record()
+    held = None
+    if value is not None:
+        try:
+            record = RulesRecord.from_dict(json.loads(value))
+            held = {"version": record.version, "digest": record.digest, "revision": revision}
+        except (ValueError, RecordError):
+            held = {"version": None, "digest": None, "revision": revision}
+    same = held is None or (held["version"], held["digest"]) == (local.version, local.digest)
+    return {"converged": bool(coordinator.healthy and same), "etcd_rules": held,
+            "divergent": [] if same else [manager.node.node_id], "rejected": manager.rejected}
+
+
 async def get_cluster(request: web.Request) -> web.Response:
-    return json_response(await request.app[CLUSTER].describe())
+    sync = request.app[CLUSTER]
+    body = await sync.describe()
+    manager = sync.manager
+    coordinator = manager.coordinator
+    if manager.on_etcd:
+        body.update(etcd_view(manager))
+    body["members"] = [m.to_dict() for m in coordinator.members()]
+    body["coordinator"] = coordinator.describe()
+    return json_response(body)
 
 
 async def push_rules(request: web.Request) -> web.Response:
     sync = request.app[CLUSTER]
+    # on etcd only worker 0 hands records to the node's other workers (on their Unix sockets)
+    if sync.manager.on_etcd and not request.app[ADMIN_URL]["url"].startswith("unix:"):
+        raise ApiError(409, "rules_in_etcd", "this cluster keeps its rules in etcd: change them "
+                       "through /api/v1/rules", field="body")
     try:
         record = RulesRecord.from_dict(await read_json(request))
     except RecordError as exc:

@@ -31,6 +31,8 @@ ERRORS = {
     "412": _json(ERROR, "If-Match does not match the current rules version"),
     "413": _json(ERROR, "Request body too large"),
     "422": _json(ERROR, "The rules do not validate; `field` names the first problem"),
+    "503": _json(ERROR, "The cluster's rules live in etcd, which cannot be reached now (the "
+                        "reason in `detail`; Retry-After)"),
 }
 AUTH_ERRORS = ("401", "403", "405")
 
@@ -183,19 +185,21 @@ def spec() -> dict[str, Any]:
                        {**_json(RULES_DOC, "the rules"), "headers": ETAG_HEADER}),
             "put": _op("Replace the whole rule list", {**_json(RULES_DOC, "the new rules"),
                                                        "headers": ETAG_HEADER},
-                       errors=("400", "409", "412", "413", "422"), params=[IF_MATCH], body=rules_put_body),
+                       errors=("400", "409", "412", "413", "422", "503"), params=[IF_MATCH],
+                       body=rules_put_body),
             "post": _op("Add one rule (at `position`, default: last)", _json(ONE_RULE, "added"),
-                        ok_code="201", errors=("400", "409", "412", "413", "422"), body=_ref("Rule"),
+                        ok_code="201", errors=("400", "409", "412", "413", "422", "503"),
+                        body=_ref("Rule"),
                         params=[IF_MATCH, {"name": "position", "in": "query", "required": False,
                                            "schema": {"type": "integer", "minimum": 0}}]),
         },
         "/api/v1/rules/{name}": {
             "get": _op("One rule", _json(ONE_RULE, "the rule"), errors=("404",), params=[RULE_NAME]),
             "put": _op("Replace one rule in place (or add it last)", _json(ONE_RULE, "replaced"),
-                       errors=("400", "409", "412", "413", "422"), params=[RULE_NAME, IF_MATCH],
+                       errors=("400", "409", "412", "413", "422", "503"), params=[RULE_NAME, IF_MATCH],
                        body=_ref("Rule"), extra={"201": _json(ONE_RULE, "added")}),
             "delete": _op("Delete one rule", _json({"type": "object"}, "deleted"),
-                          errors=("404", "409", "412", "422"), params=[RULE_NAME, IF_MATCH]),
+                          errors=("404", "409", "412", "422", "503"), params=[RULE_NAME, IF_MATCH]),
         },
         "/api/v1/resolve": {"get": _op(
             "Which rule an address matches, the decision and why", _json({"type": "object", "properties": {
@@ -205,12 +209,21 @@ def spec() -> dict[str, Any]:
             errors=("400",),
             params=[{"name": "address", "in": "query", "required": True,
                      "schema": {"type": "string", "minLength": 1}}])},
-        "/api/v1/cluster": {"get": _op("Every node's rules version and any divergence",
-                                       _json({"type": "object"}, "cluster view"))},
+        "/api/v1/cluster": {"get": _op(
+            "Every node's rules version and any divergence; the live members and the "
+            "coordinator (static, or etcd: healthy, revision, this node acting or fenced)",
+            _json({"type": "object", "properties": {
+                "members": {"type": "array", "items": {"type": "object", "required": [
+                    "id", "amqp", "admin", "lease_age_s"]}},
+                "coordinator": {"type": "object", "required": [
+                    "kind", "endpoints", "healthy", "revision"], "properties": {
+                        "kind": {"type": "string", "enum": ["etcd", "static"]}}}}},
+                "cluster view"))},
         "/api/v1/cluster/rules": {"post": _op(
-            "Node to node: offer a rules record (adopted if it wins and validates)",
+            "Node to node: offer a rules record (adopted if it wins and validates; static "
+            "clusters only: on etcd the record lives there, 409)",
             _json({"type": "object", "properties": {"accepted": {"type": "boolean"}}}, "result"),
-            errors=("400", "413", "422"), body=_ref("RulesRecord"), tag="cluster")},
+            errors=("400", "409", "413", "422"), body=_ref("RulesRecord"), tag="cluster")},
     }
     return {
         "openapi": "3.1.0",

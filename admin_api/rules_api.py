@@ -42,10 +42,12 @@ async def _change(request: web.Request, edit, *, rename: tuple[str, str] | None 
     try:
         return await manager.change(edit, request.headers.get("If-Match"))
     except VersionMismatch as exc:
+        etag = etag_of(exc.current)
         raise ApiError(412, "version_conflict",
                        f"If-Match {exc.expected} does not match the current rules "
-                       f"(version {exc.current.version}, ETag {etag_of(exc.current)})",
-                       field="If-Match", version=exc.current.version) from None
+                       f"(version {exc.current.version}, ETag {etag})",
+                       field="If-Match", version=exc.current.version, etag=etag,
+                       headers={"ETag": etag}) from None
     except RuleError as exc:
         raise invalid_rules(exc, rename=rename() if callable(rename) else rename) from None
 

@@ -421,6 +421,9 @@ def main() -> int:
     parser.add_argument("--python-path", action="store_true",
                         help="also run each round through a second node without the C fast path "
                              "(target 'python')")
+    parser.add_argument("--etcd", default=None, metavar="URL",
+                        help="the proxy node registers in this etcd ([cluster] etcd): the same "
+                             "runs with the cluster on etcd, to compare")
     parser.add_argument("--idle", type=int, default=10_000)
     parser.add_argument("--mirror", action="store_true",
                         help="idle clients share one upstream link (rule mirror_auto_delete)")

@@ -106,7 +106,10 @@ class ProxyNode:
             # RabbitMQ 4: the rule declares its queues (management node) on first use
             + "upstream = { " + ", ".join(
                 (["declare = true"] if primary and primary.name == "rabbitmq4" else [])
-                + ([f"pool_size = {args.pool_size}"] if args.pool_size != 1 else [])) + " }\n")
+                + ([f"pool_size = {args.pool_size}"] if args.pool_size != 1 else [])) + " }\n"
+            # --etcd: the node registers in etcd (issue #34); nothing of it is on a message's path
+            + (f'[cluster]\nname = "bench-{name}-{os.getpid()}"\netcd = ["{args.etcd}"]\n'
+               if getattr(args, "etcd", None) else ""))
         self.log_path = Path(self.tmp) / "node.log"
         self.proc = h.start_fedgate_node(self.port, Path(self.tmp) / "data", log_path=self.log_path,
                                          extra_args=["--config", str(config)], admin=self.admin,

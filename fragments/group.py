@@ -96,9 +96,12 @@ class FragmentGroup:
         rule = decision.rule
         self.rule = decision.rule
         self.remote_address = decision.remote_address or self.address
-        self.members = {m.key: m for m in rule.fragments}
-        self.draining = set(rule.draining)
         node_id = self.node.node_id
+        peer_url = self.node.routing.current.peer_url
+        # a peer with no URL is not a live member of a cluster on etcd: no fragment there now
+        self.members = {m.key: m for m in rule.fragments
+                        if m.peer is None or m.peer == node_id or peer_url(m.peer) is not None}
+        self.draining = set(rule.draining)
         self.local_key = node_id if node_id in self.members else None
         self.siblings = self._worker_fragments(rule)  # key -> the worker's socket URL
         if self.siblings:  # the node's fragment is one per worker; the other members stay
@@ -144,7 +147,7 @@ class FragmentGroup:
             return self.siblings[key], self.address, True
         member = self.members[key]
         if member.peer is not None:
-            url = self.node.config.peers[member.peer]
+            url = self.node.routing.current.peer_url(member.peer)
             return url, member.address or self.address, True
         return member.url, member.address or self.remote_address, False
 
@@ -380,6 +383,7 @@ class FragmentGroup:
             "draining": sorted(self.draining),
             "removed": self.removed,
             "depth": queue.depth if queue is not None else 0,
+            "unacked": queue.unacked if queue is not None else 0,  # delivered, not yet settled
             "enqueued": stats.enqueued if stats else 0,
             "served_locally": (stats.delivered - stolen_out) if stats else 0,
             "stolen_out": stolen_out,

@@ -46,7 +46,8 @@ async def _serve(config: config_mod.Config, worker=None) -> int:
 def _passed_on(args: argparse.Namespace) -> list[str]:
     """The command-line overrides a worker process gets from ``fedgate serve``."""
     passed = []
-    for flag in ("config", "admin", "node_id", "data_dir", "log_level"):
+    for flag in ("config", "admin", "node_id", "data_dir", "log_level", "advertise",
+                 "advertise_admin"):
         value = getattr(args, flag, None)
         if value is not None:
             passed += [f"--{flag.replace('_', '-')}", value]
@@ -57,11 +58,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = _load_config(
         args.config, listen=args.listen, admin=args.admin, node_id=args.node_id,
         data_dir=args.data_dir, log_level=args.log_level, workers=args.workers,
+        advertise=args.advertise, advertise_admin=args.advertise_admin,
     )
     logging.basicConfig(
         level=config.node.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from proxy.cluster import CoordinatorError
     from proxy.journal.journal import JournalError
 
     workers = config_mod.worker_count(config.node.workers)
@@ -73,6 +76,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return asyncio.run(_serve(config))
     except JournalError as exc:  # e.g. the data dir's journal is another node's
         print(f"fedgate: {exc}", file=sys.stderr)
+        return 1
+    except CoordinatorError as exc:  # etcd unreachable at start, or our node id is taken
+        print(f"fedgate: cluster: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"fedgate: cannot listen on {config.node.listen}: {exc}", file=sys.stderr)
@@ -90,7 +96,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from proxy.workers.worker import WorkerContext
 
     config = _load_config(args.config, listen=args.listen, admin=args.admin, node_id=args.node_id,
-                          data_dir=args.data_dir, log_level=args.log_level)
+                          data_dir=args.data_dir, log_level=args.log_level,
+                          advertise=args.advertise, advertise_admin=args.advertise_admin)
     logging.basicConfig(
         level=config.node.log_level.upper(),
         format=f"%(asctime)s %(levelname)s w{args.index} %(name)s: %(message)s",
@@ -103,10 +110,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
         channel=socket.socket(fileno=args.channel_fd),
         admin_token=os.environ.pop("FEDGATE_WORKER_TOKEN", ""))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
+    from proxy.cluster import CoordinatorError
+
     try:
         return asyncio.run(_serve(config, worker=worker))
     except JournalError as exc:
         print(f"fedgate: worker {args.index}: {exc}", file=sys.stderr)
+        return 1
+    except CoordinatorError as exc:
+        print(f"fedgate: worker {args.index}: cluster: {exc}", file=sys.stderr)
         return 1
 
 
@@ -179,10 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", choices=config_mod.LOG_LEVELS)
     serve.add_argument("--workers", type=_workers_flag,
                        help='worker processes behind the one listener: a number or "auto" (one per core)')
+    serve.add_argument("--advertise", help="[cluster] advertise: the AMQP URL other nodes and "
+                                           "clients reach this node by")
+    serve.add_argument("--advertise-admin", help="[cluster] advertise_admin: this node's admin URL "
+                                                 "as others reach it")
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("_worker")  # started by serve --workers N; not for people
-    for flag in ("--config", "--listen", "--admin", "--node-id", "--data-dir"):
+    for flag in ("--config", "--listen", "--admin", "--node-id", "--data-dir", "--advertise",
+                 "--advertise-admin"):
         worker.add_argument(flag)
     worker.add_argument("--log-level", choices=config_mod.LOG_LEVELS)
     worker.add_argument("--index", type=int, required=True)

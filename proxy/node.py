@@ -16,12 +16,24 @@ connection-count limits (total, per source IP) before a connection gets any
 state; ``admit_user`` applies the per-user limit when SASL succeeds;
 ``release`` forgets a closed connection. ``[[acl]]`` becomes the broker's
 ``authorize`` hook (``proxy.auth.acl``).
+
+The cluster (``proxy.cluster``, issue #34): the node builds its coordinator
+(static, or on etcd with ``[cluster] etcd``) and starts it before it listens:
+on etcd that registers the node (a live node with the same id fails the start)
+and brings the rules record kept there. Every change of the live members
+rebuilds the routing table with their URLs as peers and ``fragments = "*"``
+expanded to them (``build_ruleset``), and the open frame's
+``failover-server-list`` lists them. Stopping, a node marks itself draining
+while it still holds messages of ``"*"`` queues (at most ``drain_timeout``),
+then revokes its lease last. Nothing of this runs per message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+import json
 import logging
 import ssl
 from pathlib import Path
@@ -34,7 +46,8 @@ from proxy.auth.mechanisms import Authenticator
 from proxy.auth.users import UsersFile
 from proxy.broker import relay as anonymous_relay
 from proxy.broker.broker import Broker
-from proxy.config.rules_store import RulesStore
+from proxy.cluster import CoordinatorError, build_coordinator
+from proxy.config.rules_store import RecordError, RulesRecord, RulesStore
 from proxy.config.settings import Config
 from proxy.journal.journal import JournalError
 from proxy import plugins
@@ -43,7 +56,7 @@ from proxy.net.network import Network, TcpNetwork
 from proxy.queues.durable import open_journal, restore
 from proxy.queues.local import QueueRegistry
 from proxy.server import AmqpProtocol
-from routing import RoutingTable
+from routing import RoutingTable, RuleSet, RuleValidationError
 
 log = logging.getLogger("fedgate.node")
 
@@ -90,16 +103,18 @@ def offered_mechanisms(config: Config) -> tuple[str, ...]:
     return mechanisms
 
 
-def failover_properties(config: Config) -> dict | None:
-    """The open frame's ``failover-server-list`` (the other nodes in ``[peers]``),
-    in the form Qpid JMS and Dispatch Router read: a list of maps with
-    ``network-host``, ``port``, ``scheme`` and ``hostname``."""
+def failover_properties(config: Config, urls: list[str] | None = None) -> dict | None:
+    """The open frame's ``failover-server-list`` (the other nodes: ``urls``, the live members
+    on etcd, else those in ``[peers]``), in the form Qpid JMS and Dispatch Router read: a list
+    of maps with ``network-host``, ``port``, ``scheme`` and ``hostname``."""
     from urllib.parse import urlsplit
 
     from proton import symbol
 
     servers = []
-    for peer_id, url in sorted(config.peers.items()):
+    if urls is None:
+        urls = [url for _, url in sorted(config.peers.items())]
+    for url in urls:
         parts = urlsplit(url)
         servers.append({
             symbol("network-host"): parts.hostname,
@@ -127,6 +142,10 @@ class Node:
         self.network = network or TcpNetwork()
         self.node_id = config.node.id
         self.data_dir = Path(config.node.data_dir)
+        # static ([peers]) or on etcd: members, fencing, ownership (proxy.cluster)
+        self.coordinator = build_coordinator(config, worker_index=worker.index if worker else 0,
+                                             worker_count=worker.count if worker else 1)
+        self._routing_generation = 0
         # rules changed through the admin API (<data_dir>/rules.json) win over [[rules]]
         self.rules_store = RulesStore(self.data_dir)
         self.routing = RoutingTable(self.rules_store.initial_ruleset(config))
@@ -322,6 +341,122 @@ class Node:
         """An inspection view (``describe_fragments`` reads the one named ``fragments``)."""
         self.views[name] = describe
 
+    # -- the cluster (proxy.cluster) ----------------------------------------------------
+    def live_members(self) -> dict[str, bool]:
+        """Member id -> draining, this node included (``fragments = "*"``)."""
+        members = {m.id: m.draining for m in self.coordinator.members()}
+        members.setdefault(self.node_id, False)  # before it registers, or a worker that watches
+        return members
+
+    def peer_urls(self) -> dict[str, str]:
+        """``[peers]``, and on etcd every live member's AMQP URL (a live one wins)."""
+        peers = dict(self.config.peers)
+        if self.coordinator.kind == "etcd":
+            peers.update({m.id: m.amqp for m in self.coordinator.members() if m.id != self.node_id})
+        return peers
+
+    def build_ruleset(self, rules: list) -> RuleSet:
+        """Validate ``rules`` for this node as the cluster is now (RuleValidationError)."""
+        return RuleSet.build(rules, peers=self.peer_urls(), node_id=self.node_id,
+                             members=self.live_members(), open_peers=self.config.cluster.enabled)
+
+    def refresh_routing(self) -> None:
+        """Rebuild the routing table when the members it was built with have changed."""
+        current = self.routing.current
+        peers, members = self.peer_urls(), self.live_members()
+        if dict(current.peers) == peers and dict(current.members) == members:
+            return
+        rules = list(self.rules_store.current.rules)
+        self._routing_generation += 1
+        generation = self._routing_generation
+
+        def build() -> RuleSet | None:
+            try:
+                return RuleSet.build(rules, peers=peers, node_id=self.node_id, members=members,
+                                     open_peers=self.config.cluster.enabled)
+            except RuleValidationError as exc:
+                log.error("rules no longer valid with the cluster's members: %s", exc)
+                return None
+
+        if len(rules) < 100:
+            ruleset = build()
+            if ruleset is not None:
+                self.routing.replace(ruleset)
+            return
+
+        async def in_thread() -> None:  # a large rule set: the loop keeps serving (issue #21)
+            ruleset = await asyncio.to_thread(build)
+            if ruleset is not None and generation == self._routing_generation:
+                self.routing.replace(ruleset)
+        asyncio.get_running_loop().create_task(in_thread())
+
+    def _members_changed(self, members) -> None:
+        others = [m.amqp for m in members if m.id != self.node_id]
+        self.connection_settings = dataclasses.replace(
+            self.connection_settings, properties=failover_properties(self.config, others))
+        log.info("cluster members: %s", ", ".join(m.id for m in members) or "none")
+        self.refresh_routing()
+
+    async def _join_cluster(self) -> None:
+        coordinator = self.coordinator
+        if coordinator.kind != "etcd":
+            await coordinator.start()
+            return
+        coordinator.on_members(self._members_changed)
+        await coordinator.start()  # CoordinatorError: etcd unreachable, or our id is taken
+        self._adopt_cluster_rules()
+        self._members_changed(coordinator.members())
+
+    def _adopt_cluster_rules(self) -> None:
+        """At start: the rules record in etcd, when there is one, wins over the local one."""
+        value, _ = self.coordinator.rules_record()
+        if value is None:
+            return
+        try:
+            record = RulesRecord.from_dict(json.loads(value))
+        except (ValueError, RecordError) as exc:
+            log.error("the rules record in etcd is not one fedgate wrote (%s); serving the local "
+                      "rules", exc)
+            return
+        current = self.rules_store.current
+        if (record.version, record.digest) == (current.version, current.digest):
+            return
+        try:
+            ruleset = self.build_ruleset(list(record.rules))
+        except RuleValidationError as exc:
+            log.error("rules version %d in etcd do not validate here (%s); serving the local "
+                      "rules", record.version, exc)
+            return
+        self.rules_store.save(RulesRecord(record.version, record.updated_at, record.origin,
+                                          tuple(ruleset.to_list())))
+        self.routing.replace(ruleset)
+        log.info("rules version %d from etcd", record.version)
+
+    def _holds_every_member_fragments(self) -> bool:
+        every = self.routing.current.every_member_rules
+        return any(group.get("local") and group.get("rule") in every
+                   and group.get("depth", 0) + group.get("unacked", 0) > 0
+                   for group in self.describe_fragments())
+
+    async def _drain_before_leaving(self) -> None:
+        """Stopping on etcd with messages in fragments of "*" queues: marked draining, the other
+        members steal them (and take its producers) for at most ``drain_timeout``."""
+        coordinator, timeout = self.coordinator, self.config.cluster.drain_timeout
+        if coordinator.kind != "etcd" or not timeout or not coordinator.healthy \
+                or not self._holds_every_member_fragments():
+            return
+        try:
+            await coordinator.set_draining(True)
+        except CoordinatorError as exc:
+            log.warning("could not mark this node draining: %s", exc)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._holds_every_member_fragments() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        left = sum(g.get("depth", 0) for g in self.describe_fragments() if g.get("local"))
+        log.info("drained for leaving: %d messages left in local fragments", left)
+
     def describe_fragments(self) -> list[dict]:
         describe = self.views.get("fragments")
         return list(describe()) if describe is not None else []
@@ -349,6 +484,7 @@ class Node:
         loop = asyncio.get_running_loop()
         self._recover_durable_queues(loop)
         self.exchanges.start()
+        await self._join_cluster()
         worker = self.worker
         if worker is not None:  # links forwarded by the other workers come on our Unix socket
             path = worker.socket_path(worker.index)
@@ -395,6 +531,7 @@ class Node:
         if self._output_timer is not None:
             self._output_timer.cancel()
             self._output_timer = None
+        await self._drain_before_leaving()
         for service in reversed(self.services):
             await service.stop()
         if self.server is not None:
@@ -418,6 +555,7 @@ class Node:
                 log.error("journal: %s", exc)
         if self.server is not None:
             await self.server.wait_closed()
+        await self.coordinator.stop()  # last: a member until it no longer serves
         log.info("fedgate node %s stopped", self.node_id)
 
     def _adopting_server(self):

@@ -28,6 +28,7 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
+from .declare import QUEUE_TYPES, QueueDeclare, parse_declare as _parse_declare  # noqa: F401
 from .errors import RuleError
 from .patterns import Pattern, compile_pattern
 from .templates import Template, compile_template
@@ -94,52 +95,6 @@ def _unknown_keys(d: Mapping, allowed: tuple[str, ...], prefix: str) -> list[Rul
 
 # --------------------------------------------------------------------------
 # UpstreamOptions
-
-QUEUE_TYPES = ("classic", "quorum", "stream")
-
-
-@dataclass(frozen=True)
-class QueueDeclare:
-    """What a proxy rule declares on a RabbitMQ 4 primary before it uses a ``/queues/``
-    address (``upstream.declare``): the queue's type, durability and arguments."""
-
-    type: str = "classic"
-    durable: bool = True
-    arguments: tuple[tuple[str, Any], ...] = ()  # x-arguments, as sorted pairs (hashable)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type, "durable": self.durable}
-        if self.arguments:
-            out["arguments"] = dict(self.arguments)
-        return out
-
-
-def _parse_declare(d: object, p: str) -> tuple[QueueDeclare | None, list[RuleError]]:
-    if d is True:
-        return QueueDeclare(), []
-    if not isinstance(d, Mapping):
-        return None, [RuleError(p, f"expected a table (type, durable, arguments) or true, got {_type_name(d)}")]
-    problems = _unknown_keys(d, ("type", "durable", "arguments"), p)
-    kind = d.get("type", "classic")
-    if kind not in QUEUE_TYPES:
-        problems.append(RuleError(f"{p}.type", f"one of {', '.join(QUEUE_TYPES)}, got {kind!r}"))
-    durable = d.get("durable", True)
-    if not isinstance(durable, bool):
-        problems.append(RuleError(f"{p}.durable", f"expected true or false, got {durable!r}"))
-    arguments = d.get("arguments", {})
-    if not isinstance(arguments, Mapping) or not all(isinstance(k, str) for k in arguments):
-        problems.append(RuleError(f"{p}.arguments", "expected a table of x-arguments"))
-    elif "x-queue-type" in arguments:
-        problems.append(RuleError(f"{p}.arguments", "give the queue type as declare.type"))
-    else:
-        for key, value in arguments.items():
-            if not isinstance(value, (str, int, float, bool)):
-                problems.append(RuleError(f"{p}.arguments.{key}", "expected a string, number or boolean"))
-    if problems:
-        return None, problems
-    return QueueDeclare(kind, durable, tuple(sorted(arguments.items()))), []
-
-
 
 def _upstream_problems(u: Any, p: str) -> list[RuleError]:
     problems: list[RuleError] = []
@@ -412,8 +367,10 @@ def _rule_problems(r: Any, p: str) -> list[RuleError]:
             bad("fragments", "expected a tuple of FragmentMember")
         else:
             members = r.fragments
-            if known and kind == "fragmented" and not members:
+            if known and kind == "fragmented" and not members and not r.every_member:
                 bad("fragments", "kind 'fragmented' needs at least one member")
+            if known and kind != "fragmented" and r.every_member:
+                bad("fragments", f"not allowed for kind {kind!r}")
             if known and kind != "fragmented" and members:
                 bad("fragments", f"not allowed for kind {kind!r}")
             seen: dict[FragmentMember, int] = {}
@@ -488,6 +445,8 @@ class Rule:
     dead_letter: str | None = None
     max_depth: int | None = None
     durable: bool = False
+    # fragments = "*": one fragment on every live member of the cluster (RuleSet.build expands it)
+    every_member: bool = False
     # Compiled forms, derived from match/remote.
     pattern: Pattern = field(init=False, repr=False, compare=False)
     template: Template = field(init=False, repr=False, compare=False)
@@ -526,6 +485,9 @@ class Rule:
             default = f.default_factory() if f.default_factory is not _MISSING else f.default
             if value == default:
                 continue
+            if f.name == "every_member":
+                out["fragments"] = "*"
+                continue
             if f.name == "upstream":
                 value = value.to_dict()
             elif f.name == "fragments":
@@ -536,7 +498,7 @@ class Rule:
         return out
 
 
-_RULE_KEYS = tuple(f.name for f in fields(Rule) if f.init)
+_RULE_KEYS = tuple(f.name for f in fields(Rule) if f.init and f.name != "every_member")
 _RULE_DEFAULTS = {
     f.name: (f.default_factory() if f.default_factory is not _MISSING else f.default)
     for f in fields(Rule)
@@ -571,7 +533,9 @@ def parse_rule(d: object, *, index: int | None = None) -> tuple[Rule | None, lis
 
     if "fragments" in values:
         raw = values["fragments"]
-        if isinstance(raw, (list, tuple)):
+        if raw == "*":
+            values["fragments"], values["every_member"] = (), True
+        elif isinstance(raw, (list, tuple)):
             parsed = []
             for i, obj in enumerate(raw):
                 member, ps = _parse_member(obj, f"{p}.fragments[{i}]")
@@ -580,7 +544,7 @@ def parse_rule(d: object, *, index: int | None = None) -> tuple[Rule | None, lis
             values["fragments"] = _BAD if None in parsed else tuple(parsed)
         else:
             problems.append(
-                RuleError(f"{p}.fragments", f"expected an array, got {_type_name(raw)}")
+                RuleError(f"{p}.fragments", f"expected an array or \"*\", got {_type_name(raw)}")
             )
             values["fragments"] = _BAD
 

@@ -9,11 +9,19 @@ patterns live in a dict (address -> first rule index) and only wildcard
 rules placed *before* that index are tried, each a precompiled regex.
 Because a RuleSet never changes, decisions are memoised per address in a
 small bounded dict.
+
+Cluster membership (issue #34) enters through two arguments of ``build``:
+``members`` (the live members, id -> draining) expands ``fragments = "*"``
+into one member per live node, draining ones listed in ``draining``; the set
+keeps the rules as written for ``to_list`` and resolves with the expanded
+ones. ``open_peers`` (a cluster on etcd, where peers come and go) lets a rule
+name a peer that is not live now: ``peer_url`` is then None for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -21,7 +29,7 @@ from .decision import DEFAULT_REASON, Decision
 from .errors import RuleError, RuleValidationError
 from .index import PrefixIndex, literal_prefix
 from .patterns import pattern_covers
-from .rules import Rule, is_amqp_url, parse_rule
+from .rules import FragmentMember, Rule, is_amqp_url, parse_rule
 
 __all__ = ["RuleSet"]
 
@@ -31,19 +39,27 @@ _CACHE_SIZE = 4096
 class RuleSet:
     """Validated rules + peers; build with :meth:`RuleSet.build`."""
 
-    __slots__ = ("_rules", "_peers", "_node_id", "_exact", "_index", "_cache")
+    __slots__ = ("_rules", "_written", "_every", "_members", "_peers", "_node_id", "_exact",
+                 "_index", "_cache")
 
     def __init__(
         self,
         rules: Iterable[Rule] = (),
         peers: Mapping[str, str] | None = None,
         node_id: str | None = None,
+        members: Mapping[str, bool] | None = None,
     ) -> None:
         """Assemble without whole-set validation; prefer :meth:`build`."""
         rules = tuple(rules)
         for r in rules:
             if not isinstance(r, Rule):
                 raise TypeError(f"expected Rule, got {type(r).__name__}")
+        self._written: tuple[Rule, ...] = rules
+        self._every = frozenset(r.name for r in rules if r.every_member)
+        if members is None:
+            members = dict.fromkeys([node_id, *(peers or {})] if node_id else list(peers or {}), False)
+        self._members: Mapping[str, bool] = MappingProxyType(dict(members))
+        rules = tuple(expand_every_member(r, self._members) if r.every_member else r for r in rules)
         self._rules: tuple[Rule, ...] = rules
         self._peers: Mapping[str, str] = MappingProxyType(dict(peers or {}))
         self._node_id = node_id
@@ -67,8 +83,15 @@ class RuleSet:
         *,
         peers: Mapping[str, str] | None = None,
         node_id: str | None = None,
+        members: Mapping[str, bool] | None = None,
+        open_peers: bool = False,
     ) -> "RuleSet":
-        """Validate everything; raise ``RuleValidationError`` with all problems."""
+        """Validate everything; raise ``RuleValidationError`` with all problems.
+
+        ``members``: live cluster members (id -> draining) for ``fragments = "*"``
+        (default: this node and every peer, none draining); ``open_peers``: a peer id
+        that is not in ``peers`` is no error (peers come from the cluster's members).
+        """
         peers = dict(peers or {})
         problems = _peer_problems(peers)
         parsed: list[Rule | None] = []
@@ -79,10 +102,10 @@ class RuleSet:
             rule, rule_problems = parse_rule(item, index=i)
             problems += rule_problems
             parsed.append(rule)
-        problems += _cross_rule_problems(parsed, peers, node_id)
+        problems += _cross_rule_problems(parsed, peers, node_id, open_peers)
         if problems:
             raise RuleValidationError(problems)
-        return cls(parsed, peers, node_id)  # type: ignore[arg-type]
+        return cls(parsed, peers, node_id, members)  # type: ignore[arg-type]
 
     @classmethod
     def empty(
@@ -100,6 +123,16 @@ class RuleSet:
     @property
     def peers(self) -> Mapping[str, str]:
         return self._peers
+
+    @property
+    def every_member_rules(self) -> frozenset[str]:
+        """Names of the rules written with ``fragments = "*"``."""
+        return self._every
+
+    @property
+    def members(self) -> Mapping[str, bool]:
+        """The live members ``fragments = "*"`` was expanded with (id -> draining)."""
+        return self._members
 
     @property
     def node_id(self) -> str | None:
@@ -130,8 +163,8 @@ class RuleSet:
         return self._peers.get(ref)
 
     def to_list(self) -> list[dict[str, Any]]:
-        """The rules as JSON-serialisable dicts (input for ``build``)."""
-        return [r.to_dict() for r in self._rules]
+        """The rules as written, as JSON-serialisable dicts (input for ``build``)."""
+        return [r.to_dict() for r in self._written]
 
     # ---------------------------------------------------------------- resolve
 
@@ -189,8 +222,22 @@ def _peer_problems(peers: Mapping[str, str]) -> list[RuleError]:
     return problems
 
 
+def expand_every_member(rule: Rule, members: Mapping[str, bool]) -> Rule:
+    """``fragments = "*"``: one fragment per live member (sorted ids); members marked
+    draining join the rule's own ``draining``, unless every member would be draining."""
+    ids = sorted(members)
+    draining = [d for d in rule.draining if d in members]
+    draining += [m for m in ids if members[m] and m not in draining]
+    if len(draining) >= len(ids):
+        draining = []  # nobody left to take the messages: every fragment keeps serving
+    return replace(rule, fragments=tuple(FragmentMember(peer=m) for m in ids),
+                   draining=tuple(draining), prefer=tuple(p for p in rule.prefer if p in members),
+                   every_member=False)
+
+
 def _cross_rule_problems(
-    parsed: list[Rule | None], peers: Mapping[str, str], node_id: str | None
+    parsed: list[Rule | None], peers: Mapping[str, str], node_id: str | None,
+    open_peers: bool = False,
 ) -> list[RuleError]:
     """Duplicate names, unknown peers, shadowed rules (``None`` = invalid rule)."""
     problems: list[RuleError] = []
@@ -215,7 +262,11 @@ def _cross_rule_problems(
 
         primary = rule.primary
         if primary is not None and not is_amqp_url(primary):
-            if primary not in peers:
+            if primary not in peers and open_peers:
+                if primary == node_id and rule.kind == "proxy":
+                    add("primary", f"{primary!r} is this node: a proxy to itself would loop")
+                # else a cluster member that may join later (peer_url is None until then)
+            elif primary not in peers:
                 add(
                     "primary",
                     f"unknown peer {primary!r} (not a URL nor a key of peers{_known(peers)})",
@@ -224,7 +275,8 @@ def _cross_rule_problems(
                 add("primary", f"{primary!r} is this node: a proxy to itself would loop")
 
         for k, member in enumerate(rule.fragments):
-            if member.peer is not None and member.peer != node_id and member.peer not in peers:
+            if member.peer is not None and member.peer != node_id and member.peer not in peers \
+                    and not open_peers:
                 add(
                     f"fragments[{k}]",
                     f"unknown peer {member.peer!r} (not this node's id {node_id!r} "

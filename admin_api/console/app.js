@@ -104,6 +104,42 @@ function renderNode(node, cluster) {
   const notes = [];
   if (cluster.rejected) notes.push(`rejected version ${cluster.rejected.version} from ${cluster.rejected.from}: ${cluster.rejected.detail}`);
   $('#cluster-note').textContent = notes.join(' ');
+  renderCluster(node, cluster);
+}
+
+// Where the cluster's state lives (static, or etcd: healthy? this node acting or fenced?)
+// and its live members, as `fedgate status` prints them.
+function renderCluster(node, cluster) {
+  const c = cluster.coordinator || { kind: 'static' };
+  const line = $('#coordinator');
+  line.replaceChildren();
+  const tag = (text, kind) => {
+    const span = document.createElement('span');
+    span.className = `badge ${kind}`;
+    span.textContent = text;
+    return span;
+  };
+  if (c.kind !== 'etcd') {
+    line.append('static ([peers]; no etcd)');
+  } else {
+    const lease = c.lease || {};
+    line.append(`etcd cluster ${c.name} at ${c.endpoint || (c.endpoints || []).join(', ')}, revision ${c.revision} `,
+      c.healthy ? tag('healthy', 'good') : tag('unreachable', 'bad'), ' ',
+      c.acting ? tag('acting', 'good') : tag('fenced', 'bad'));
+    const details = [];
+    if (lease.ttl) details.push(`lease ttl ${lease.ttl} s, renewed ${lease.renewed_s_ago} s ago`);
+    if (!c.healthy && c.last_error) details.push(`${c.last_error} (reconnecting, attempt ${c.reconnects})`);
+    if (c.error) details.push(c.error);
+    if (details.length) line.append(` ${details.join('; ')}`);
+  }
+  fill('members', (cluster.members || []).map((m) => [
+    cell(m.id === node.id ? `${m.id} (this node)` : m.id),
+    cell(m.amqp, 'mono'),
+    cell(m.admin || '', 'mono'),
+    cell(m.workers),
+    cell(m.lease_age_s === null || m.lease_age_s === undefined ? '-' : `${m.lease_age_s.toFixed(1)} s`),
+    m.draining ? badge('draining', 'warn') : badge('live', 'good'),
+  ]), 'no members');
 }
 
 // Line charts into an <svg>. Each series is a polyline with data-peak (its largest value,

@@ -282,6 +282,9 @@ class ClientHandler:
             raise LinkRefused(UNAUTHORIZED, f"address {address!r} denied: {decision.reason}")
         if decision.kind not in ("local", "proxy") and decision.kind not in self.broker.kind_handlers:
             raise LinkRefused(NOT_IMPLEMENTED, f"{decision.kind} addresses are not served yet: {decision.reason}")
+        if decision.kind == "proxy" and decision.primary_url is None:  # a cluster on etcd
+            raise LinkRefused(NOT_FOUND, f"peer {decision.primary!r} of {decision.reason} is not a "
+                                         "live member of the cluster")
         return decision
 
     def _temporary_queue(self) -> LocalQueue:

@@ -133,7 +133,8 @@ class RulesStore:
             self.current = RulesRecord(0, 0.0, config.node.id, tuple(ruleset.to_list()))
             return ruleset
         try:
-            ruleset = RuleSet.build(list(record.rules), peers=config.peers, node_id=config.node.id)
+            ruleset = RuleSet.build(list(record.rules), peers=config.peers, node_id=config.node.id,
+                                    open_peers=config.cluster.enabled)
         except RuleValidationError as exc:
             first = exc.problems[0]
             raise ConfigError(f"{self.path}: {first.field}",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.auth.acl import AclEntry
+from proxy.config.cluster import ClusterSection
 from proxy.config.errors import ConfigError
 from routing import RuleSet, RuleValidationError
 from routing.errors import RuleError
@@ -327,6 +328,7 @@ class Config:
     websocket: WebSocketSection = field(default_factory=WebSocketSection)
     queues: QueuesSection = field(default_factory=QueuesSection)
     journal: JournalSection = field(default_factory=JournalSection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)  # [cluster]: static or etcd
     queue: tuple[QueueDecl, ...] = ()
     rules: tuple[dict, ...] = ()
     acl: tuple[AclEntry, ...] = ()  # [[acl]]: when any is given, what none allows is denied
@@ -343,7 +345,9 @@ class Config:
         return parse_hostport(self.admin.listen, "admin.listen")
 
     def ruleset(self) -> RuleSet:
-        return RuleSet.build(list(self.rules), peers=self.peers, node_id=self.node.id)
+        # with etcd, peers come and go: a rule may name one that is not live (yet)
+        return RuleSet.build(list(self.rules), peers=self.peers, node_id=self.node.id,
+                             open_peers=self.cluster.enabled)
 
     def resolve_path(self, path: str) -> Path:
         """Relative paths in a config file are relative to that file's directory."""
@@ -362,6 +366,7 @@ _SECTIONS = {
     "websocket": WebSocketSection,
     "queues": QueuesSection,
     "journal": JournalSection,
+    "cluster": ClusterSection,
 }
 
 
@@ -470,6 +475,9 @@ def from_dict(raw: dict, *, source: str | None = None) -> Config:
 
 
 def _check_across_sections(config: Config) -> None:
+    if config.cluster.enabled and config.cluster.advertise is None and config.listen[1] == 0:
+        raise ConfigError("cluster.advertise", "with etcd, [node] listen needs a fixed port "
+                          "(other nodes find this one by it), or set advertise")
     mechanisms = config.sasl.mechanisms
     if "EXTERNAL" in mechanisms and (config.tls is None or not config.tls.ca):
         raise ConfigError("sasl.mechanisms", "EXTERNAL needs [tls] with a 'ca' to verify client certificates")
@@ -487,7 +495,8 @@ def load(path: str | Path) -> Config:
 
 
 def apply_overrides(config: Config, **flags: Any) -> Config:
-    """Command-line flags win over the file: listen, admin, node_id, data_dir, log_level."""
+    """Command-line flags win over the file: listen, admin, node_id, data_dir, log_level,
+    workers, advertise, advertise_admin."""
     node = config.node
     node_changes = {
         key: flags[flag]
@@ -502,4 +511,10 @@ def apply_overrides(config: Config, **flags: Any) -> Config:
     if flags.get("admin") is not None:
         admin = dataclasses.replace(admin, listen=flags["admin"])
         admin.check("admin")
-    return dataclasses.replace(config, node=node, admin=admin)
+    cluster = config.cluster
+    cluster_changes = {key: flags[key] for key in ("advertise", "advertise_admin")
+                       if flags.get(key) is not None}
+    if cluster_changes:
+        cluster = dataclasses.replace(cluster, **cluster_changes)
+        cluster.check("cluster")
+    return dataclasses.replace(config, node=node, admin=admin, cluster=cluster)

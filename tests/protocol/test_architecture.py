@@ -25,7 +25,7 @@ LAYERS = [
     ["routing"],
     ["proxy.net", "proxy.journal", "proxy.auth", "proxy.metrics"],
     ["proxy.amqp", "proxy.config"],
-    ["proxy.upstream", "proxy.queues"],
+    ["proxy.upstream", "proxy.queues", "proxy.cluster"],
     ["proxy.links"],
     ["proxy.exchanges"],
     ["proxy.broker"],
