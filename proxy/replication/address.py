@@ -59,6 +59,10 @@ class ReplicationSettings:
                    durable=rule.durable, catchup_timeout=rule.catchup_timeout)
 
 
+class PromoteRefused(Exception):
+    """A promote request that would lose messages or cannot be done; the message says why."""
+
+
 class PendingLink(engine.ClientLinkEndpoint):
     """A client's link while the queue's owner is not known: attached, no credit, no messages."""
 
@@ -354,8 +358,6 @@ class ReplicatedAddress:
 
     async def promote(self, *, force: bool) -> dict:
         """An operator makes this node the primary (docs/replication.md: without etcd)."""
-        from .service import PromoteRefused
-
         if self.primary is not None and not self.primary.fenced:
             return self.describe()
         backup = self.backup

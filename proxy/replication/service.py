@@ -34,16 +34,12 @@ import logging
 
 from uhashring import HashRing
 
-from .address import ReplicatedAddress, ReplicationSettings
+from .address import PromoteRefused, ReplicatedAddress, ReplicationSettings
 
 log = logging.getLogger("fedgate.replication")
 
 OWNERS = "queue/"  # coordinator resources: queue/<address>
 STATE = "replication/"  # coordinator state: replication/<address> -> the ISR record
-
-
-class PromoteRefused(Exception):
-    """A promote request that would lose messages or cannot be done; the message says why."""
 
 
 class ReplicationService:
