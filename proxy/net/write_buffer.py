@@ -85,5 +85,13 @@ class WriteBuffer:
             self._protocol.resume_writing()  # last: it may write (module note)
 
     def drop(self) -> None:
-        """The connection is gone: what waits will never be sent."""
+        """The connection is gone: what waits will never be sent. The buffer lets go of the
+        transport (``send`` is its method) and the protocol, so a closed connection is freed
+        at once, not at the garbage collector's next pass (issue #21)."""
         self._data = None
+        self._send = _gone
+        self._protocol = None
+
+
+def _gone(data) -> int:
+    raise OSError("the connection is closed")
