@@ -251,9 +251,9 @@ class ProxyConsumer(_ProxyEndpoint):
     def sync_credit(self) -> None:
         up = self.up_ptr
         if up is None or not self.up_attached:
-            if self.drain_requested and not self.held:
-                self._answer_drain()  # the primary is out of reach: nothing comes for now
-            return
+            if self.drain_requested and pn_link_credit(self.link_ptr) == 0:
+                self._answer_drain()  # nothing to wait for (§2.6.7: no credit to use up)
+            return  # otherwise the drain goes to the primary once our link there is attached
         client_credit = pn_link_credit(self.link_ptr) if self.handler.can_send(self) else 0
         if client_credit > FIRST_WINDOW and not pn_link_get_drain(self.link_ptr):
             # at most a window on the way from the primary, whatever credit the client
