@@ -150,7 +150,7 @@ QUEUE_COLUMNS = [("name", "name"), ("depth", "depth"), ("unacked", "unacked"),
                  ("max_depth", "max_depth"), ("max_bytes", "max_bytes"), ("temporary", "temporary")]
 CONNECTION_COLUMNS = [("id", "id"), ("peer", "peer"), ("user", "user"), ("mechanism", "mechanism"),
                       ("links", "links"), ("sent", "sent"), ("received", "received"),
-                      ("stalled s", "output_stalled_s")]
+                      ("stalled_s", "output_stalled_s")]
 RULE_COLUMNS = [("name", "name"), ("match", "match"), ("kind", "kind"), ("primary", "primary"),
                 ("remote", "remote")]
 

@@ -224,9 +224,10 @@ def test_fedgate_status_connections_and_rules_as_json_and_a_live_connection(star
     table = run_fedgate("connections", *where)
     assert table.returncode == 0, table.stderr
     heading, row = table.stdout.splitlines()
-    assert heading.split() == ["ID", "PEER", "USER", "MECHANISM", "LINKS", "SENT", "RECEIVED"]
+    assert heading.split() == ["ID", "PEER", "USER", "MECHANISM", "LINKS", "SENT", "RECEIVED",
+                               "STALLED_S"]
     assert row.split() == [str(conn["id"]), conn["peer"], conn["user"] or "-",
-                           conn["mechanism"] or "-", "1", "0", "0"]
+                           conn["mechanism"] or "-", "1", "0", "0", "0.0"]
 
     status = json_of("status")
     assert status["node"]["id"] == "n1" and status["node"]["url"] == node.url
