@@ -126,25 +126,28 @@ def failover_properties(config: Config, urls: list[str] | None = None) -> dict |
 
 
 def build_node(config: Config, *, network: Network | None = None, services=None,
-               worker=None) -> "Node":
+               worker=None, coordinator=None) -> "Node":
     """A node as ``fedgate serve`` runs it: every ``fedgate.services`` plug-in (or those
     named in ``services``), on ``network`` (default: TCP); ``worker`` (a
-    ``proxy.workers.worker.WorkerContext``) when it is one worker process of a node."""
+    ``proxy.workers.worker.WorkerContext``) when it is one worker process of a node;
+    ``coordinator`` instead of the one the config says (playbooks: etcd in memory)."""
     return Node(config, network=network,
-                service_factories=plugins.load("fedgate.services", services), worker=worker)
+                service_factories=plugins.load("fedgate.services", services), worker=worker,
+                coordinator=coordinator)
 
 
 class Node:
     def __init__(self, config: Config, *, network: Network | None = None,
-                 service_factories=(), worker=None) -> None:
+                 service_factories=(), worker=None, coordinator=None) -> None:
         self.config = config
         self.worker = worker  # proxy.workers.worker.WorkerContext, or None: a single process
         self.network = network or TcpNetwork()
         self.node_id = config.node.id
         self.data_dir = Path(config.node.data_dir)
         # static ([peers]) or on etcd: members, fencing, ownership (proxy.cluster)
-        self.coordinator = build_coordinator(config, worker_index=worker.index if worker else 0,
-                                             worker_count=worker.count if worker else 1)
+        self.coordinator = coordinator or build_coordinator(
+            config, worker_index=worker.index if worker else 0,
+            worker_count=worker.count if worker else 1)
         self._routing_generation = 0
         # rules changed through the admin API (<data_dir>/rules.json) win over [[rules]]
         self.rules_store = RulesStore(self.data_dir)
@@ -172,7 +175,8 @@ class Node:
             self.queues.declare(name, **queue_options(name))
         engine.partial_transfers.memory = self.queues.memory  # incomplete transfers count too
         # the journal of durable queues (opened, and the queues refilled, by start)
-        wanted = defaults.durable or any(q.durable for q in config.queue)
+        wanted = defaults.durable or any(q.durable for q in config.queue) or any(
+            r.durable for r in self.routing.current.rules if r.kind == "replicated")
         journal_dir = self.data_dir / "journal"
         if worker is not None and worker.count > 1:  # each worker journals the queues it owns
             journal_dir = self.data_dir / "workers" / str(worker.index) / "journal"

@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .declare import QUEUE_TYPES, QueueDeclare, parse_declare as _parse_declare  # noqa: F401
+from .replication import replication_problems
 from .errors import RuleError
 from .patterns import Pattern, compile_pattern
 from .templates import Template, compile_template
@@ -43,7 +44,7 @@ __all__ = [
     "parse_rule",
 ]
 
-KINDS = ("local", "proxy", "fragmented", "deny")
+KINDS = ("local", "proxy", "fragmented", "replicated", "deny")
 ON_CHANGE = ("keep", "redirect")
 MAX_POOL_SIZE = 16
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -336,7 +337,7 @@ def _rule_problems(r: Any, p: str) -> list[RuleError]:
         bad("primary", msg)
     if known and kind == "proxy" and primary is None:
         bad("primary", "required for kind 'proxy' (a URL or a peer id)")
-    if known and kind in ("local", "deny") and primary is not None:
+    if known and kind in ("local", "deny", "replicated") and primary is not None:
         bad("primary", f"not allowed for kind {kind!r}")
 
     if not isinstance(r.remote, str):
@@ -346,13 +347,13 @@ def _rule_problems(r: Any, p: str) -> list[RuleError]:
             compile_template(r.remote, pattern.wildcards if pattern else None)
         except RuleError as exc:
             bad("remote", exc.detail)
-        if known and kind in ("local", "deny") and r.remote != "{address}":
+        if known and kind in ("local", "deny", "replicated") and r.remote != "{address}":
             bad("remote", f"not allowed for kind {kind!r} (only proxy/fragmented)")
 
     if r.upstream is not _BAD:
         if not isinstance(r.upstream, UpstreamOptions):
             bad("upstream", f"expected UpstreamOptions, got {_type_name(r.upstream)}")
-        elif known and kind in ("local", "deny") and not r.upstream.is_default:
+        elif known and kind in ("local", "deny", "replicated") and not r.upstream.is_default:
             bad("upstream", f"not allowed for kind {kind!r} (only proxy/fragmented)")
         elif (r.upstream.declare is not None and isinstance(r.remote, str)
               and not r.remote.startswith("/queues/")):
@@ -416,13 +417,15 @@ def _rule_problems(r: Any, p: str) -> list[RuleError]:
         elif known and kind != "local":
             bad("dead_letter", f"only allowed for kind 'local', not {kind!r}")
 
+    replication_problems(r, kind, known, bad)
+
     if r.max_depth is not None:
         if not _is_int(r.max_depth):
             bad("max_depth", f"expected an integer, got {r.max_depth!r}")
         elif r.max_depth <= 0:
             bad("max_depth", f"must be > 0, got {r.max_depth}")
-        elif known and kind not in ("local", "fragmented"):
-            bad("max_depth", f"only allowed for kinds 'local' and 'fragmented', not {kind!r}")
+        elif known and kind not in ("local", "fragmented", "replicated"):
+            bad("max_depth", f"only for kinds 'local', 'fragmented' and 'replicated', not {kind!r}")
     return problems
 
 
@@ -445,6 +448,11 @@ class Rule:
     dead_letter: str | None = None
     max_depth: int | None = None
     durable: bool = False
+    # replicated queues and fragments (routing.replication, docs/replication.md)
+    replicas: int | None = None
+    nodes: tuple[str, ...] = ()
+    min_in_sync: int = 1
+    catchup_timeout: float = 10.0
     # fragments = "*": one fragment on every live member of the cluster (RuleSet.build expands it)
     every_member: bool = False
     # Compiled forms, derived from match/remote.
@@ -452,7 +460,7 @@ class Rule:
     template: Template = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("fragments", "prefer", "draining"):  # accept lists for convenience
+        for name in ("fragments", "prefer", "draining", "nodes"):  # accept lists for convenience
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = _rule_problems(self, rule_prefix({"name": self.name}, None))
@@ -492,7 +500,7 @@ class Rule:
                 value = value.to_dict()
             elif f.name == "fragments":
                 value = [m.to_obj() for m in value]
-            elif f.name in ("prefer", "draining"):
+            elif f.name in ("prefer", "draining", "nodes"):
                 value = list(value)
             out[f.name] = value
         return out
@@ -548,7 +556,7 @@ def parse_rule(d: object, *, index: int | None = None) -> tuple[Rule | None, lis
             )
             values["fragments"] = _BAD
 
-    for key in ("prefer", "draining"):
+    for key in ("prefer", "draining", "nodes"):
         if key in values:
             raw = values[key]
             if isinstance(raw, (list, tuple)):

@@ -319,7 +319,8 @@ class ClientHandler:
             self.attach_proxy_consumer(link, upstream, decision.remote_address, rule=decision.rule)
             return
         _refuse_filters(remote, f"{decision.kind} queue")
-        if remote.distribution_mode == Terminus.DIST_MODE_COPY:
+        if remote.distribution_mode == Terminus.DIST_MODE_COPY and not getattr(extension, "browsable",
+                                                                               False):
             if extension is not None:
                 raise LinkRefused(NOT_IMPLEMENTED, f"{remote.address!r} is a {decision.kind} "
                                                    "queue: it cannot be browsed (distribution-mode copy)")

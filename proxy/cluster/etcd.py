@@ -179,27 +179,41 @@ class EtcdCoordinator:
         kv = self.view.rules
         return (kv.value, kv.mod_revision) if kv is not None else (None, 0)
 
-    async def claim(self, resource: str, *, only_if_owner_gone: bool = True) -> Claim | None:
+    async def claim(self, resource: str, *, only_if_owner_gone: bool = True,
+                    require_state: dict[str, bytes | None] | None = None,
+                    put_state: dict[str, bytes] | None = None,
+                    epoch_at_least: int = 0) -> Claim | None:
+        """Also: only while each ``require_state`` key holds that value (None: absent), writing
+        ``put_state`` in the same transaction; the epoch at least ``epoch_at_least``."""
         owner_key, epoch_key = self.keys.owner(resource), self.keys.epoch(resource)
+        required = {self.keys.state(k): v for k, v in (require_state or {}).items()}
         for _ in range(CLAIM_ATTEMPTS):
             self._must_act(f"claim {resource}")
             lease = self.keeper.lease_id
-            reading = await self._txn([], [Get(owner_key), Get(epoch_key)], [], "claim")
-            owner, epoch = reading.gets
+            reading = await self._txn([], [Get(owner_key), Get(epoch_key),
+                                           *(Get(key) for key in required)], [], "claim")
+            owner, epoch, *states = reading.gets
             if owner is not None:
                 held = parse_claim(owner.value)
                 if held is not None and owner.lease == lease:
                     return held  # ours already, under our current lease
                 if only_if_owner_gone:
                     return None
-            number = int(epoch.value) + 1 if epoch is not None else 1
+            if any((kv.value if kv is not None else None) != value
+                   for kv, value in zip(states, required.values())):
+                return None  # what the claim was conditional on has changed
+            number = max(int(epoch.value) + 1 if epoch is not None else 1, epoch_at_least)
             claim = Claim(resource, self.node_id, number)
             value = claim_value(claim)
             self._must_act(f"claim {resource}")
+            compares = [Compare(epoch_key, "mod", epoch.mod_revision if epoch else 0),
+                        Compare(owner_key, "mod", owner.mod_revision if owner else 0)]
+            compares += [Compare(key, "value", want) if want is not None else Compare(key, "create", 0)
+                         for key, want in required.items()]
+            puts = [Put(self.keys.state(k), bytes(v)) for k, v in (put_state or {}).items()]
             result = await self._txn(
-                [Compare(epoch_key, "mod", epoch.mod_revision if epoch else 0),
-                 Compare(owner_key, "mod", owner.mod_revision if owner else 0)],
-                [Put(epoch_key, str(number).encode()), Put(owner_key, value, lease)], [], "claim")
+                compares, [Put(epoch_key, str(number).encode()), Put(owner_key, value, lease), *puts],
+                [], "claim")
             if result.succeeded:
                 log.info("cluster %s: %s claimed %s at epoch %d", self.name, self.node_id, resource,
                          number)
@@ -218,9 +232,20 @@ class EtcdCoordinator:
                      claim.resource, claim.epoch)
             self._dispatch(self.view.apply_local_owner(claim.resource, None, None))
 
-    async def put_state(self, key: str, value: bytes) -> None:
-        self._must_reach(f"put state {key}")
-        await self._txn([], [Put(self.keys.state(key), bytes(value))], [], "put state")
+    async def put_state(self, key: str, value: bytes, *, if_owner: Claim | None = None) -> None:
+        """With ``if_owner``: only while that claim holds (else ``CoordinatorError``); the node
+        must be acting then."""
+        if if_owner is None:
+            self._must_reach(f"put state {key}")
+            await self._txn([], [Put(self.keys.state(key), bytes(value))], [], "put state")
+            return
+        self._must_act(f"put state {key}")
+        owner_key = self.keys.owner(if_owner.resource)
+        result = await self._txn([Compare(owner_key, "value", claim_value(if_owner))],
+                                 [Put(self.keys.state(key), bytes(value))], [], "put state")
+        if not result.succeeded:
+            raise CoordinatorError(f"put state {key}: {if_owner.resource} is no longer held at "
+                                   f"epoch {if_owner.epoch}")
 
     async def get_state(self, prefix: str) -> dict[str, bytes]:
         self._must_reach(f"get state {prefix}")

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .model import Claim, Listeners, Member
+from .model import Claim, CoordinatorError, Listeners, Member
 
 log = logging.getLogger("fedgate.cluster")
 
@@ -99,15 +99,19 @@ class StaticCoordinator:
     def on_fenced(self, callback) -> None:
         pass  # never fenced
 
-    async def claim(self, resource: str, *, only_if_owner_gone: bool = True) -> Claim | None:
+    async def claim(self, resource: str, *, only_if_owner_gone: bool = True,
+                    require_state: dict | None = None, put_state: dict | None = None,
+                    epoch_at_least: int = 0) -> Claim | None:
         held = self.claims.get(resource)
-        if held is not None:
+        if held is not None and held.epoch >= epoch_at_least:
             return held
         path = self.directory / "epochs.json"
         epochs = _read(path)
-        epoch = int(epochs.get(resource, 0)) + 1
+        epoch = max(int(epochs.get(resource, 0)) + 1, epoch_at_least)
         epochs[resource] = epoch
         write_atomically(path, epochs)
+        for key, value in (put_state or {}).items():
+            await self.put_state(key, value)
         claim = self.claims[resource] = Claim(resource, self.node_id, epoch)
         self._tell(resource, claim)
         return claim
@@ -123,7 +127,9 @@ class StaticCoordinator:
     def on_owner(self, resource_prefix: str, callback) -> None:
         self._owners.append((resource_prefix, callback))
 
-    async def put_state(self, key: str, value: bytes) -> None:
+    async def put_state(self, key: str, value: bytes, *, if_owner: Claim | None = None) -> None:
+        if if_owner is not None and self.claims.get(if_owner.resource) != if_owner:
+            raise CoordinatorError(f"put state {key}: {if_owner.resource} is no longer held here")
         path = self.directory / "state.json"
         state = _read(path)
         state[key] = base64.b64encode(value).decode()

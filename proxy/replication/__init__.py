@@ -5,5 +5,17 @@ Owns: the replication events and their batches (``events``), the states of a cop
 backup, delayed completion, the in-sync set), a backup's copy (``replica``), the
 replicated local queue (``queue``). docs/replication.md has the design.
 
-May import: ``proxy.queues``, ``proxy.amqp`` (and the rooms below them).
+The service (``service``, with the per-address logic in ``address`` and the links'
+glue in ``links`` and ``copies``) plugs into the node through the
+``fedgate.services`` entry point, as fragments do.
+
+May import: every ``proxy`` room below ``proxy.node`` (the broker's client handler,
+queues, upstream pools, links, the cluster coordinator).
 """
+
+
+def plugin(node):
+    """``fedgate.services`` entry point (``service`` is the module of the same name)."""
+    from .service import ReplicationService
+
+    return ReplicationService(node)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from proxy.amqp import engine
 from proxy.broker.handler import LinkRefused
+from routing.replication import replicas_of
 
 from .copies import BackupCopy, PrimaryCopy
 from .links import is_replication, link_properties
@@ -55,7 +56,7 @@ class ReplicationSettings:
 
     @classmethod
     def of(cls, rule) -> "ReplicationSettings":
-        return cls(replicas=rule.replicas, nodes=tuple(rule.nodes), min_in_sync=rule.min_in_sync,
+        return cls(replicas=replicas_of(rule), nodes=tuple(rule.nodes), min_in_sync=rule.min_in_sync,
                    durable=rule.durable, catchup_timeout=rule.catchup_timeout)
 
 
@@ -96,6 +97,7 @@ class ReplicatedAddress:
         self.resource = "queue/" + address
         self.claim = None  # this node's claim while it is primary (proxy.cluster.Claim)
         self.owner = None  # (node id, epoch) as known here
+        self.last_primary: str | None = None  # the last owner known (failovers count changes)
         self.primary: PrimaryCopy | None = None
         self.backup: BackupCopy | None = None
         self.proxies: list = []  # proxy endpoints made for clients here
@@ -106,6 +108,7 @@ class ReplicatedAddress:
         known = service.coordinator.current_owner(self.resource)
         if known is not None:
             self.owner = (known.owner, known.epoch)
+            self.last_primary = known.owner
 
     # -- links ------------------------------------------------------------------------------
     def attach(self, client, link) -> None:
@@ -208,11 +211,15 @@ class ReplicatedAddress:
         if self.owner is not None and self.owner[1] > epoch:
             return
         if self.owner != (node, epoch):
-            if self.owner is not None and self.owner[0] != node:
-                self.failovers += 1
             self.owner = (node, epoch)
+            self._count_failover(node)
             log.info("queue %s: primary %s (epoch %d)", self.address, node, epoch)
         self._go_on()
+
+    def _count_failover(self, node: str) -> None:
+        if self.last_primary is not None and self.last_primary != node:
+            self.failovers += 1
+        self.last_primary = node
 
     def owner_changed(self, claim) -> None:
         """The coordinator's watch: ``claim`` (None: nobody owns the queue now)."""
@@ -247,6 +254,8 @@ class ReplicatedAddress:
                 self.owner_changed(known)
                 return
             record_bytes, record = await self.service.read_record(self.address)
+            log.debug("queue %s: no owner; record %s; this copy %s", self.address, record,
+                      self.backup.describe() if self.backup is not None else None)
             if not self._eligible(record):
                 if record is None and self._preferred() != self.node_id:
                     self.owner = None  # a new queue: its preferred node makes it on our attach
@@ -321,11 +330,9 @@ class ReplicatedAddress:
         self.recovered_messages = None
         for message in content:
             queue.restore(message)
-        was = self.owner
         self.claim = claim
         self.owner = (self.node_id, claim.epoch)
-        if was is not None and was[0] != self.node_id:
-            self.failovers += 1
+        self._count_failover(self.node_id)
         self.primary = PrimaryCopy(self.service, self.address, queue, claim.epoch, self.settings)
         log.warning("queue %s: this node is its primary now (epoch %d, %d messages)",
                     self.address, claim.epoch, len(content))

@@ -221,8 +221,10 @@ class BackupCopy:
 
     @property
     def ready(self) -> bool:
-        """Holds everything the primary accepted: caught up and written into the in-sync set."""
-        return self.sink is not None and not self.image.catching_up and self.image.in_sync
+        """Caught up and written into the in-sync set by the primary (an ``S`` event), and not
+        dropped by it since. Its link may be gone (the primary died): whether it may take over
+        is for the in-sync set recorded in etcd to say (ReplicatedAddress._eligible)."""
+        return not self.image.catching_up and self.image.in_sync
 
     def accept(self, handler, link, primary: str, epoch: int) -> ReplicaSink | None:
         """A primary's replication link: a new catch-up, or refused when its epoch is stale."""
@@ -280,11 +282,16 @@ class BackupCopy:
             if entry.journal_id:
                 journal.dequeue(entry.journal_id)
 
-    def sink_gone(self, sink: ReplicaSink) -> None:
-        if sink is self.sink:
-            self.sink = None
-            if self.role.state in (CopyState.CATCHING_UP, CopyState.READY):
-                self.role.move(CopyState.LAGGING, self.loop.time(), "the replication link ended")
+    def sink_gone(self, sink: ReplicaSink, dropped: bool) -> None:
+        """The link ended: ``dropped`` by the primary (lagging: out of the in-sync set), else
+        lost with its connection (the copy stays what it was: the primary may be dead)."""
+        if sink is not self.sink:
+            return
+        self.sink = None
+        if dropped or self.role.state == CopyState.CATCHING_UP:
+            self.image.in_sync = False
+            self.role.move(CopyState.LAGGING, self.loop.time(),
+                           "dropped by the primary" if dropped else "link lost during catch-up")
 
     def promote(self) -> list[StoredMessage]:
         """The copy as the queue's content (rids kept, in order; out with a consumer: counted)."""

@@ -204,7 +204,9 @@ class ReplicaSink(engine.ClientLinkEndpoint):
 
     def detached(self) -> None:
         self.attached = False
-        self.backup.sink_gone(self)
+        link = engine.transient(Link, self.link_ptr)
+        condition = link.remote_condition if link.state & Link.REMOTE_CLOSED else None
+        self.backup.sink_gone(self, dropped=condition is not None and condition.name == LAGGING)
 
 
 def refuse_condition(description: str) -> Condition:

@@ -43,6 +43,8 @@ STATE = "replication/"  # coordinator state: replication/<address> -> the ISR re
 
 
 class ReplicationService:
+    browsable = True  # a replicated queue can be browsed (on its primary, or through the proxy)
+
     def __init__(self, node) -> None:
         self.node = node
         self.node_id = node.node_id
@@ -50,6 +52,7 @@ class ReplicationService:
         self.addresses: dict[str, ReplicatedAddress] = {}
         self.peer_options = None  # upstream options for node-to-node links (the pools' defaults)
         self._tasks: set[asyncio.Task] = set()
+        self._ring = None  # (member ids, their ketama ring)
         node.serve_kind("replicated", self)
         node.add_view("replicated", self.describe)
         node.routing.subscribe(self._rules_changed)
@@ -109,8 +112,10 @@ class ReplicationService:
             return listed[:settings.replicas]
         if not live:
             return [self.node_id]
-        ring = HashRing(nodes=sorted(live))
-        return [c["nodename"] for c in ring.range(address, size=settings.replicas)]
+        names = tuple(sorted(live))
+        if self._ring is None or self._ring[0] != names:
+            self._ring = (names, HashRing(nodes=list(names)))  # made again when members change
+        return [c["nodename"] for c in self._ring[1].range(address, size=settings.replicas)]
 
     def url_of(self, node_id: str) -> str | None:
         return self.members().get(node_id)

@@ -355,8 +355,9 @@ class World:
         self.nodes: dict = {}
         self.clients: list[PlaybookClient] = []
 
-    async def node(self, name: str, **sections):
-        """A node called ``name`` listening on ``name:5672`` (a host of the memory network)."""
+    async def node(self, name: str, *, etcd=None, **sections):
+        """A node called ``name`` listening on ``name:5672`` (a host of the memory network);
+        with ``etcd`` (``memory_etcd.MemoryEtcd``) its coordinator is on that etcd."""
         raw = {"node": {"id": name, "listen": f"{name}:5672",
                         "data_dir": str(self.tmp_path / name)},
                "admin": {"enabled": False}}
@@ -365,8 +366,18 @@ class World:
                 raw[key] = {**raw[key], **value}
             else:
                 raw[key] = value
+        coordinator = None
+        if etcd is not None:
+            from proxy.cluster.etcd import EtcdCoordinator
+
+            store = etcd.client(name)
+            coordinator = EtcdCoordinator(
+                name="playbook", node_id=name, amqp=f"amqp://{name}:5672", admin=None, workers=1,
+                version="test", store=store, endpoints=[store.endpoint],
+                lease_ttl=float(raw.get("cluster", {}).get("lease_ttl", 3.0)),
+                wall=lambda: asyncio.get_running_loop().time())
         node = build_node(config_mod.from_dict(raw), network=self.network.host(name),
-                          services=("fragments",))
+                          services=("fragments", "replication"), coordinator=coordinator)
         await node.start()
         self.nodes[name] = node
         return node

@@ -1,0 +1,269 @@
+"""Replicated queues on a virtual clock: real nodes, an etcd in memory, the memory network.
+
+Nodes are built by the factory ``fedgate serve`` uses; with ``etcd`` their
+coordinator is the real ``EtcdCoordinator`` on ``tests/support/memory_etcd.py``
+(leases expire in virtual time, a node can be cut off from etcd). Checked, as a
+user would: every accepted id is received, duplicates are at most what was in
+flight, no two nodes settle as primary at once, and how long a failover takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from memory_etcd import MemoryEtcd
+from playbook import World, run
+
+pytestmark = pytest.mark.timeout(60)
+
+RULE = {"name": "orders", "match": "orders.*", "kind": "replicated", "replicas": 3}
+PEERS = {"a": "amqp://a:5672", "b": "amqp://b:5672"}
+TTL = 3.0
+CREDIT = 10
+
+
+def service(node):
+    return next(s for s in node.services if type(s).__name__ == "ReplicationService")
+
+
+def view(node, address: str) -> dict:
+    """What this node's admin view says of ``address`` ({} if it knows nothing of it)."""
+    return next((item for item in service(node).describe() if item["address"] == address), {})
+
+
+async def etcd_cluster(world: World, names: str = "abc", rule=RULE):
+    etcd = MemoryEtcd()
+    nodes = {}
+    for name in names:
+        nodes[name] = await world.node(name, etcd=etcd, rules=[rule],
+                                       cluster={"etcd": ["http://memory:2379"], "lease_ttl": TTL})
+    return etcd, nodes
+
+
+def placement(nodes: dict, address: str) -> list[str]:
+    node = next(iter(nodes.values()))
+    entry = service(node).entry(address, node.routing.resolve(address).rule)
+    return service(node).placement(address, entry.settings)
+
+
+async def in_sync(world: World, node, address: str, count: int) -> None:
+    await world.until(lambda: len(view(node, address).get("in_sync", [])) == count,
+                      what=f"{count} backups in sync")
+
+
+async def make_primary(world: World, nodes: dict, address: str) -> str:
+    """A link on the preferred node makes it claim the queue; then its backups catch up."""
+    primary = placement(nodes, address)[0]
+    starter = await world.client(primary, "starter")
+    starter.receiver(address)
+    await world.until(lambda: view(nodes[primary], address).get("role") == "primary",
+                      what="a primary")
+    await in_sync(world, nodes[primary], address, len(placement(nodes, address)) - 1)
+    return primary
+
+
+class Consumer:
+    """A receiver that accepts what it got and tops its credit up, on any node."""
+
+    def __init__(self, link) -> None:
+        self.link = link
+        self.settled = 0  # received[:settled] are settled
+
+    def step(self) -> None:
+        link = self.link
+        received = link.received
+        if self.settled < len(received):
+            for _, delivery in received[self.settled:]:
+                if not delivery.settled:
+                    delivery.update(delivery.ACCEPTED)
+                    delivery.settle()
+            self.settled = len(received)
+            link.client.flush()
+        if link.credit < CREDIT // 2:
+            link.flow(CREDIT - link.credit)
+
+    def ids(self) -> list:
+        return [message.id for message, _ in self.link.received]
+
+
+def test_a_message_is_accepted_only_once_the_in_sync_backup_holds_it(tmp_path):
+    """Static cluster: the backup stops answering (a silent partition): nothing is accepted
+    until the primary drops it from the in-sync set (catchup_timeout); then the primary
+    accepts alone; healed, the backup catches up and is in sync again."""
+    rule = {**RULE, "replicas": 2, "catchup_timeout": 4.0}
+
+    async def play():
+        world = World(tmp_path)
+        nodes = {n: await world.node(n, peers=PEERS, rules=[rule]) for n in "ab"}
+        primary = await make_primary(world, nodes, "orders.x")
+        backup = "b" if primary == "a" else "a"
+        producer = await world.client(primary, "producer")
+        sender = producer.sender("orders.x")
+        await world.until(lambda: sender.credit > 0, what="credit")
+        sender.send("first", message_id=0)
+        await world.until(lambda: sender.accepted() == 1, what="accepted with the backup")
+        assert view(nodes[backup], "orders.x")["copy"]["depth"] == 1
+
+        world.network.partition(primary, backup)
+        for i in range(1, 6):
+            sender.send(f"m{i}", message_id=i)
+        await world.quiet(3.0)
+        assert sender.accepted() == 1  # the backup does not hold them: not accepted
+        await world.until(lambda: sender.accepted() == 6, timeout=10, what="accepted alone")
+        assert view(nodes[primary], "orders.x")["in_sync"] == []
+
+        world.network.heal(primary, backup)
+        await in_sync(world, nodes[primary], "orders.x", 1)
+        assert view(nodes[backup], "orders.x")["copy"]["depth"] == 6
+        await world.close()
+
+    run(play)
+
+
+@pytest.mark.parametrize("consumer_on", ["backup", "third node"])
+def test_the_primary_cut_off_a_backup_takes_over_and_every_accepted_message_arrives(tmp_path,
+                                                                                   consumer_on):
+    """The primary is lost (its connections reset, cut off from etcd): within lease_ttl + 2 s a
+    backup of the in-sync set claims the queue with epoch + 1; the producer's and the
+    consumer's links on the other nodes go on: every accepted id is received, duplicates are
+    at most the consumer's unsettled deliveries, and the old primary fenced itself."""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world)
+        primary = await make_primary(world, nodes, "orders.x")
+        others = [n for n in "abc" if n != primary]
+        producer = await world.client(others[0], "producer")
+        sender = producer.sender("orders.x")
+        consumer_node = others[0] if consumer_on == "backup" else others[1]
+        consumer = Consumer((await world.client(consumer_node, "consumer")).receiver(
+            "orders.x", credit=CREDIT))
+        loop = asyncio.get_running_loop()
+        sent = 0
+
+        def produce(upto: int) -> bool:
+            nonlocal sent
+            while sent < upto and sender.credit > 0:
+                sender.send(f"m{sent}", message_id=sent)
+                sent += 1
+            consumer.step()
+            return sent == upto
+
+        await world.until(lambda: produce(100) and sender.accepted() == 100, what="first 100")
+        await world.until(lambda: len(consumer.ids()) >= 30 or consumer.step(), what="some taken")
+        epoch = view(nodes[others[1]], "orders.x")["epoch"]
+
+        cut = loop.time()
+        world.network.kill(primary)
+        nodes[primary].coordinator.store.partition()
+        await world.until(lambda: any(view(nodes[n], "orders.x").get("role") == "primary"
+                                      for n in others), timeout=TTL + 2, what="a new primary")
+        took = loop.time() - cut
+        new = next(n for n in others if view(nodes[n], "orders.x").get("role") == "primary")
+        assert view(nodes[new], "orders.x")["epoch"] == epoch + 1
+        assert took <= TTL + 2
+        assert not nodes[primary].coordinator.acting()  # the old one fenced itself
+
+        await world.until(lambda: produce(200) and sender.accepted() == 200
+                          and len(set(consumer.ids())) == 200, timeout=30, what="everything")
+        ids = consumer.ids()
+        assert set(ids) == set(range(200))
+        duplicates = len(ids) - len(set(ids))
+        assert duplicates <= CREDIT, duplicates  # the consumer's unsettled ones, at most
+        assert view(nodes[others[1]], "orders.x")["failovers"] == 1
+        await world.close()
+
+    run(play)
+
+
+def test_a_primary_cut_off_from_etcd_is_fenced_and_never_settles_with_the_new_one(tmp_path):
+    """The primary loses etcd but not its peers: it stops acting before its lease can expire;
+    the new primary (epoch + 1) pushes to it, and it becomes a backup. No delivery is settled
+    by both: what the old one accepted after the cut is counted, and is nothing."""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world)
+        primary = await make_primary(world, nodes, "orders.x")
+        others = [n for n in "abc" if n != primary]
+        local = await world.client(primary, "local-producer")
+        sender = local.sender("orders.x")
+        await world.until(lambda: sender.credit > 0, what="credit")
+        for i in range(20):
+            sender.send(f"m{i}", message_id=i)
+        await world.until(lambda: sender.accepted() == 20, what="accepted")
+
+        loop = asyncio.get_running_loop()
+        cut = loop.time()
+        nodes[primary].coordinator.store.partition()
+        fenced_at = None
+        accepted_after = []
+
+        def watch() -> bool:
+            nonlocal fenced_at
+            if fenced_at is None and not nodes[primary].coordinator.acting():
+                fenced_at = loop.time()
+            if fenced_at is not None:
+                accepted_after.append(sender.accepted())
+            return any(view(nodes[n], "orders.x").get("role") == "primary" for n in others)
+
+        for i in range(20, 30):  # sent after the cut, to the old primary
+            sender.send(f"m{i}", message_id=i)
+        await world.until(watch, timeout=TTL + 2, what="a new primary")
+        assert fenced_at is not None and fenced_at - cut < TTL  # before etcd could expire it
+        assert set(accepted_after) == {accepted_after[0]}  # nothing accepted once fenced
+        new = next(n for n in others if view(nodes[n], "orders.x").get("role") == "primary")
+        assert sender.closed_with == "amqp:link:detach-forced"
+        assert view(nodes[new], "orders.x")["depth"] >= 20  # accepted ones, and some of the others
+        assert view(nodes[primary], "orders.x")["role"] == "proxy"  # not a member while cut off
+
+        nodes[primary].coordinator.store.heal()  # back in etcd: a member again, and a backup
+        await world.until(lambda: view(nodes[primary], "orders.x").get("role") == "ready",
+                          timeout=15, what="the old primary a ready backup")
+        assert view(nodes[primary], "orders.x")["epoch"] == view(nodes[new], "orders.x")["epoch"]
+        await world.close()
+
+    run(play)
+
+
+def test_a_backup_joining_late_catches_up_while_consumers_take_messages(tmp_path):
+    """5,000 messages wait on the primary; the backup starts then, and copies them from the sync
+    point towards the head while a consumer takes them and producers add more: in the end it
+    holds exactly what the primary holds, and it is in sync."""
+    rule = {**RULE, "replicas": 2, "nodes": ["a", "b"]}
+
+    async def play():
+        world = World(tmp_path)
+        a = await world.node("a", peers=PEERS, rules=[rule])
+        producer = await world.client("a", "producer")
+        sender = producer.sender("orders.x")
+        await world.until(lambda: view(a, "orders.x").get("role") == "primary", what="primary")
+        sent = 0
+        while sent < 5000:
+            await world.until(lambda: sender.credit > 0, what="credit")
+            while sender.credit > 0 and sent < 5000:
+                sender.send(b"x" * 200, message_id=sent, flush=False)
+                sent += 1
+            producer.flush()
+        await world.until(lambda: sender.accepted() == 5000, what="stored")
+        consumer = Consumer((await world.client("a", "consumer")).receiver("orders.x", credit=CREDIT))
+        b = await world.node("b", peers=PEERS, rules=[rule])
+
+        def busy() -> bool:
+            nonlocal sent
+            consumer.step()
+            if sender.credit > 0 and sent < 6000:
+                sender.send(b"y" * 100, message_id=sent)
+                sent += 1
+            copy = view(b, "orders.x").get("copy", {})
+            return copy.get("in_sync") and sent == 6000
+        await world.until(busy, timeout=60, what="caught up while busy")
+        await world.until(lambda: not view(a, "orders.x")["waiting_acceptance"], what="settled")
+        await world.quiet(0.5)
+        queue = a.queues.get("orders.x")
+        held = {m.rid for m in queue.messages} | set(service(a).addresses["orders.x"].primary.replica_set.acquired)
+        copy = service(b).addresses["orders.x"].backup.image
+        assert set(copy.messages) == held
+        assert len(consumer.ids()) > 0
+        await world.close()
+
+    run(play)
