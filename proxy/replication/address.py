@@ -200,7 +200,20 @@ class ReplicatedAddress:
         if self.backup is None:
             self.backup = BackupCopy(self.service, self.address, durable=self.settings.durable)
         if self.backup.accept(client, link, primary, epoch) is not None:
+            self._forget_recovered()
             self._learn_owner(primary, epoch)
+
+    def _forget_recovered(self) -> None:
+        """Another node serves the queue and this one catches up from it: what its journal
+        brought back is stale (and must not come back at the next restart)."""
+        if self.recovered_messages is None:
+            return
+        journal = self.node.broker.journal
+        if journal is not None:
+            for message in self.recovered_messages:
+                if message.journal_id:
+                    journal.dequeue(message.journal_id)
+        self.recovered_messages = None
 
     # -- ownership ------------------------------------------------------------------------------
     def _preferred(self) -> str:
@@ -287,8 +300,8 @@ class ReplicatedAddress:
             return False
         if self.backup is not None and self.backup.ready:
             return True
-        if record.get("primary") == self.node_id and self.recovered_messages is not None:
-            return True  # its own journal brought the queue back
+        if self.recovered_messages is not None:
+            return True  # its journal brought back what it held when it was named (durable)
         return False
 
     def _proxy_to_preferred(self) -> None:
