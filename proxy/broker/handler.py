@@ -62,6 +62,8 @@ INVALID_FIELD = "amqp:invalid-field"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
 TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
+# the target capability of a link by which a primary pushes a replicated queue's copy
+REPLICATION = "fedgate:replication"
 
 def _refuse_filters(source: Terminus, what: str) -> None:
     """Local queues apply no filters (§3.5.3 ``filter``, e.g. a JMS selector).
@@ -334,6 +336,13 @@ class ClientHandler:
         remote = link.remote_target
         if remote.type == Terminus.COORDINATOR:  # §4.2: a transaction controller's link
             raise LinkRefused(NOT_IMPLEMENTED, "transactions are not supported")
+        if REPLICATION in capability_names(remote):  # a primary pushes a copy (proxy.replication)
+            replication = self.broker.kind_handlers.get("replicated")
+            if replication is None:
+                raise LinkRefused(NOT_IMPLEMENTED, "this node keeps no replicated queues")
+            self.check_access(remote.address, "send")
+            replication.attach_replication(self, link)
+            return
         if remote.dynamic:
             self.check_access(None, "send")
             queue = self._temporary_queue()

@@ -36,7 +36,6 @@ from proxy.broker.handler import LinkRefused
 from routing.replication import replicas_of
 
 from .copies import BackupCopy, PrimaryCopy
-from .links import is_replication, link_properties
 from .queue import ReplicatedQueue
 from .states import CopyState
 
@@ -88,13 +87,27 @@ class PendingLink(engine.ClientLinkEndpoint):
 
 
 class ReplicatedAddress:
-    def __init__(self, service, address: str, settings: ReplicationSettings) -> None:
+    """One replicated thing: a queue (``queue/<address>``) or one member's fragment of a
+    fragmented queue (``fragment/<address>/<member>``, its home member first in placement).
+
+    ``address`` is the local queue's name while this node is primary (the address itself;
+    for a fragment this node adopted from its home member, ``<address>@<member>``); ``wire``
+    names the copy on replication links and in logs; ``listener`` (fragments) hears when
+    this node becomes primary or stops being it.
+    """
+
+    def __init__(self, service, address: str, settings: ReplicationSettings, *,
+                 resource: str | None = None, wire: str | None = None, home: str | None = None,
+                 listener=None) -> None:
         self.service = service
         self.node = service.node
         self.node_id = service.node_id
         self.address = address
         self.settings = settings
-        self.resource = "queue/" + address
+        self.resource = resource or "queue/" + address
+        self.wire = wire or address
+        self.home = home
+        self.listener = listener
         self.claim = None  # this node's claim while it is primary (proxy.cluster.Claim)
         self.owner = None  # (node id, epoch) as known here
         self.last_primary: str | None = None  # the last owner known (failovers count changes)
@@ -112,9 +125,6 @@ class ReplicatedAddress:
 
     # -- links ------------------------------------------------------------------------------
     def attach(self, client, link) -> None:
-        if not link.is_sender and is_replication(link.remote_target):
-            self._replication_link(client, link)
-            return
         browse = link.is_sender and link.remote_source.distribution_mode == \
             link.remote_source.DIST_MODE_COPY
         target = self._target()
@@ -188,17 +198,15 @@ class ReplicatedAddress:
         self.node.broker.run_pending()
 
     # -- replication links -------------------------------------------------------------------
-    def _replication_link(self, client, link) -> None:
-        primary, epoch = link_properties(link)
-        if not primary or not epoch:
-            raise LinkRefused(NOT_ALLOWED, "a replication link must say its primary and epoch")
+    def replication_link(self, client, link, primary: str, epoch: int) -> None:
+        """A primary pushes its copy here: this node is (or becomes) a backup of it."""
         if self.primary is not None:
             if epoch <= self.primary.epoch:
-                raise LinkRefused("fedgate:stale-epoch", f"queue {self.address}: this node is its "
+                raise LinkRefused("fedgate:stale-epoch", f"queue {self.wire}: this node is its "
                                                         f"primary at epoch {self.primary.epoch}")
             self.fence(f"{primary} replicates it at epoch {epoch}")
         if self.backup is None:
-            self.backup = BackupCopy(self.service, self.address, durable=self.settings.durable)
+            self.backup = BackupCopy(self.service, self.wire, durable=self.settings.durable)
         if self.backup.accept(client, link, primary, epoch) is not None:
             self._forget_recovered()
             self._learn_owner(primary, epoch)
@@ -216,8 +224,14 @@ class ReplicatedAddress:
         self.recovered_messages = None
 
     # -- ownership ------------------------------------------------------------------------------
+    def placement(self) -> list[str]:
+        """The replica set, preferred primary first (a fragment's: its home member)."""
+        if self.home is None:
+            return self.service.placement(self.address, self.settings)
+        return self.service.fragment_placement(self.wire, self.home, self.settings)
+
     def _preferred(self) -> str:
-        placement = self.service.placement(self.address, self.settings)
+        placement = self.placement()
         return placement[0] if placement else self.node_id
 
     def _learn_owner(self, node: str, epoch: int) -> None:
@@ -226,7 +240,7 @@ class ReplicatedAddress:
         if self.owner != (node, epoch):
             self.owner = (node, epoch)
             self._count_failover(node)
-            log.info("queue %s: primary %s (epoch %d)", self.address, node, epoch)
+            log.info("queue %s: primary %s (epoch %d)", self.wire, node, epoch)
         self._go_on()
 
     def _count_failover(self, node: str) -> None:
@@ -266,21 +280,21 @@ class ReplicatedAddress:
             if known is not None:
                 self.owner_changed(known)
                 return
-            record_bytes, record = await self.service.read_record(self.address)
-            log.debug("queue %s: no owner; record %s; this copy %s", self.address, record,
+            record_bytes, record = await self.service.read_record(self.resource)
+            log.debug("queue %s: no owner; record %s; this copy %s", self.wire, record,
                       self.backup.describe() if self.backup is not None else None)
             if not self._eligible(record):
                 if record is None and self._preferred() != self.node_id:
                     self.owner = None  # a new queue: its preferred node makes it on our attach
                     self._proxy_to_preferred()
                 return  # an eligible copy claims it: the watch tells us
-            claim = await self.service.claim(self.address, record_bytes,
+            claim = await self.service.claim(self.resource, record_bytes,
                                              epoch_at_least=self._epoch_seen() + 1)
             if claim is None:
                 return  # another copy was faster: the watch tells us
             self.become_primary(claim)
         except Exception as exc:  # etcd unreachable, fenced: try again in a while
-            log.warning("queue %s: no owner settled now: %s", self.address, exc)
+            log.warning("queue %s: no owner settled now: %s", self.wire, exc)
             asyncio.get_running_loop().call_later(RETRY, self._resolve)
         finally:
             self._resolving = False
@@ -346,18 +360,19 @@ class ReplicatedAddress:
         self.claim = claim
         self.owner = (self.node_id, claim.epoch)
         self._count_failover(self.node_id)
-        self.primary = PrimaryCopy(self.service, self.address, queue, claim.epoch, self.settings)
+        self.primary = PrimaryCopy(self.service, self, queue, claim.epoch, self.settings)
         log.warning("queue %s: this node is its primary now (epoch %d, %d messages)",
-                    self.address, claim.epoch, len(content))
+                    self.wire, claim.epoch, len(content))
         self.members_changed()
+        if self.listener is not None:
+            self.listener.copy_primary(self)
         self._go_on()
 
     def members_changed(self) -> None:
         if self.primary is None or self.primary.fenced:
             return
-        placement = self.service.placement(self.address, self.settings)
         backups = {}
-        for node in placement:
+        for node in self.placement():
             if node != self.node_id:
                 url = self.service.url_of(node)
                 if url is not None:
@@ -370,11 +385,15 @@ class ReplicatedAddress:
             return
         primary.fence(why)
         self.primary = None
-        self.claim = None
+        claim, self.claim = self.claim, None
         registry = self.node.queues
         if registry.get(self.address) is primary.queue:
             registry.delete(self.address)
         primary.queue.purge()  # a backup again: the new primary's catch-up refills it
+        if claim is not None:
+            self.service.spawn(self.service.release(claim))
+        if self.listener is not None:
+            self.listener.copy_fenced(self)
 
     async def promote(self, *, force: bool) -> dict:
         """An operator makes this node the primary (docs/replication.md: without etcd)."""
@@ -383,13 +402,13 @@ class ReplicatedAddress:
         backup = self.backup
         if not force and (backup is None or backup.role.state not in (CopyState.READY,)):
             state = backup.role.state if backup is not None else "no copy"
-            raise PromoteRefused(f"queue {self.address}: this node's copy is {state}, not a ready "
+            raise PromoteRefused(f"queue {self.wire}: this node's copy is {state}, not a ready "
                                  "backup (force promotes it anyway, and loses what it lacks)")
         epoch = self._epoch_seen() + 1
         claim = await self.service.coordinator.claim(self.resource, only_if_owner_gone=False,
                                                      epoch_at_least=epoch)
         if claim is None:
-            raise PromoteRefused(f"queue {self.address}: another node holds it")
+            raise PromoteRefused(f"queue {self.wire}: another node holds it")
         self.become_primary(claim)
         return self.describe()
 
@@ -403,12 +422,13 @@ class ReplicatedAddress:
         role = "primary" if self.primary is not None and not self.primary.fenced else \
             str(self.backup.role.state) if self.backup is not None else "proxy"
         item = {
-            "address": self.address,
+            "address": self.wire,
+            "resource": self.resource,
             "role": role,
             "primary": self.owner[0] if self.owner else None,
             "epoch": self.owner[1] if self.owner else None,
             "replicas": self.settings.replicas,
-            "placement": self.service.placement(self.address, self.settings),
+            "placement": self.placement(),
             "failovers": self.failovers,
             "waiting_links": len(self.pending),
         }

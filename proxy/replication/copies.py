@@ -41,19 +41,26 @@ REATTACH = 1.0  # seconds before a dropped backup is sent a new catch-up
 
 
 class PrimaryCopy:
-    def __init__(self, service, address: str, queue, epoch: int, settings, *,
+    def __init__(self, service, entry, queue, epoch: int, settings, *,
                  isr: frozenset = frozenset()) -> None:
+        """``entry``: the ReplicatedAddress (its ``wire`` name and ``resource`` go on the links)."""
         self.service = service
         self.node = service.node
         self.node_id = service.node.node_id
-        self.address = address
+        self.address = entry.wire
+        self.resource = entry.resource
+        self.entry = entry
         self.queue = queue
         self.epoch = epoch
         loop = asyncio.get_running_loop()
         self.loop = loop
-        index = {m.rid: m for m in queue.messages if m.rid}
-        self.replica_set = ReplicaSet(address, epoch, loop.time, min_in_sync=settings.min_in_sync,
-                                      catchup_timeout=settings.catchup_timeout, isr=isr, index=index)
+        self.replica_set = ReplicaSet(entry.wire, epoch, loop.time, min_in_sync=settings.min_in_sync,
+                                      catchup_timeout=settings.catchup_timeout, isr=isr)
+        for message in queue.messages:  # promoted or recovered content: rids kept, or given
+            if message.rid:
+                self.replica_set.index[message.rid] = message
+            else:
+                self.replica_set.enqueued(message)
         self.pushers: dict[str, ReplicationPusher] = {}
         self._retry: dict[str, asyncio.TimerHandle] = {}
         self.fenced = False
@@ -84,7 +91,7 @@ class PrimaryCopy:
             log.warning("queue %s: backup %s out of sync: %s", self.address, pusher.backup, why)
         self._propose()
         if stale:  # the backup follows a higher epoch: another node is primary now
-            self.service.stale(self.address, f"backup {pusher.backup} follows a higher epoch")
+            self.service.stale(self.entry, f"backup {pusher.backup} follows a higher epoch")
             return
         if not self.fenced and pusher.up_state.value == "refused":
             self._retry_later(pusher.backup)

@@ -45,6 +45,7 @@ log = logging.getLogger("fedgate.replication")
 REPLICATION = "fedgate:replication"  # the target capability of a replication link
 EPOCH = "fedgate:epoch"
 PRIMARY = "fedgate:primary"
+RESOURCE = "fedgate:resource"
 STALE_EPOCH = "fedgate:stale-epoch"
 LAGGING = "fedgate:replica-lagging"
 SINK_CREDIT = 32  # batches a backup lets be on the way
@@ -56,13 +57,16 @@ def is_replication(terminus) -> bool:
     return REPLICATION in capability_names(terminus)
 
 
-def link_properties(link: Link) -> tuple[str | None, int]:
-    """(primary id, epoch) from a replication link's properties (§2.7.3 attach ``properties``)."""
+def link_properties(link: Link) -> tuple[str | None, int, str | None]:
+    """(primary id, epoch, resource) from a replication link's properties (§2.7.3 attach
+    ``properties``)."""
     props = link.remote_properties or {}
     try:
-        return str(props.get(symbol(PRIMARY))), int(props.get(symbol(EPOCH), 0))
+        resource = props.get(symbol(RESOURCE))
+        return (str(props.get(symbol(PRIMARY))), int(props.get(symbol(EPOCH), 0)),
+                str(resource) if resource is not None else None)
     except (TypeError, ValueError):
-        return None, 0
+        return None, 0, None
 
 
 class ReplicationPusher(UpstreamLinkOwner):
@@ -91,7 +95,8 @@ class ReplicationPusher(UpstreamLinkOwner):
         link.rcv_settle_mode = Link.RCV_FIRST
         data = Data(engine._lib.pn_link_properties(link._impl))
         data.clear()
-        data.put_object({symbol(PRIMARY): self.copy.node_id, symbol(EPOCH): ulong(self.copy.epoch)})
+        data.put_object({symbol(PRIMARY): self.copy.node_id, symbol(EPOCH): ulong(self.copy.epoch),
+                         symbol(RESOURCE): self.copy.resource})
 
     def link_attached(self) -> None:
         self.attached_once = True

@@ -34,12 +34,15 @@ import logging
 
 from uhashring import HashRing
 
-from .address import PromoteRefused, ReplicatedAddress, ReplicationSettings
+from proxy.broker.handler import LinkRefused
+
+from .address import NOT_ALLOWED, PromoteRefused, ReplicatedAddress, ReplicationSettings
+from .links import link_properties
 
 log = logging.getLogger("fedgate.replication")
 
-OWNERS = "queue/"  # coordinator resources: queue/<address>
-STATE = "replication/"  # coordinator state: replication/<address> -> the ISR record
+OWNERS = ("queue/", "fragment/")  # coordinator resources: queue/<address>, fragment/<address>/<member>
+STATE = "replication/"  # coordinator state: replication/<resource> -> the ISR record
 
 
 class ReplicationService:
@@ -49,10 +52,12 @@ class ReplicationService:
         self.node = node
         self.node_id = node.node_id
         self.coordinator = node.coordinator
-        self.addresses: dict[str, ReplicatedAddress] = {}
+        self.entries: dict[str, ReplicatedAddress] = {}  # by resource
         self.peer_options = None  # upstream options for node-to-node links (the pools' defaults)
         self._tasks: set[asyncio.Task] = set()
         self._ring = None  # (member ids, their ketama ring)
+        # fragmented addresses -> a function giving the fragment group to tell (fragments)
+        self.fragment_listeners: dict = {}
         node.serve_kind("replicated", self)
         node.add_view("replicated", self.describe)
         node.routing.subscribe(self._rules_changed)
@@ -62,8 +67,14 @@ class ReplicationService:
         """Failover by itself: only with a coordinator that decides ownership (etcd)."""
         return self.coordinator.kind == "etcd"
 
+    @property
+    def addresses(self) -> dict[str, ReplicatedAddress]:
+        """Replicated queues (not fragments) by address."""
+        return {e.address: e for e in self.entries.values() if e.home is None}
+
     async def start(self) -> None:
-        self.coordinator.on_owner(OWNERS, self._owner_changed)
+        for prefix in OWNERS:
+            self.coordinator.on_owner(prefix, self._owner_changed)
         self.coordinator.on_fenced(self._fenced)
         self.coordinator.on_members(self._members_changed)
         self._adopt_recovered()
@@ -71,7 +82,7 @@ class ReplicationService:
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        for entry in self.addresses.values():
+        for entry in self.entries.values():
             entry.close()
 
     def spawn(self, coro) -> asyncio.Task:
@@ -82,14 +93,56 @@ class ReplicationService:
 
     # -- the kind handler ------------------------------------------------------------------
     def attach(self, client, link, decision) -> None:
+        worker = self.node.worker
+        if worker is not None and worker.count > 1:  # rules changed at run time; see settings
+            raise LinkRefused("amqp:not-implemented", f"{decision.address!r}: replicated queues "
+                              f"need workers = 1 (this node runs {worker.count})")
         self.entry(decision.address, decision.rule).attach(client, link)
 
     def entry(self, address: str, rule) -> ReplicatedAddress:
-        entry = self.addresses.get(address)
+        resource = "queue/" + address
+        entry = self.entries.get(resource)
         if entry is None:
-            entry = self.addresses[address] = ReplicatedAddress(self, address,
-                                                                ReplicationSettings.of(rule))
+            entry = self.entries[resource] = ReplicatedAddress(self, address,
+                                                               ReplicationSettings.of(rule))
         return entry
+
+    def fragment(self, address: str, home: str, rule, listener=None) -> ReplicatedAddress:
+        """``home``'s fragment of the fragmented queue ``address`` (rule ``replicas`` > 1)."""
+        resource = f"fragment/{address}/{home}"
+        entry = self.entries.get(resource)
+        if entry is None:
+            wire = f"{address}@{home}"
+            entry = self.entries[resource] = ReplicatedAddress(
+                self, address if home == self.node_id else wire, ReplicationSettings.of(rule),
+                resource=resource, wire=wire, home=home, listener=listener)
+        elif listener is not None:
+            entry.listener = listener
+        return entry
+
+    def attach_replication(self, client, link) -> None:
+        """A primary's replication link (the client handler saw its capability)."""
+        primary, epoch, resource = link_properties(link)
+        if not primary or not epoch or not resource:
+            raise LinkRefused(NOT_ALLOWED, "a replication link says its primary, epoch and resource")
+        entry = self.entries.get(resource) or self._entry_for(resource)
+        if entry is None:
+            raise LinkRefused("amqp:not-found", f"{resource}: no replicated rule here for it")
+        entry.replication_link(client, link, primary, epoch)
+
+    def _entry_for(self, resource: str) -> ReplicatedAddress | None:
+        kind, _, rest = resource.partition("/")
+        if kind == "queue":
+            decision = self.node.routing.resolve(rest)
+            return self.entry(rest, decision.rule) if decision.kind == "replicated" else None
+        if kind == "fragment":
+            address, _, home = rest.rpartition("/")
+            decision = self.node.routing.resolve(address)
+            if decision.kind == "fragmented" and address and home:
+                listener = self.fragment_listeners.get(address)
+                return self.fragment(address, home, decision.rule,
+                                     listener() if listener is not None else None)
+        return None
 
     def _adopt_recovered(self) -> None:
         """Durable messages this node's journal brought back for replicated addresses: a copy
@@ -117,43 +170,50 @@ class ReplicationService:
             self._ring = (names, HashRing(nodes=list(names)))  # made again when members change
         return [c["nodename"] for c in self._ring[1].range(address, size=settings.replicas)]
 
+    def fragment_placement(self, wire: str, home: str, settings: ReplicationSettings) -> list[str]:
+        """A fragment's replica set: its home member, then the ring's next live members."""
+        others = sorted(m for m in self.members() if m != home)
+        if not others or settings.replicas < 2:
+            return [home]
+        ring = HashRing(nodes=others)
+        return [home] + [c["nodename"] for c in ring.range(wire, size=settings.replicas - 1)]
+
     def url_of(self, node_id: str) -> str | None:
         return self.members().get(node_id)
 
     def _members_changed(self, members) -> None:
-        for entry in list(self.addresses.values()):
+        for entry in list(self.entries.values()):
             entry.members_changed()
 
     def _rules_changed(self, old, new, version) -> None:
-        for address, entry in list(self.addresses.items()):
-            decision = new.resolve(address)
-            if decision.kind == "replicated":
+        for entry in list(self.entries.values()):
+            decision = new.resolve(entry.address if entry.home is None else
+                                   entry.resource.split("/", 1)[1].rpartition("/")[0])
+            if decision.kind in ("replicated", "fragmented"):
                 entry.settings = ReplicationSettings.of(decision.rule)
                 entry.members_changed()
 
     # -- ownership -------------------------------------------------------------------------
     def _owner_changed(self, resource: str, claim) -> None:
-        address = resource[len(OWNERS):]
-        entry = self.addresses.get(address)
+        entry = self.entries.get(resource)
         if entry is None:
             if claim is None or claim.owner == self.node_id:
                 return
-            decision = self.node.routing.resolve(address)
-            if decision.kind != "replicated":
+            entry = self._entry_for(resource)
+            if entry is None:
                 return
-            entry = self.entry(address, decision.rule)
         entry.owner_changed(claim)
 
     def _fenced(self, fenced: bool) -> None:
-        for entry in self.addresses.values():
+        for entry in list(self.entries.values()):
             if fenced:
                 entry.fence("this node's lease may have expired (cut off from etcd)")
             else:
                 entry.members_changed()
 
-    async def read_record(self, address: str) -> tuple[bytes | None, dict | None]:
-        """The ISR record of ``address`` as stored (bytes, for a conditional claim) and read."""
-        stored = (await self.coordinator.get_state(STATE + address)).get(STATE + address)
+    async def read_record(self, resource: str) -> tuple[bytes | None, dict | None]:
+        """The ISR record of ``resource`` as stored (bytes, for a conditional claim) and read."""
+        stored = (await self.coordinator.get_state(STATE + resource)).get(STATE + resource)
         if stored is None:
             return None, None
         try:
@@ -161,24 +221,29 @@ class ReplicationService:
         except ValueError:
             return stored, None
 
-    async def claim(self, address: str, record_bytes: bytes | None, epoch_at_least: int = 0):
-        """Claim ``address`` if its ISR record is still ``record_bytes``; the new record says
+    async def claim(self, resource: str, record_bytes: bytes | None, epoch_at_least: int = 0):
+        """Claim ``resource`` if its ISR record is still ``record_bytes``; the new record says
         this node is primary with no backup in sync yet. None: someone else was faster."""
         record = json.dumps({"primary": self.node_id, "isr": []}).encode()
         return await self.coordinator.claim(
-            OWNERS + address, require_state={STATE + address: record_bytes},
-            put_state={STATE + address: record}, epoch_at_least=epoch_at_least)
+            resource, require_state={STATE + resource: record_bytes},
+            put_state={STATE + resource: record}, epoch_at_least=epoch_at_least)
+
+    async def release(self, claim) -> None:
+        try:
+            await self.coordinator.release(claim)
+        except Exception as exc:  # unreachable: the lease will end it, or it was taken over
+            log.info("%s: not released (%s)", claim.resource, exc)
 
     def write_isr(self, copy, isr: frozenset) -> None:
         """Write a primary's proposed in-sync set (conditional on its claim); tell it after."""
-        entry = self.addresses.get(copy.address)
-        claim = entry.claim if entry is not None else None
+        claim = copy.entry.claim
 
         async def write() -> None:
             body = json.dumps({"primary": self.node_id, "isr": sorted(isr),
                                "epoch": copy.epoch}).encode()
             try:
-                await self.coordinator.put_state(STATE + copy.address, body, if_owner=claim)
+                await self.coordinator.put_state(STATE + copy.resource, body, if_owner=claim)
             except Exception as exc:  # unreachable, fenced, or no longer the owner
                 log.warning("queue %s: in-sync set %s not written: %s", copy.address, sorted(isr), exc)
                 copy.isr_written(None)
@@ -187,10 +252,8 @@ class ReplicationService:
 
         self.spawn(write())
 
-    def stale(self, address: str, why: str) -> None:
-        entry = self.addresses.get(address)
-        if entry is not None:
-            entry.fence(why)
+    def stale(self, entry, why: str) -> None:
+        entry.fence(why)
 
     # -- promote by hand ------------------------------------------------------------------------
     async def promote(self, address: str, *, force: bool = False) -> dict:
@@ -202,4 +265,4 @@ class ReplicationService:
         return await entry.promote(force=force)
 
     def describe(self) -> list[dict]:
-        return [entry.describe() for entry in self.addresses.values()]
+        return [entry.describe() for entry in self.entries.values()]
