@@ -264,5 +264,18 @@ class ReplicationService:
         entry = self.entry(address, decision.rule)
         return await entry.promote(force=force)
 
+    def learn_owner(self, address: str, owner: str, epoch: int) -> bool:
+        """Another node says ``owner`` is the primary of ``address`` at ``epoch`` (a promote
+        by hand in a static cluster): this node's proxies go there. False when ignored: not a
+        replicated queue, this node itself, or an epoch lower than the one known here."""
+        decision = self.node.routing.resolve(address)
+        if decision.kind != "replicated" or owner == self.node_id:
+            return False
+        entry = self.entry(address, decision.rule)
+        if entry.owner is not None and entry.owner[1] > epoch:
+            return False
+        entry._learn_owner(owner, epoch)
+        return True
+
     def describe(self) -> list[dict]:
         return [entry.describe() for entry in self.entries.values()]
