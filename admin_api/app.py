@@ -32,7 +32,7 @@ import time
 from aiohttp import web, web_response
 from aiohttp.http_exceptions import HttpProcessingError
 
-from . import console, first_run, health, inspect_api, openapi, rules_api
+from . import console, first_run, health, inspect_api, openapi, replication, rules_api
 from .auth import Tokens, allowed, bearer_token
 from .cluster import CLUSTER, ClusterSync, follow_etcd, get_cluster, push_rules
 from .errors import ApiError, from_http_exception, json_response
@@ -66,6 +66,7 @@ ROUTES = [
     ("DELETE", "/api/v1/connections/{id}", inspect_api.delete_connection, False),
     ("GET", "/api/v1/links", inspect_api.get_links, False),
     ("GET", "/api/v1/queues", inspect_api.get_queues, False),
+    ("POST", "/api/v1/queues/{name}/promote", replication.promote, False),
     ("GET", "/api/v1/fragments", inspect_api.get_fragments, False),
     ("GET", "/api/v1/upstreams", inspect_api.get_upstreams, False),
     ("GET", "/api/v1/exchanges", inspect_api.get_exchanges, False),
@@ -79,6 +80,7 @@ ROUTES = [
     ("GET", "/api/v1/resolve", rules_api.resolve, False),
     ("GET", "/api/v1/cluster", get_cluster, False),
     ("POST", "/api/v1/cluster/rules", push_rules, False),
+    ("POST", "/api/v1/replication/owner", replication.post_owner, False),
 ]
 PUBLIC = {(method, path) for method, path, _, public in ROUTES if public}
 

@@ -1,5 +1,5 @@
-"""Read-only views of a running node: node, connections, links, queues,
-fragments, upstreams; and closing one client connection.
+"""Read-only views of a running node: node, connections, links, queues (replicated
+ones too), fragments, upstreams; and closing one client connection.
 
 Everything is read straight from the node's objects in the node's own event
 loop (no copies kept, no locks needed): ``node.connections`` (the asyncio
@@ -201,16 +201,31 @@ async def get_links(request: web.Request) -> web.Response:
     })
 
 
-async def get_queues(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    items = [queue_info(q) for _, q in sorted(node.queues.queues.items())]
-    totals = node.queues.totals()
-    return json_response({
+def queues_doc(node) -> dict[str, Any]:
+    """Local queues, and the replicated queues this node knows (admin_api.replication): on
+    their primary a local queue with a ``replication`` object and ``role``; elsewhere (a
+    backup, or a node that proxies its clients to the primary) ``name``, ``role`` and
+    ``replication`` only."""
+    from .replication import queue_items
+
+    local = [queue_info(q) for _, q in sorted(node.queues.queues.items())]
+    on_local, elsewhere = queue_items(node, {i["name"] for i in local})
+    for item in local:
+        replication = on_local.get(item["name"])
+        if replication is not None:
+            item.update(role=replication["role"], replication=replication)
+    items = sorted(local + elsewhere, key=lambda i: i["name"])
+    return {
         "count": len(items),
-        "depth": sum(i["depth"] for i in items),
-        "totals": dict(vars(totals)),
+        "depth": sum(i["depth"] for i in local),
+        "replicated": len(on_local) + len(elsewhere),
+        "totals": dict(vars(node.queues.totals())),
         "queues": items,
-    })
+    }
+
+
+async def get_queues(request: web.Request) -> web.Response:
+    return json_response(queues_doc(request.app[NODE]))
 
 
 async def get_fragments(request: web.Request) -> web.Response:

@@ -33,6 +33,8 @@ ERRORS = {
     "422": _json(ERROR, "The rules do not validate; `field` names the first problem"),
     "503": _json(ERROR, "The cluster's rules live in etcd, which cannot be reached now (the "
                         "reason in `detail`; Retry-After)"),
+    "502": _json(ERROR, "Another node could not be reached, or refused this node (the reason in "
+                        "`detail`)"),
 }
 AUTH_ERRORS = ("401", "403", "405")
 
@@ -111,6 +113,13 @@ RULE = {
         "dead_letter": {"type": "string"},
         "max_depth": {"type": "integer", "minimum": 1},
         "durable": {"type": "boolean"},
+        "replicas": {"type": "integer", "minimum": 1, "maximum": 5,
+                     "description": "copies of the queue, the primary's included (replicated: "
+                                    "2-5; fragmented: 1-5)"},
+        "nodes": {"type": "array", "items": {"type": "string", "minLength": 1},
+                  "description": "the replica set's candidates (replicated), preferred first"},
+        "min_in_sync": {"type": "integer", "minimum": 1},
+        "catchup_timeout": {"type": "number", "exclusiveMinimum": 0},
     },
 }
 RECORD = {
@@ -135,6 +144,48 @@ RULES_DOC = {
 ONE_RULE = {"type": "object", "properties": {
     "version": {"type": "integer"}, "position": {"type": "integer"}, "rule": _ref("Rule")}}
 LISTING = {"type": "object", "properties": {"count": {"type": "integer"}}}
+BACKUP = {"type": "object", "properties": {
+    "node": {"type": "string"},
+    "state": {"type": "string", "enum": ["catching-up", "ready", "lagging", "absent"]},
+    "lag_messages": {"type": "integer"}, "lag_ms": {"type": "number"},
+    "catchup_left": {"type": "integer"}}}
+REPLICATION = {
+    "type": "object",
+    "description": "A replicated queue as this node sees it (docs/replication.md)",
+    "properties": {
+        "role": {"type": "string", "description": "this node's: primary, catching-up, ready, "
+                                                  "lagging (a backup), proxy (no copy here)"},
+        "primary": {"type": ["string", "null"], "description": "the primary this node knows"},
+        "epoch": {"type": ["integer", "null"]},
+        "replicas": {"type": "integer"},
+        "placement": {"type": "array", "items": {"type": "string"},
+                      "description": "the replica set, preferred primary first"},
+        "failovers": {"type": "integer"},
+        "waiting_links": {"type": "integer"},
+        "in_sync": {"type": "array", "items": {"type": "string"}, "description": "primary only"},
+        "in_sync_backups": {"type": "integer"},
+        "waiting_acceptance": {"type": "integer"},
+        "lag_messages": {"type": "integer", "description": "the largest of the backups'"},
+        "lag_ms": {"type": "number", "description": "the largest of the backups'"},
+        "backups": {"type": "array", "items": BACKUP},
+        "depth": {"type": "integer"},
+        "copy": {"type": "object", "description": "a backup's copy: state, primary, epoch, "
+                                                  "depth, bytes, catching_up, in_sync"},
+    },
+}
+QUEUES = {"type": "object", "properties": {
+    "count": {"type": "integer"}, "depth": {"type": "integer"},
+    "replicated": {"type": "integer"},
+    "queues": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "depth": {"type": "integer"},
+        "role": {"type": "string", "description": "replicated queues only"},
+        "replication": REPLICATION}}}}}
+PROMOTED = {"type": "object", "properties": {
+    "name": {"type": "string"}, "node": {"type": "string"}, "role": {"type": "string"},
+    "forced": {"type": "boolean"}, "replication": REPLICATION,
+    "told": {"type": "object", "additionalProperties": {"type": "string"},
+             "description": "static clusters: each other node told of the new primary "
+                            "(learned, ignored, or failed: why)"}}}
 
 
 def spec() -> dict[str, Any]:
@@ -171,7 +222,22 @@ def spec() -> dict[str, Any]:
             errors=("400", "404"),
             params=[{"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}}])},
         "/api/v1/links": {"get": _op("Attached links", _json(LISTING, "links"))},
-        "/api/v1/queues": {"get": _op("Local queues with depth and counters", _json(LISTING, "queues"))},
+        "/api/v1/queues": {"get": _op(
+            "Local queues with depth and counters; replicated queues this node knows, with "
+            "its role, the primary, epoch, backups and their lag, failovers",
+            _json(QUEUES, "queues"))},
+        "/api/v1/queues/{name}/promote": {"post": _op(
+            "Make `node` (default: this node) the primary of a replicated queue; another node's "
+            "request is forwarded to its admin API. Refused (409) unless that node's copy is a "
+            "ready backup, or `force`",
+            _json(PROMOTED, "promoted (or the primary already)"),
+            errors=("400", "404", "409", "413", "502"),
+            params=[{"name": "name", "in": "path", "required": True,
+                     "schema": {"type": "string", "minLength": 1}}],
+            body={"type": "object", "additionalProperties": False, "properties": {
+                "node": {"type": "string", "minLength": 1},
+                "force": {"type": "boolean", "description": "promote a catching-up or lagging "
+                                                            "copy (it may lack messages)"}}})},
         "/api/v1/fragments": {"get": _op("Fragments of fragmented queues", _json(LISTING, "fragments"))},
         "/api/v1/history": {"get": _op("The last hour, sampled every 5 s: message rates, connections, "
                                        "queued bytes, deepest queues, upstreams up", _json(LISTING, "samples"))},
@@ -202,9 +268,17 @@ def spec() -> dict[str, Any]:
                           errors=("404", "409", "412", "422", "503"), params=[RULE_NAME, IF_MATCH]),
         },
         "/api/v1/resolve": {"get": _op(
-            "Which rule an address matches, the decision and why", _json({"type": "object", "properties": {
+            "Which rule an address matches, the decision and why; for a replicated queue its "
+            "primary (the one this node knows, else the preferred node: `replication."
+            "primary_known`)", _json({"type": "object", "properties": {
                 "address": {"type": "string"}, "decision": {"type": "string", "enum": list(KINDS)},
-                "reason": {"type": "string"}, "rule": {"oneOf": [_ref("Rule"), {"type": "null"}]}}},
+                "reason": {"type": "string"}, "rule": {"oneOf": [_ref("Rule"), {"type": "null"}]},
+                "primary": {"type": ["string", "null"]},
+                "replication": {"type": "object", "properties": {
+                    "primary": {"type": "string"}, "primary_known": {"type": "boolean"},
+                    "epoch": {"type": ["integer", "null"]}, "preferred": {"type": "string"},
+                    "placement": {"type": "array", "items": {"type": "string"}},
+                    "role": {"type": "string"}}}}},
                 "the decision"),
             errors=("400",),
             params=[{"name": "address", "in": "query", "required": True,
@@ -224,6 +298,20 @@ def spec() -> dict[str, Any]:
             "clusters only: on etcd the record lives there, 409)",
             _json({"type": "object", "properties": {"accepted": {"type": "boolean"}}}, "result"),
             errors=("400", "409", "413", "422"), body=_ref("RulesRecord"), tag="cluster")},
+        "/api/v1/replication/owner": {"post": _op(
+            "Node to node: `owner` is the primary of the replicated queue `address` at `epoch` "
+            "(sent by a node promoted by hand in a static cluster); this node's proxies go there. "
+            "A lower epoch than the one known is ignored (`learned`: false)",
+            _json({"type": "object", "properties": {"learned": {"type": "boolean"},
+                                                    "node": {"type": "string"},
+                                                    "replication": {"oneOf": [REPLICATION,
+                                                                              {"type": "null"}]}}},
+                  "result"),
+            errors=("400", "404", "413"), tag="cluster",
+            body={"type": "object", "required": ["address", "owner", "epoch"], "properties": {
+                "address": {"type": "string", "minLength": 1},
+                "owner": {"type": "string", "minLength": 1},
+                "epoch": {"type": "integer", "minimum": 1}}})},
     }
     return {
         "openapi": "3.1.0",

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from proxy.queues.endpoints import QueueConsumer, QueueProducer
 
 from .inspect_api import UP_STATES, describe_fragments, describe_upstreams
+from .replication import ROLES, described
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -57,6 +58,45 @@ class Exposition:
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
+
+
+def replication(out: Exposition, items: list[dict]) -> None:
+    """Replicated queues as this node sees them (admin_api.replication)."""
+    items = sorted(items, key=lambda i: i["address"])
+    primaries = [i for i in items if i.get("role") == "primary"]
+    backups = [(i["address"], b) for i in primaries for b in i.get("backups") or []]
+    out.family("fedgate_replication_role", "gauge",
+               "This node's role for a replicated queue: 1 for the role it has, 0 for the others.",
+               [({"queue": i["address"], "role": role}, 1 if i.get("role") == role else 0)
+                for i in items for role in (*ROLES, *([i.get("role")] if i.get("role") not in ROLES
+                                                       else []))])
+    out.family("fedgate_replication_epoch", "gauge",
+               "Epoch of the replicated queue's primary as this node knows it.",
+               [({"queue": i["address"]}, i["epoch"]) for i in items if i.get("epoch") is not None])
+    out.family("fedgate_replication_in_sync_backups", "gauge",
+               "Backups in the in-sync set of a replicated queue (on its primary).",
+               [({"queue": i["address"]}, len(i.get("in_sync") or [])) for i in primaries])
+    out.family("fedgate_replication_backups", "gauge",
+               "Backups of a replicated queue by state (on its primary).",
+               [({"queue": q, "backup": b["node"], "state": b["state"]}, 1) for q, b in backups])
+    out.family("fedgate_replication_backup_lag_messages", "gauge",
+               "Replication events a backup has not acknowledged yet (on the primary).",
+               [({"queue": q, "backup": b["node"]}, b.get("lag_messages") or 0) for q, b in backups])
+    out.family("fedgate_replication_backup_lag_seconds", "gauge",
+               "How long the oldest event a backup has not acknowledged has waited (on the primary).",
+               [({"queue": q, "backup": b["node"]}, round((b.get("lag_ms") or 0) / 1000, 4))
+                for q, b in backups])
+    out.family("fedgate_replication_waiting_acceptance", "gauge",
+               "Producers' messages the primary holds and has not accepted yet: waiting for the "
+               "in-sync backups.",
+               [({"queue": i["address"]}, i.get("waiting_acceptance") or 0) for i in primaries])
+    out.family("fedgate_replication_copy_depth", "gauge",
+               "Messages in this node's backup copy of a replicated queue.",
+               [({"queue": i["address"]}, (i.get("copy") or {}).get("depth") or 0)
+                for i in items if i.get("copy") is not None])
+    out.family("fedgate_replication_failovers_total", "counter",
+               "Times the replicated queue's primary changed, as this node saw it.",
+               [({"queue": i["address"]}, i.get("failovers") or 0) for i in items])
 
 
 def render(node) -> str:
@@ -130,6 +170,7 @@ def render(node) -> str:
     out.family("fedgate_upstream_reconnects_total", "counter", "Reconnects to an upstream.", [
         ({"upstream": u["name"]}, int(u["reconnects"] or 0)) for u in upstreams
     ])
+    replication(out, described(node))
     out.family("fedgate_rules_version", "gauge", "Version of the routing rules this node serves.",
                [({}, node.rules_store.current.version)])
     out.histogram("fedgate_delivery_latency_seconds",

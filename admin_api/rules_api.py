@@ -14,6 +14,7 @@ from aiohttp import web
 from proxy.config.rules_store import RulesRecord
 from routing import RuleError
 
+from . import replication
 from .errors import ApiError, invalid_rules, json_response
 from .inputs import query_int, read_json
 from .rules_manager import RulesManager, VersionMismatch, etag_of
@@ -173,7 +174,7 @@ async def resolve(request: web.Request) -> web.Response:
         decision = manager.node.routing.resolve(address)
     except RuleError as exc:
         raise ApiError(400, "invalid_parameter", exc.detail, field="address") from None
-    return json_response({
+    body = {
         "address": address,
         "decision": decision.kind,
         "reason": decision.reason,
@@ -183,5 +184,15 @@ async def resolve(request: web.Request) -> web.Response:
         "primary_url": decision.primary_url,
         "captures": list(decision.captures),
         "version": manager.current.version,
-    })
+    }
+    if decision.kind == "replicated":
+        replicated = replication.owner(manager.node, address, decision)
+        if replicated is not None:  # the primary this node knows, else the preferred node
+            body.update(primary=replicated["primary"], primary_url=replicated["primary_url"],
+                        replication=replicated)
+            body["reason"] += (f"; primary {replicated['primary']} (epoch {replicated['epoch']})"
+                               if replicated["primary_known"] else
+                               f"; no primary known here yet: {replicated['primary']} is the "
+                               "preferred node (the first of the replica set)")
+    return json_response(body)
 
