@@ -1,7 +1,9 @@
-"""``fedgate status | queues | connections | rules [get | apply FILE | resolve ADDRESS]``.
+"""``fedgate status | queues | connections | rules [get | apply FILE | resolve ADDRESS] |
+promote QUEUE [--node N] [--force]``.
 
 ``status``, ``queues``, ``connections`` and ``rules`` print tables (as
-``rabbitmqctl`` and ``qdstat`` do), or the admin API's JSON with ``--json``.
+``rabbitmqctl`` and ``qdstat`` do), or the admin API's JSON with ``--json``;
+``queues`` prints a second table for the replicated queues the node knows.
 
 They talk to a node's admin API (``--admin URL``, default ``$FEDGATE_ADMIN``
 or ``http://127.0.0.1:8080``) with the bearer token in ``$FEDGATE_TOKEN``, else the one
@@ -155,8 +157,63 @@ RULE_COLUMNS = [("name", "name"), ("match", "match"), ("kind", "kind"), ("primar
                 ("remote", "remote")]
 
 
+REPLICATED_COLUMNS = [("queue", "name"), ("role", "role"), ("primary", "primary"),
+                      ("epoch", "epoch"), ("depth", "depth"), ("backups", "backups"),
+                      ("in_sync", "in_sync"), ("lag_msgs", "lag_messages"), ("lag_ms", "lag_ms"),
+                      ("failovers", "failovers")]
+
+
+def replicated_row(item: dict) -> dict:
+    """One replicated queue as a row: backups as ``node:state``, the largest lag of them; on a
+    backup its copy's depth, and its own state as the role."""
+    r = item.get("replication") or {}
+    backups = r.get("backups") or []
+    row = {"name": item["name"], "role": r.get("role"), "primary": r.get("primary"),
+           "epoch": r.get("epoch"), "failovers": r.get("failovers")}
+    if r.get("role") == "primary":
+        row.update(depth=r.get("depth"),
+                   backups=",".join(f"{b['node']}:{b['state']}" for b in backups) or "none",
+                   in_sync=f"{len(r.get('in_sync') or [])}/{len(backups)}",
+                   lag_messages=max((b.get("lag_messages") or 0 for b in backups), default=0),
+                   lag_ms=max((b.get("lag_ms") or 0 for b in backups), default=0))
+    elif r.get("copy"):
+        row["depth"] = r["copy"].get("depth")
+    if row["primary"] is None and r.get("placement"):
+        row["primary"] = f"({r['placement'][0]}?)"  # none known here yet: the preferred node
+    return row
+
+
 def cmd_queues(args: argparse.Namespace) -> int:
-    _print_table(args, call(args, "GET", "/api/v1/queues"), "queues", QUEUE_COLUMNS)
+    body = call(args, "GET", "/api/v1/queues")
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    local = [q for q in body["queues"] if "depth" in q]
+    print(table(local, QUEUE_COLUMNS))
+    replicated = [replicated_row(q) for q in body["queues"] if q.get("replication")]
+    if replicated:
+        print("\nreplicated queues")
+        print(table(replicated, REPLICATED_COLUMNS))
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    body = {"force": args.force}
+    if args.node:
+        body["node"] = args.node
+    path = f"/api/v1/queues/{urllib.parse.quote(args.queue, safe='')}/promote"
+    result = call(args, "POST", path, body)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    r = result.get("replication") or {}
+    print(f"queue {result['name']}: primary {result['node']} (epoch {r.get('epoch')})"
+          + (" -- forced: it may lack messages the old primary had accepted" if result.get("forced")
+             else ""))
+    backups = r.get("backups") or []
+    print("  backups: " + (", ".join(f"{b['node']} {b['state']}" for b in backups) or "none yet"))
+    for node, answer in sorted((result.get("told") or {}).items()):
+        print(f"  told {node}: {answer}")
     return 0
 
 
@@ -185,6 +242,12 @@ def cmd_rules(args: argparse.Namespace) -> int:
         print(f"{result['address']}: {result['decision']} (rule {rule}) {result['reason']}")
         if result.get("remote_address"):
             print(f"  remote address {result['remote_address']} at {result.get('primary_url')}")
+        replicated = result.get("replication")
+        if replicated:
+            known = (f"epoch {replicated['epoch']}" if replicated["primary_known"]
+                     else "none known here yet: the preferred node")
+            print(f"  primary {replicated['primary']} ({known}); replica set "
+                  f"{', '.join(replicated['placement'])}; this node: {replicated['role']}")
     return 0
 
 
@@ -302,7 +365,20 @@ def register(subparsers) -> None:
     _json_option(status)
     status.set_defaults(func=_run(cmd_status))
 
-    for name, func, what in (("queues", cmd_queues, "local queues"),
+    promote = subparsers.add_parser(
+        "promote", help="make a node the primary of a replicated queue (admin API); refused "
+                        "unless its copy is a ready backup")
+    promote.add_argument("queue", help="the replicated queue (its address)")
+    promote.add_argument("--node", help="the node to promote (default: the one --admin reaches); "
+                                        "another node is asked through this one")
+    promote.add_argument("--force", action="store_true",
+                         help="promote a catching-up or lagging copy too (it may lack messages "
+                              "the primary accepted)")
+    _admin_option(promote)
+    _json_option(promote)
+    promote.set_defaults(func=_run(cmd_promote))
+
+    for name, func, what in (("queues", cmd_queues, "local and replicated queues"),
                              ("connections", cmd_connections, "client connections")):
         command = subparsers.add_parser(name, help=f"{what} of a running node (admin API)")
         _admin_option(command)
