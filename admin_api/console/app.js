@@ -61,13 +61,14 @@ async function refresh() {
       api.get('/api/v1/queues'), api.get('/api/v1/fragments'), api.get('/api/v1/upstreams'),
       api.get('/api/v1/history'), api.get('/api/v1/connections'), api.get('/api/v1/links'),
     ]);
-    latest = { connections, links, upstreams };
+    latest = { connections, links, upstreams, queues };
     $('#status').textContent = `connected — refreshed ${new Date().toLocaleTimeString()}`;
     $('#status').className = 'ok';
     renderNode(node, cluster);
     renderRules(rules);
     renderQueues(queues);
     renderFragments(fragments);
+    renderReplicated(queues);
     renderUpstreams(upstreams);
     renderConnections(connections);
     renderHistory(history);
@@ -261,7 +262,8 @@ function renderRules(doc) {
 }
 
 function renderQueues(doc) {
-  fill('queues', doc.queues.map((q) => [
+  // replicated queues held on another node (this one a backup, or proxying) have no local figures
+  fill('queues', doc.queues.filter((q) => q.stats).map((q) => [
     cell(q.name, 'mono'), cell(q.depth, 'num'), cell(q.consumers, 'num'), cell(q.producers, 'num'),
     cell(q.unacked, 'num'), cell(q.stats.enqueued, 'num'), cell(q.stats.delivered, 'num'),
   ]), 'no queues yet');
@@ -271,6 +273,37 @@ function renderFragments(doc) {
   fill('fragments', doc.fragments.map((f) => [
     cell(f.address, 'mono'), cell(f.local || '(none here)'), cell(f.depth, 'num'), cell(f.stolen_in, 'num'),
   ]), 'no fragments on this node');
+}
+
+// Replicated queues this node knows (as primary, backup or proxy): a page each (#replicated/NAME).
+const ROLE_BADGES = { primary: 'good', ready: 'good', 'catching-up': 'warn', lagging: 'bad', proxy: 'muted' };
+
+function renderReplicated(doc) {
+  fill('replicated', doc.queues.filter((q) => q.replication).map((q) => {
+    const r = q.replication;
+    const backups = r.backups || [];
+    const primary = r.role === 'primary';
+    const td = cell('');
+    td.dataset.backups = backups.map((b) => `${b.node}:${b.state}`).join(',');
+    for (const b of backups) {
+      const span = document.createElement('span');
+      span.className = `badge ${ROLE_BADGES[b.state] || ''}`;
+      span.textContent = `${b.node} ${b.state}`;
+      td.append(span, ' ');
+    }
+    if (!primary) td.textContent = r.copy ? `(this node's copy: ${r.copy.depth} messages)` : '';
+    return [
+      link(q.name, `#replicated/${encodeURIComponent(q.name)}`),
+      badge(r.role, ROLE_BADGES[r.role] || ''),
+      cell(r.primary || (r.placement && r.placement.length ? `${r.placement[0]} (preferred; none known yet)` : '')),
+      cell(r.epoch, 'num'),
+      td,
+      cell(primary ? `${(r.in_sync || []).length} / ${backups.length}` : ''),
+      cell(primary ? r.lag_messages : '', 'num'),
+      cell(primary ? r.lag_ms : '', 'num'),
+      cell(r.failovers, 'num'),
+    ];
+  }), 'no replicated queues known to this node');
 }
 
 function link(text, hash) {
@@ -327,7 +360,7 @@ function showDetail(title, fields, rowsTitle, headers, rows, emptyText) {
 function renderDetail() {
   const [kind, key] = decodeURIComponent(location.hash.slice(1)).split(/\/(.*)/s);
   const sections = document.querySelectorAll('main > section:not(#detail)');
-  if (!latest || !key || !['connection', 'upstream'].includes(kind)) {
+  if (!latest || !key || !['connection', 'upstream', 'replicated'].includes(kind)) {
     $('#detail').hidden = true;
     sections.forEach((s) => { s.hidden = false; });
     return;
@@ -349,6 +382,28 @@ function renderDetail() {
     links.map((l) => [cell(l.name, 'mono'), cell(l.address, 'mono'), cell(l.role),
       cell(l.credit, 'num'), cell(l.unsettled, 'num'), cell(l.sent, 'num'), cell(l.received, 'num')]),
     'no links');
+    return;
+  }
+  if (kind === 'replicated') {
+    const q = latest.queues.queues.find((x) => x.replication && x.name === key);
+    if (!q) {
+      showDetail(`replicated queue ${key}`, [['role', 'not known to this node']], '', [], [], '');
+      return;
+    }
+    const r = q.replication;
+    const copy = r.copy || {};
+    showDetail(`replicated queue ${q.name}`, [
+      ['this node', r.role], ['primary', r.primary || `none known yet (preferred: ${(r.placement || [])[0] || ''})`],
+      ['epoch', r.epoch === null ? '' : r.epoch], ['replicas', r.replicas],
+      ['replica set', (r.placement || []).join(', ')], ['failovers', r.failovers],
+      ['depth', r.role === 'primary' ? r.depth : (r.copy ? copy.depth : '')],
+      ['in sync', r.role === 'primary' ? (r.in_sync || []).join(', ') || 'none' : (r.copy ? String(copy.in_sync) : '')],
+      ['waiting acceptance', r.waiting_acceptance === undefined ? '' : r.waiting_acceptance],
+      ['waiting links', r.waiting_links],
+    ], 'backups (on the primary)', ['backup', 'state', 'lag (messages)', 'lag (ms)', 'catch-up left'],
+    (r.backups || []).map((b) => [cell(b.node), badge(b.state, ROLE_BADGES[b.state] || ''),
+      cell(b.lag_messages, 'num'), cell(b.lag_ms, 'num'), cell(b.catchup_left, 'num')]),
+    r.role === 'primary' ? 'no backups attached' : 'shown on the primary');
     return;
   }
   const u = latest.upstreams.upstreams.find((x) => upstreamKey(x) === key);

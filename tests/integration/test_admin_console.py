@@ -6,13 +6,14 @@ import json
 import subprocess
 from pathlib import Path
 
-from admin_client import ADMIN_TOKEN, admin_node, http
-from conftest import NODE_JS, ROOT, TESTS, error_of, require
+from admin_client import ADMIN_TOKEN, admin_node, http, wait_for
+from conftest import NODE_JS, ROOT, TESTS, error_of, free_port, require
 
 CHROMIUM = Path("/usr/bin/chromium")
 # screenshots kept after the run, for a look at the console (gitignored, see docs/testing.md)
 ARTIFACTS = ROOT / "var" / "test-artifacts" / "admin-console"
 FILLED, PASSED = 300, 300  # messages left in "orders"; sent through "work" and received
+REPLICATED = 3  # messages in the replicated queue "repl.x"
 
 
 def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, clients):
@@ -21,8 +22,15 @@ def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, cl
             "playwright-core (npm ci in tests/js)")
     require(CHROMIUM.exists(), "chromium (.ci/install/chromium.sh)")
     primary = start_node(name="primary")
+    # a replicated queue "repl.x": this node its primary, n2 its backup (a static cluster)
+    ports = {"n1": free_port(), "n2": free_port()}
+    peers = {name: f"amqp://127.0.0.1:{port}" for name, port in ports.items()}
+    replicated = {"name": "repl", "match": "repl.*", "kind": "replicated", "nodes": ["n1", "n2"]}
+    start_node({"node": {"listen": f"127.0.0.1:{ports['n2']}"}, "peers": {"n1": peers["n1"]},
+                "rules": [replicated]}, "n2")
     node = admin_node(start_node, rules=[{"name": "up", "match": "up.*", "kind": "proxy",
-                                          "primary": primary.url, "remote": "{1}"}])
+                                          "primary": primary.url, "remote": "{1}"}, replicated],
+                      node={"listen": f"127.0.0.1:{ports['n1']}"}, peers={"n2": peers["n2"]})
     # load the charts must show: 300 messages wait in "orders"; 300 go through "work"
     (sent,) = clients("proton", "send", node.url, address="orders", count=FILLED).finish()
     assert sent["accepted"] == FILLED
@@ -34,6 +42,13 @@ def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, cl
     waiting = clients("rhea", "receive", node.url, address="up.events", count=0, credit=7,
                       timeout_ms=60000, announce=True)
     assert waiting.readline() == {"attached": "up.events"}
+    (sent,) = clients("proton", "send", node.url, address="repl.x", count=REPLICATED).finish()
+    assert sent["accepted"] == REPLICATED
+
+    def backup_ready():
+        queues = http("GET", node.admin_url + "/api/v1/queues")[1]["queues"]
+        return any(q["name"] == "repl.x" and q["replication"]["in_sync"] == ["n2"] for q in queues)
+    wait_for(backup_ready, timeout=10, what="n2 in sync")
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)  # kept after the run (docs/testing.md)
     for old in ARTIFACTS.glob("console*.png"):
@@ -43,19 +58,19 @@ def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, cl
         [NODE_JS, str(TESTS / "js" / "admin_console.js"), "--url", node.admin_url + "/",
          "--token", ADMIN_TOKEN, "--screenshot", str(screenshot), "--chromium", str(CHROMIUM),
          "--rule-name", "ui-deny", "--rule-match", "ui.secret.#", "--edit-match", "ui.hidden.#",
-         "--filled-queue", "orders"],
+         "--filled-queue", "orders", "--upstream", primary.url, "--replicated-queue", "repl.x"],
         capture_output=True, text=True, timeout=120)
     assert run.stdout.strip(), run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["error"] is None and run.returncode == 0, result["error"]
 
-    assert result["rules"] == ["up", "ui-deny"]
+    assert result["rules"] == ["up", "repl", "ui-deny"]
     assert result["added"] == "rule ui-deny added (version 1)"
     assert "rule.primary" in result["invalid_error"]  # the server's validation, shown as is
     # Edit (PUT): saved, and an edit the server refuses shows its message
     assert result["edited"] == "rule ui-deny saved (version 2)" and result["edit_form_hidden"]
     assert result["edit_error"].startswith("not saved: ") and "rule.primary" in result["edit_error"]
-    assert sorted(result["queues"]) == ["orders", "work"]
+    assert sorted(result["queues"]) == ["orders", "repl.x", "work"]
 
     history = result["history"]  # the charts of the last hour, raw figures read from the page
     assert history["in"]["peak"] > 0 and history["out"]["peak"] > 0  # messages / s
@@ -71,7 +86,7 @@ def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, cl
     assert status == 200
     top_in = max(s["messages_in_per_s"] or 0 for s in doc["samples"])
     assert 0 < history["in"]["peak"] <= top_in
-    assert doc["samples"][-1]["messages_in"] == FILLED + PASSED  # totals since the start
+    assert doc["samples"][-1]["messages_in"] == FILLED + PASSED + REPLICATED  # totals since the start
     unexpected = [e for e in result["console_errors"] if "422" not in e]
     assert unexpected == [], unexpected
 
@@ -91,6 +106,20 @@ def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, cl
     assert [(m["role"], m["state"], m["links"]) for m in members] == [("receive", "up", "1"),
                                                                        ("send", "idle", "0")]
 
+    # the replicated queues: this node primary at epoch 1, n2 its ready backup
+    (row,) = result["replicated"]
+    assert row[:5] == ["repl.x", "primary", "n1", "1", "n2 ready"]
+    assert row[5:] == ["1 / 1", "0", "0", "0"]  # in sync, lag (messages, ms), failovers
+    page = result["replicated_page"]
+    assert page["hash"] == "#replicated/repl.x" and page["title"] == "replicated queue repl.x"
+    fields = page["fields"]
+    assert (fields["this node"], fields["primary"], fields["epoch"], fields["depth"]) == \
+        ("primary", "n1", "1", str(REPLICATED))
+    assert fields["replica set"] == "n1, n2" and fields["in sync"] == "n2"
+    backups = [dict(zip(page["headers"], r)) for r in page["rows"]]
+    assert backups == [{"backup": "n2", "state": "ready", "lag (messages)": "0", "lag (ms)": "0",
+                        "catch-up left": "0"}]
+
     status, doc = http("GET", node.admin_url + "/api/v1/rules/ui-deny")  # as edited
     assert status == 200 and doc["rule"] == {"name": "ui-deny", "match": "ui.hidden.#", "kind": "deny"}
     assert http("GET", node.admin_url + "/api/v1/rules/ui-invalid")[0] == 404
@@ -98,6 +127,7 @@ def test_console_adds_a_rule_that_the_api_and_the_node_then_serve(start_node, cl
                     timeout_ms=10000).finish()
     assert error_of(lines)["condition"] == "amqp:unauthorized-access"
 
-    for name in ("console", "console-charts", "console-connection", "console-upstream"):
+    for name in ("console", "console-charts", "console-connection", "console-upstream",
+                 "console-replicated", "console-replicated-queue"):
         png = (ARTIFACTS / f"{name}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5_000, name

@@ -6,16 +6,19 @@
 //
 //   node admin_console.js --url http://127.0.0.1:8080/ --token T --screenshot out.png
 //        [--chromium /usr/bin/chromium] [--rule-name N --rule-match M --edit-match M2]
-//        [--filled-queue Q]
+//        [--filled-queue Q] [--upstream NAME] [--replicated-queue Q]
 //
 // Waits until the in and out rate charts have a peak above 0 and, with --filled-queue,
-// until the queue depths chart has a line for Q.
+// until the queue depths chart has a line for Q. --upstream: the upstream whose page is
+// opened (default: the first); --replicated-queue: waits for Q in the replicated queues
+// table, with a backup shown, then opens its page.
 // Prints one JSON line: {"rules": [names shown], "added": text, "invalid_error": text,
 // "edited": text, "edit_error": text, "queues": [names shown],
 // "history": {chart: {peak, max, last, samples}}, "depths": [{queue, peak, last}],
 // "depths_legend": [text], "connection_page" / "upstream_page":
 // {hash, title, fields: {name: text}, headers, rows} | null (the page the first link of
-// the connections / upstreams table opens), "console_errors": [...], "error": null | "..."}.
+// the connections / upstreams table opens), "replicated": [[cells of each row]],
+// "replicated_page": {...} | null, "console_errors": [...], "error": null | "..."}.
 'use strict';
 
 const { chromium } = require('playwright-core');
@@ -27,7 +30,7 @@ const LAUNCH_ARGS = [
 
 function options(argv) {
   const out = { chromium: '/usr/bin/chromium', ruleName: 'ui-deny', ruleMatch: 'ui.secret.#',
-    editMatch: 'ui.hidden.#', filledQueue: null };
+    editMatch: 'ui.hidden.#', filledQueue: null, upstream: null, replicatedQueue: null };
   for (let i = 2; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
     out[key] = argv[i + 1];
@@ -45,11 +48,13 @@ async function texts(page, selector) {
   return page.$$eval(selector, (cells) => cells.map((c) => c.textContent.trim()));
 }
 
-// Opens the page the first link of ``table`` leads to; returns its title, fields and rows.
-async function detailPage(page, table, screenshot) {
+// Opens the page the first link of ``table`` (or the one reading ``text``) leads to; returns
+// its title, fields and rows.
+async function detailPage(page, table, screenshot, text) {
   const first = `${table} tbody a`;
   if (!(await page.$(first))) return null;
-  await page.click(first);
+  if (text) await page.locator(first, { hasText: text }).first().click();
+  else await page.click(first);
   await page.waitForSelector('#detail:not([hidden]) #detail-fields td');
   const out = {
     hash: await page.evaluate(() => location.hash),
@@ -153,7 +158,18 @@ async function main() {
     result.connection_page = await detailPage(page, '#connections', opts.screenshot.replace(/\.png$/, '-connection.png'));
     await page.click('#detail-back');
     await page.waitForSelector('#detail', { state: 'hidden' });
-    result.upstream_page = await detailPage(page, '#upstreams', opts.screenshot.replace(/\.png$/, '-upstream.png'));
+    result.upstream_page = await detailPage(page, '#upstreams', opts.screenshot.replace(/\.png$/, '-upstream.png'),
+      opts.upstream);
+    if (opts.replicatedQueue) {  // the replicated queues table, and the queue's page
+      await page.click('#detail-back');
+      await page.waitForSelector('#detail', { state: 'hidden' });
+      await page.waitForFunction((queue) => [...document.querySelectorAll('#replicated tbody tr')].some(
+        (tr) => tr.children[0].textContent === queue && tr.children[4].dataset.backups), opts.replicatedQueue);
+      result.replicated = await page.$$eval('#replicated tbody tr', (trs) => trs.map((tr) => [...tr.children].map((td) => td.textContent.trim())));
+      await page.locator('#replicated-section').screenshot({ path: opts.screenshot.replace(/\.png$/, '-replicated.png') });
+      result.replicated_page = await detailPage(page, '#replicated', opts.screenshot.replace(/\.png$/, '-replicated-queue.png'),
+        opts.replicatedQueue);
+    }
   } catch (err) {
     result.error = String(err && err.stack ? err.stack : err);
   } finally {
