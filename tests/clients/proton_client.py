@@ -1,7 +1,8 @@
 """proton-python command-line client with the same contract as tests/js/*.js.
 
     python proton_client.py send --url U --address A --count N [--prefix P] [--presettled]
-                                 [--durable] [--report-accepted] [--rate R] [--sizes S1,S2,...]
+                                 [--durable] [--report-accepted] [--report-sent] [--rate R]
+                                 [--sizes S1,S2,...]
                                  [--username U --password P] [--timeout-ms T]
     python proton_client.py receive --url U --address A --count N [--credit C]
                                  [--idle-ms I] [--timeout-ms T] [--hold] [--dynamic]
@@ -10,7 +11,8 @@
                                  [--timeout-ms T]
 
 send prints one JSON line {"sent", "accepted", "released", "rejected", "modified", "error"};
-with --report-accepted it first prints {"accepted_id": id} as each outcome arrives.
+with --report-accepted it first prints {"accepted_id": id} as each outcome arrives, with
+--report-sent {"sent_id": id} as each message is handed to the link.
 --rate R sends at most R messages per second (on average since the start).
 --durable sets the header's durable field and asks for a durable target terminus.
 --sizes S1,S2,...: message SEQ has a binary body (a data section) of sizes[SEQ % len]
@@ -172,6 +174,8 @@ class Sender(Base):
             delivery = sender.send(message)
             if self.args.report_accepted:
                 self.ids[delivery.tag] = message.id
+            if self.args.report_sent:
+                emit({"sent_id": message.id})
             self.sent += 1
         if self.sent < self.args.count and sender.credit and self.rate_timer is None:
             self.rate_timer = self.container.schedule(0.02, RateTimer(self, sender))
@@ -393,6 +397,7 @@ def main() -> int:
     parser.add_argument("--presettled", action="store_true")
     parser.add_argument("--durable", action="store_true")
     parser.add_argument("--report-accepted", action="store_true")
+    parser.add_argument("--report-sent", action="store_true")
     parser.add_argument("--rate", type=float, default=0)
     parser.add_argument("--check-body", action="store_true")
     parser.add_argument("--summary", action="store_true")
