@@ -1,0 +1,235 @@
+"""Replicated queues on real processes (issue #35): three nodes on etcd, one rule
+``kind = "replicated"`` with three copies (docs/replication.md).
+
+* the primary killed with -9 mid-stream, clients on the surviving nodes (proton) and on the
+  killed node (Qpid JMS with a ``failover:`` URL): every accepted id is received,
+  duplicates within what was in flight, the time to a new primary measured and printed;
+* a backup restarted while 100,000 messages wait and clients run: it becomes ready (its
+  node in the in-sync set etcd records), and then holds every message (it serves them
+  alone once the other two copies are killed);
+* ``durable = true``: every node killed with -9 and started again, nothing accepted lost.
+
+The queues are pinned (``nodes = ["n1", "n2", "n3"]``: n1 is the preferred primary) so a
+test knows whom it kills. lease_ttl is 3 s; every wait is bounded. What a user would check:
+the acceptances the senders got, the ids the receivers got, ``GET /api/v1/queues`` (who
+serves the queue), the owner and in-sync records in etcd, the nodes' logs.
+
+FEDGATE_CATCHUP_MESSAGES (default 100000) sizes the catch-up test.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from etcd_servers import cluster_name, etcd_url  # noqa: F401 (fixtures)
+from replication_support import (LEASE_TTL, JmsClient, Workload, failover_url, owner_record,
+                                 promoted_at, replicated_nodes, replicated_rule,
+                                 restart, restart_all, wait_isr, wait_primary)
+
+ADDRESS = "orders.a"
+PINNED = replicated_rule(nodes=["n1", "n2", "n3"])
+FAILOVER_GOAL = LEASE_TTL + 2.0  # kill -9 -> new primary's first acceptance (issue #35)
+CATCHUP_MESSAGES = int(os.environ.get("FEDGATE_CATCHUP_MESSAGES", "100000"))
+
+
+@pytest.fixture
+def jms():
+    started: list[JmsClient] = []
+
+    def run(*args) -> JmsClient:
+        client = JmsClient(*args)
+        started.append(client)
+        return client
+
+    yield run
+    for client in started:
+        client.kill()
+
+
+def three_nodes(start_node, etcd_url, cluster_name, rule=PINNED, **sections):
+    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, rule, **sections)
+    return nodes, nodes["n1"], nodes["n2"], nodes["n3"]
+
+
+def redelivered_and_resent(outcome) -> tuple[int, int]:
+    """Duplicates split by cause: an id delivered again with a higher delivery-count (out with
+    a consumer at the failure: the new primary redelivers it), or again with delivery-count 0
+    (a send not yet accepted at the failure, sent again by the proxy)."""
+    seen, redelivered, resent = set(), 0, 0
+    for _, ident, count in outcome.received:
+        if ident in seen:
+            if count:
+                redelivered += 1
+            else:
+                resent += 1
+        seen.add(ident)
+    return redelivered, resent
+
+
+def test_primary_killed_mid_stream_every_accepted_id_arrives(start_node, etcd_url, cluster_name,
+                                                             clients):
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name)
+    credit = 20
+    load = Workload(clients, ADDRESS, senders=[(n2.url, "a"), (n3.url, "b"), (n2.url, "c"),
+                                               (n3.url, "d")],
+                    receivers=[n2.url, n3.url, n2.url, n3.url], per_sender=1000, rate=100,
+                    credit=credit)
+    load.start()
+    assert wait_primary(nodes, ADDRESS, 10.0) == "n1"
+    wait_isr(etcd_url, cluster_name, ADDRESS, ["n2", "n3"], 10.0, primary="n1")
+    epoch = owner_record(etcd_url, cluster_name, ADDRESS)["epoch"]
+    load.wait_accepted(1200, 20.0)  # about 3 s into a 10 s stream
+    killed = time.time()
+    n1.kill()
+    new = wait_primary(nodes, ADDRESS, LEASE_TTL + 10.0)
+    outcome = load.result(timeout=90.0)
+    in_flight = load.in_flight_sends(killed)
+
+    promoted = promoted_at(nodes[new], ADDRESS, after=killed)
+    first_accept = outcome.first_acceptance_after(promoted)
+    first_delivery = outcome.first_delivery_after(promoted)
+    redelivered, resent = redelivered_and_resent(outcome)
+    print(f"\nnew primary {new}: promoted {promoted - killed:.2f} s after kill -9, first acceptance "
+          f"{first_accept - killed:.2f} s, consumers receiving again {first_delivery - killed:.2f} s; "
+          f"accepted {len(outcome.accepted)}, received {len(outcome.received)}, duplicates "
+          f"{outcome.duplicates} ({redelivered} redelivered, {resent} sent again); bound: "
+          f"{4 * credit} receivers' credit + {in_flight} sends in flight")
+    assert not outcome.corrupt
+    assert not outcome.lost, sorted(outcome.lost)[:20]
+    assert len(outcome.accepted) == 4000  # the senders on the surviving nodes never noticed
+    assert all(s and s["error"] is None and s["accepted"] == 1000 for s in outcome.senders), \
+        outcome.senders
+    # at-least-once, bounded by what was in flight at the kill: each receiver had at most
+    # ``credit`` deliveries unsettled at the primary (the proxy passes the credit through),
+    # and each sender at most what it had sent and not yet seen accepted
+    assert redelivered <= 4 * credit and resent <= in_flight, (redelivered, resent, in_flight)
+    assert outcome.duplicates <= 4 * credit + in_flight
+    assert first_accept - killed <= FAILOVER_GOAL, first_accept - killed
+    assert first_delivery - killed <= FAILOVER_GOAL, first_delivery - killed
+    # etcd: the new primary owns the queue at the next epoch, and the other survivor is in sync
+    assert owner_record(etcd_url, cluster_name, ADDRESS) == \
+        {"resource": f"queue/{ADDRESS}", "owner": new, "epoch": epoch + 1}
+    survivor = "n3" if new == "n2" else "n2"
+    wait_isr(etcd_url, cluster_name, ADDRESS, [survivor], 10.0, primary=new)
+
+
+def test_primary_killed_jms_clients_on_it_fail_over_to_the_other_nodes(
+        start_node, etcd_url, cluster_name, jms):
+    # Qpid JMS clients connected to the primary itself: when it dies they reconnect to the
+    # next node of their failover list, which proxies them to the new primary; the sender
+    # sends again what was not acknowledged, the receiver gets what its consumer held again
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name)
+    url = failover_url([n1.url, n2.url, n3.url], **{"jms.prefetchPolicy.all": 20})
+    total, prefetch = 600, 20
+    sender = jms("send", url, ADDRESS, total, "j", 200)
+    assert sender.until_paused()[-1].get("paused") == 200, "sender"
+    assert wait_primary(nodes, ADDRESS, 10.0) == "n1"
+    wait_isr(etcd_url, cluster_name, ADDRESS, ["n2", "n3"], 10.0, primary="n1")
+    receiver = jms("receive", url, ADDRESS, 0, int((FAILOVER_GOAL + 5) * 1000), 100)
+    assert receiver.until_paused()[-1].get("paused") == 100, "receiver"
+    sender.resume()
+    receiver.resume()
+    time.sleep(0.5)  # both streams under way
+    killed = time.time()
+    n1.kill()
+    sent = sender.finish(timeout=60)
+    got = receiver.finish(timeout=60)
+    assert "error" not in sent[-1] and sent[-1]["sent"] == total, sent[-3:]
+    assert "error" not in got[-1], got[-3:]
+    new = wait_primary(nodes, ADDRESS, 5.0)
+    restored = {line["uri"].split("?")[0] for line in sent + got if line.get("event") == "restored"}
+    assert restored and restored <= {n2.url, n3.url}, restored
+    ids = got[-1]["ids"]
+    assert set(ids) == {f"j-{i}" for i in range(total)}, sorted(set(f"j-{i}" for i in range(total))
+                                                                  - set(ids))[:20]
+    # the consumer's prefetched deliveries, the one being acknowledged, and the one send in
+    # flight (each JMS persistent send waits for its outcome)
+    duplicates = len(ids) - len(set(ids))
+    print(f"\nJMS: new primary {new} (promoted "
+          f"{promoted_at(nodes[new], ADDRESS, after=killed) - killed:.2f} s after kill -9), "
+          f"reconnected to {sorted(restored)}, {len(ids)} received, {duplicates} duplicates")
+    assert duplicates <= prefetch + 2, duplicates
+
+
+def test_a_backup_restarted_under_load_catches_up_100k_and_then_holds_every_message(
+        start_node, etcd_url, cluster_name, clients):
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name)
+    per = CATCHUP_MESSAGES // 4
+    fill = Workload(clients, ADDRESS, senders=[(n1.url, f"f{i}") for i in range(4)], receivers=[],
+                    per_sender=per, rate=0, timeout_s=300)
+    fill.start_senders()
+    wait_isr(etcd_url, cluster_name, ADDRESS, ["n2", "n3"], 10.0, primary="n1")
+    n3.kill()
+    wait_isr(etcd_url, cluster_name, ADDRESS, ["n2"], 10.0, primary="n1")
+    finals = fill.senders_done(300)
+    assert all(f and f["accepted"] == per for f in finals), finals
+    filled = fill.accepted()
+    assert len(filled) == 4 * per
+
+    # producers and consumers on the two live nodes while n3 comes back and catches up
+    load = Workload(clients, ADDRESS, senders=[(n1.url, "a"), (n2.url, "b")],
+                    receivers=[n1.url, n2.url], per_sender=500, rate=100, credit=20)
+    load.start()
+    load.wait_received(200, 20.0)
+    restarted = time.time()
+    restart(n3)
+    listening = time.time()
+    wait_isr(etcd_url, cluster_name, ADDRESS, ["n2", "n3"], 120.0, primary="n1")
+    ready = time.time()
+    load.stop_receivers()  # what the consumers have not taken stays for n3 to show
+    taken_meanwhile = len(load.received())
+    outcome = load.result(timeout=60.0, want=set())  # the senders' streams end
+    assert all(s and s["error"] is None for s in outcome.senders), outcome.senders
+    assert len(outcome.accepted) == 1000
+    print(f"\ncatch-up of {len(filled)} waiting messages: n3 listening "
+          f"{listening - restarted:.2f} s after its start, in the in-sync set "
+          f"{ready - listening:.2f} s later, {taken_meanwhile} messages taken by consumers "
+          f"meanwhile")
+
+    # the copy is whole: with the other two copies gone, n3 serves every message not yet taken
+    n1.kill()
+    n2.kill()
+    assert wait_primary(nodes, ADDRESS, LEASE_TTL + 10.0) == "n3"
+    accepted = {**filled, **outcome.accepted}
+    drain = Workload(clients, ADDRESS, senders=[], receivers=[n3.url], credit=500, timeout_s=300)
+    drain.start_receivers()
+    rest = drain.result(timeout=240.0, quiet=2.0,
+                        want=set(accepted) - outcome.received_ids)
+    assert not rest.corrupt
+    lost = set(accepted) - outcome.received_ids - rest.received_ids
+    print(f"drained from n3 alone: {len(rest.received)} ({rest.duplicates} duplicates)")
+    assert not lost, (len(lost), sorted(lost)[:20])
+    assert len(rest.received_ids) >= len(accepted) - len(outcome.received_ids)
+
+
+def test_durable_every_node_killed_and_restarted_nothing_accepted_is_lost(
+        start_node, etcd_url, cluster_name, clients):
+    rule = replicated_rule(nodes=["n1", "n2", "n3"], durable=True)
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, rule=rule)
+    # no consumer until after the restart: every accepted message waits in the queue
+    load = Workload(clients, ADDRESS, senders=[(n1.url, "a"), (n2.url, "b"), (n3.url, "c")],
+                    receivers=[], per_sender=2000, rate=200, durable=True)
+    load.start()
+    assert wait_primary(nodes, ADDRESS, 10.0) == "n1"
+    wait_isr(etcd_url, cluster_name, ADDRESS, ["n2", "n3"], 10.0, primary="n1")
+    load.wait_accepted(1500, 20.0)
+    for node in (n1, n2, n3):  # every copy at once, mid-stream
+        node.kill()
+    before = load.result(timeout=10.0, want=set())
+    accepted = before.accepted
+    assert len(accepted) >= 1500
+    waiting = set(accepted)
+
+    restart_all([n1, n2, n3])
+    primary = wait_primary(nodes, ADDRESS, LEASE_TTL + 15.0)
+    drain = Workload(clients, ADDRESS, senders=[], receivers=[nodes[primary].url], credit=200)
+    drain.start_receivers()
+    after = drain.result(timeout=60.0, quiet=2.0, want=waiting)
+    lost = waiting - after.received_ids
+    print(f"\ndurable: {len(accepted)} accepted before the kill, {len(waiting)} waiting; after "
+          f"the restart {nodes[primary].config_path.stem} serves it, {len(after.received)} "
+          f"received ({after.duplicates} duplicates), {len(lost)} lost")
+    assert not after.corrupt
+    assert not lost, sorted(lost)[:20]
