@@ -12,7 +12,6 @@ receives from the new primary; ``fedgate queues`` prints the replicated table.
 from __future__ import annotations
 
 import argparse
-import json
 
 import pytest
 from admin_client import ADMIN_TOKEN, READ_TOKEN, TOKENS, http, wait_for
@@ -123,7 +122,7 @@ def test_promote_is_refused_for_a_catching_up_copy_and_forced_on_request(tmp_pat
 
     async def play():
         world = World(tmp_path)
-        a = await world.node("a", peers=PEERS, rules=[rule])
+        await world.node("a", peers=PEERS, rules=[rule])
         producer = await world.client("a", "producer")
         sender = producer.sender("orders.x")
         sent = 0
