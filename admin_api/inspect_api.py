@@ -21,10 +21,8 @@ from proxy.queues.endpoints import QueueConsumer, QueueProducer
 
 from .errors import ApiError, json_response
 from .inputs import path_int
+from .keys import ADMIN_URL, NODE, STARTED  # noqa: F401  (imported from here by the others)
 
-NODE = web.AppKey("node", object)
-STARTED = web.AppKey("started_at", float)
-ADMIN_URL = web.AppKey("admin_url", dict)  # {"url": ...}, filled in once bound
 
 FORCED = "amqp:connection:forced"
 

@@ -35,7 +35,7 @@ from routing import RuleError
 
 from .errors import ApiError, json_response
 from .inputs import read_json
-from .inspect_api import NODE
+from .keys import NODE
 
 log = logging.getLogger("fedgate.admin.replication")
 
