@@ -87,6 +87,9 @@ class Broker:
         # address kinds served by packages above the node (fragments):
         # kind -> object with attach(client_handler, link, decision)
         self.kind_handlers: dict[str, object] = {}
+        # address -> a reason to refuse it as a local queue, or None (names a package above
+        # reserves: proxy.replication's adopted fragments, "<address>@<member>")
+        self.address_checks: list = []
         # seconds from enqueue to accepted settlement (read by the admin API)
         self.delivery_latency = Histogram()
         # the broker's own parts, built here with what they need: connections to the

@@ -298,6 +298,10 @@ class ClientHandler:
         return self.broker.queues.create_temporary(self.broker.temp_prefix, creator=self)
 
     def _local_queue(self, address: str) -> LocalQueue:
+        for check in self.broker.address_checks:  # names a package above reserves (replication)
+            reason = check(address)
+            if reason:
+                raise LinkRefused(NOT_FOUND, reason)
         queue = self.broker.queues.lookup_or_create(address)
         if queue is None:
             raise LinkRefused(NOT_FOUND, f"no queue {address!r} (auto-create is off)")

@@ -43,6 +43,7 @@ log = logging.getLogger("fedgate.replication")
 
 NOT_ALLOWED = "amqp:not-allowed"
 RETRY = 1.0  # seconds before trying again to settle who owns a queue
+HAND_BACK = 2.0  # seconds a fragment's home member is in sync before it gets the fragment back
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class ReplicatedAddress:
         self.recovered_messages: list | None = None  # from this node's journal, if any
         self.failovers = 0
         self._resolving = False
+        self._handing_back = None  # a timer: a fragment going back to its home member
         known = service.coordinator.current_owner(self.resource)
         if known is not None:
             self.owner = (known.owner, known.epoch)
@@ -238,9 +240,12 @@ class ReplicatedAddress:
         if self.owner is not None and self.owner[1] > epoch:
             return
         if self.owner != (node, epoch):
+            moved = self.owner is None or self.owner[0] != node
             self.owner = (node, epoch)
             self._count_failover(node)
             log.info("queue %s: primary %s (epoch %d)", self.wire, node, epoch)
+            if moved and self.listener is not None:
+                self.listener.copy_moved(self)
         self._go_on()
 
     def _count_failover(self, node: str) -> None:
@@ -251,6 +256,8 @@ class ReplicatedAddress:
     def owner_changed(self, claim) -> None:
         """The coordinator's watch: ``claim`` (None: nobody owns the queue now)."""
         if claim is None:
+            if not self.service.automatic:
+                return  # static: releases are this node's own (fence); nobody else is "gone"
             if self.primary is not None and not self.primary.fenced and self.claim is not None:
                 self.fence("its claim is gone from etcd")
             self.owner = None
@@ -262,6 +269,10 @@ class ReplicatedAddress:
             return
         self._learn_owner(claim.owner, claim.epoch)
 
+    def resolve(self) -> None:
+        """Settle who serves it now (a fragment's home member claims a fresh one)."""
+        self._resolve()
+
     def _resolve(self) -> None:
         if self._resolving:
             return
@@ -271,8 +282,11 @@ class ReplicatedAddress:
     async def _resolve_owner(self) -> None:
         try:
             if not self.service.automatic:
-                if self._preferred() == self.node_id and self.primary is None:
-                    claim = await self.service.coordinator.claim(self.resource)
+                # static: the preferred node serves, unless a primary was promoted by hand
+                if (self._preferred() == self.node_id and self.primary is None
+                        and (self.owner is None or self.owner[0] == self.node_id)):
+                    claim = await self.service.coordinator.claim(
+                        self.resource, epoch_at_least=self._epoch_seen() + 1)
                     self.become_primary(claim)
                 self._go_on()
                 return
@@ -390,10 +404,28 @@ class ReplicatedAddress:
         if registry.get(self.address) is primary.queue:
             registry.delete(self.address)
         primary.queue.purge()  # a backup again: the new primary's catch-up refills it
-        if claim is not None:
+        if claim is not None and self.service.automatic:  # static: the epoch file stays
             self.service.spawn(self.service.release(claim))
         if self.listener is not None:
             self.listener.copy_fenced(self)
+
+    def in_sync_changed(self, isr: frozenset) -> None:
+        """The primary's in-sync set was written: a fragment held away from home goes back
+        once its home member is in sync (with etcd: the home claims it when it is released)."""
+        if self.home is None or self.home == self.node_id or self.home not in isr:
+            return
+        if not self.service.automatic or self._handing_back is not None:
+            return
+
+        def hand_back() -> None:
+            self._handing_back = None
+            primary = self.primary
+            if primary is None or primary.fenced or self.home not in primary.replica_set.isr:
+                return
+            log.warning("fragment %s: handed back to its home member %s", self.wire, self.home)
+            self.fence(f"handed back to {self.home}")
+
+        self._handing_back = asyncio.get_running_loop().call_later(HAND_BACK, hand_back)
 
     async def promote(self, *, force: bool) -> dict:
         """An operator makes this node the primary (docs/replication.md: without etcd)."""

@@ -59,6 +59,7 @@ class ReplicationService:
         # fragmented addresses -> a function giving the fragment group to tell (fragments)
         self.fragment_listeners: dict = {}
         node.serve_kind("replicated", self)
+        node.broker.address_checks.append(self._adopted_name)
         node.add_view("replicated", self.describe)
         node.routing.subscribe(self._rules_changed)
 
@@ -119,6 +120,17 @@ class ReplicationService:
         elif listener is not None:
             entry.listener = listener
         return entry
+
+    def _adopted_name(self, address: str) -> str | None:
+        """``<address>@<member>``: a fragment this node adopted; refused when it does not serve
+        it now (a stealer that has not heard it moved), never made as an empty local queue."""
+        base, at, member = address.rpartition("@")
+        if not at or not base or self.node.queues.get(address) is not None:
+            return None
+        decision = self.node.routing.resolve(base)
+        if decision.kind != "fragmented" or decision.rule is None:
+            return None
+        return f"fragment {member} of {base!r} is not served here (it moved)"
 
     def attach_replication(self, client, link) -> None:
         """A primary's replication link (the client handler saw its capability)."""

@@ -186,10 +186,6 @@ def test_learn_owner_moves_a_proxy_and_ignores_a_lower_epoch(tmp_path):
     run(play)
 
 
-@pytest.mark.xfail(strict=True, reason="proxy/replication: in a static cluster the old primary, "
-                   "fenced by the promoted node, releases its claim and, being the preferred node, "
-                   "claims the queue again (epoch + 1, empty): the promoted copy is fenced and "
-                   "purged; the accepted messages are lost")
 def test_after_a_promote_by_hand_the_old_primary_stays_a_backup(tmp_path):
     """A static cluster: b, a ready backup, is promoted; a (the preferred node) must become
     its backup, and a consumer on c receive the three accepted messages from b."""
