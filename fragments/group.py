@@ -54,8 +54,10 @@ from uhashring import HashRing
 
 from proxy.broker.handler import LinkRefused
 from proxy.queues.local import StoredMessage
+from routing.replication import replicas_of
 
 from .capability import FRAGMENT, is_marked
+from .replicas import FragmentReplicas
 from .steal import Stealer
 
 log = logging.getLogger("fedgate.fragments")
@@ -84,6 +86,7 @@ class FragmentGroup:
         self.stats = FragmentStats()
         self.stealers: dict[str, Stealer] = {}
         self.queue = None
+        self.replicas: FragmentReplicas | None = None  # rule replicas > 1
         self.tried: set[str] = set()
         self.held: deque = deque()  # stolen messages waiting for local credit, oldest first
         self._rr = 0
@@ -99,8 +102,11 @@ class FragmentGroup:
         node_id = self.node.node_id
         peer_url = self.node.routing.current.peer_url
         # a peer with no URL is not a live member of a cluster on etcd: no fragment there now
+        # (with replicas, its fragment lives on: a backup serves it, fragments.replicas)
+        live = {m.key for m in rule.fragments
+                if m.peer is None or m.peer == node_id or peer_url(m.peer) is not None}
         self.members = {m.key: m for m in rule.fragments
-                        if m.peer is None or m.peer == node_id or peer_url(m.peer) is not None}
+                        if m.key in live or replicas_of(rule) > 1}
         self.draining = set(rule.draining)
         self.local_key = node_id if node_id in self.members else None
         self.siblings = self._worker_fragments(rule)  # key -> the worker's socket URL
@@ -110,9 +116,15 @@ class FragmentGroup:
             self.draining = (set(self.siblings) if node_id in self.draining else set()) | \
                 (self.draining - {node_id})
             self.local_key = f"{node_id}/w{self.node.worker.index}"
-        active = [key for key in self.members if key not in self.draining]
+        active = [key for key in self.members if key not in self.draining and key in live]
         self.ring = HashRing(nodes=active)
-        if self.local_key and self.queue is None:
+        if replicas_of(rule) > 1:  # fragments kept on backups (fragments.replicas)
+            if self.replicas is None:
+                self.replicas = FragmentReplicas(self)
+                self.replicas.start()
+            else:
+                self.replicas.update(rule)
+        elif self.local_key and self.queue is None:
             queue = self.node.queues.lookup_or_create(self.address) or \
                 self.node.queues.declare(self.address)
             queue.after_dispatch = self.after_dispatch
@@ -145,6 +157,8 @@ class FragmentGroup:
         """(URL, address, is a fedgate peer) of a member."""
         if key in self.siblings:  # another worker's fragment of this node
             return self.siblings[key], self.address, True
+        if self.replicas is not None and (moved := self.replicas.location(key)) is not None:
+            return moved[0], moved[1], True  # a backup serves it since its member died
         member = self.members[key]
         if member.peer is not None:
             url = self.node.routing.current.peer_url(member.peer)
@@ -159,6 +173,9 @@ class FragmentGroup:
     def attach(self, client, link) -> None:
         terminus = link.remote_source if link.is_sender else link.remote_target
         marked = is_marked(terminus)
+        if self.replicas is not None and self.replicas.claiming():
+            self.replicas.wait(client, link)  # this node's fragment is being claimed: a moment
+            return
         if link.is_sender:
             self._attach_consumer(client, link, marked)
         else:
@@ -170,7 +187,7 @@ class FragmentGroup:
             return
         if marked:
             raise LinkRefused("amqp:not-found", f"no fragment of {self.address!r} on this node")
-        key = self._nearest(self._identity(client, link))
+        key = self._elsewhere(self._nearest(self._identity(client, link)), client, link)
         url, address, _ = self.target(key)
         client.attach_proxy_consumer(link, self.upstream_for(key), address)
 
@@ -178,13 +195,24 @@ class FragmentGroup:
         if self.queue is not None and (marked or not self.draining_here):
             client.attach_queue_producer(link, self.queue)
             return
-        key = self.ring.get_node(self._identity(client, link))
+        if marked and self.replicas is not None:  # sent here for this fragment, never further
+            raise LinkRefused("amqp:resource-limit-exceeded", f"{self.address!r}: this node's "
+                              "fragment is served by another member now")
+        key = self._elsewhere(self.ring.get_node(self._identity(client, link)), client, link)
         if key is None or key == self.local_key:
             raise LinkRefused("amqp:resource-limit-exceeded", f"no fragment of {self.address!r} accepts messages")
         _, address, peer = self.target(key)
         self.stats.forwarded += 1
         client.attach_proxy_producer(link, self.upstream_for(key), address,
                                      capabilities=(FRAGMENT,) if peer else ())
+
+    def _elsewhere(self, key, client, link):
+        """``key``, unless it is this node, which does not serve its fragment now (replicas):
+        then another member, by the ring of the others."""
+        if key != self.local_key or self.replicas is None:
+            return key
+        others = [k for k in self.members if k != key and k not in self.draining]
+        return HashRing(nodes=others).get_node(self._identity(client, link)) if others else None
 
     @staticmethod
     def _identity(client, link) -> str:
@@ -324,7 +352,10 @@ class FragmentGroup:
         for key in self.members:
             if key != self.local_key and key not in self.stealers:
                 url, address, peer = self.target(key)
-                self.stealers[key] = Stealer(self, key, self.upstream_for(key), address, mark=peer)
+                if url is None:
+                    continue  # not a live member, and nobody serves its fragment now
+                self.stealers[key] = Stealer(self, key, self.node.upstreams.for_url(url, self.rule.upstream),
+                                             address, mark=peer)
 
     def _pick_victim(self, *, siblings_only: bool = False) -> Stealer | None:
         candidates = [s for s in self.stealers.values() if s.drains
@@ -370,6 +401,36 @@ class FragmentGroup:
             stealer.close()
         self.stealers.clear()
 
+    # -- fragments kept on backups (fragments.replicas) -----------------------------------
+    def serve_own(self, queue) -> None:
+        """This node is its own fragment's primary (again): the group's local queue."""
+        copy_after = queue.after_dispatch
+
+        def after_dispatch(q) -> None:
+            if copy_after is not None:
+                copy_after(q)
+            self.after_dispatch(q)
+
+        queue.after_dispatch = after_dispatch
+        queue.holds_drain = self.holds_drain
+        self.queue = queue
+        self.replicas.go_on()
+        self.evaluate()
+
+    def lose_own(self) -> None:
+        """Another member holds this node's fragment now: serve none until it is back."""
+        self.return_held()
+        self.queue = None
+
+    def fragment_moved(self, key: str) -> None:
+        """Member ``key``'s fragment is served elsewhere now: steal from there."""
+        stealer = self.stealers.pop(key, None)
+        if stealer is not None:
+            stealer.close()
+        self.tried.discard(key)
+        self.evaluate()
+        self.node.broker.run_pending()
+
     # -- inspection -------------------------------------------------------------------
     def describe(self) -> dict:
         queue = self.queue
@@ -395,4 +456,6 @@ class FragmentGroup:
             "steal_misses": self.stats.steal_misses,
             "forwarded_producers": self.stats.forwarded,
             "peers": [s.describe() for s in self.stealers.values()],
+            # replicas > 1: where each member's fragment is served now (home, or a backup)
+            "served": self.replicas.describe() if self.replicas is not None else None,
         }

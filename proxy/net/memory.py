@@ -233,6 +233,7 @@ class MemoryNetwork:
         self.pipes: list[Pipe] = []
         self.taps: list[Callable[[int, str, str, bytes], None]] = []
         self.dead: set[str] = set()
+        self._killed: dict = {}  # listeners of killed hosts, for revive
         self.partitions: set[frozenset] = set()
         self.in_flight = 0  # chunks written, not yet delivered
         self.busy: dict[str, float] = defaultdict(float)  # host -> seconds handling input
@@ -260,9 +261,15 @@ class MemoryNetwork:
         """Host ``name`` is gone: connections reset, listeners removed, connects refused."""
         self.dead.add(name)
         for address in [a for a in self.listeners if a[0] == name]:
-            del self.listeners[address]
+            self._killed[address] = self.listeners.pop(address)
         for pipe in [p for p in self.pipes if name in (p.client_host, p.server_host)]:
             self._reset_pipe(pipe)
+
+    def revive(self, name: str) -> None:
+        """Host ``name`` is reachable again, with the listeners it had (a network healed)."""
+        self.dead.discard(name)
+        for address in [a for a in self._killed if a[0] == name]:
+            self.listeners[address] = self._killed.pop(address)
 
     def connections(self, a: str, b: str) -> int:
         return sum(1 for p in self.pipes if p.joins(a, b))

@@ -177,6 +177,7 @@ class PrimaryCopy:
         if isr is not None:
             log.info("queue %s: in-sync backups now %s (epoch %d)", self.address,
                      sorted(isr) or "none", self.epoch)
+            self.entry.in_sync_changed(isr)
             self._complete()
             for pusher in self.pushers.values():
                 self.flush_backup(pusher)

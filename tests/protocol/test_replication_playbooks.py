@@ -267,3 +267,75 @@ def test_a_backup_joining_late_catches_up_while_consumers_take_messages(tmp_path
         await world.close()
 
     run(play)
+
+
+FRAGMENTED = {"name": "jobs", "match": "jobs", "kind": "fragmented", "fragments": ["a", "b", "c"],
+              "replicas": 2}
+
+
+def fragments_view(node) -> dict:
+    return next(iter(node.describe_fragments()), {})
+
+
+def test_a_dead_members_fragment_is_served_by_its_backup_then_handed_back(tmp_path):
+    """Fragments with replicas = 2: each member's fragment is kept on one other member. a is
+    lost with messages in its fragment: its backup serves them (as jobs@a) and the consumers
+    on b and c get every one; a comes back, catches up as a backup of its own fragment, and
+    gets it back: it serves its fragment again and nothing was stranded."""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=FRAGMENTED)
+        senders = {}
+        for name in "abc":
+            client = await world.client(name, f"producer-{name}")
+            senders[name] = client.sender("jobs")
+        await world.until(lambda: all(view(nodes[n], "jobs@" + n).get("role") == "primary"
+                                      or any(i.get("resource") == f"fragment/jobs/{n}"
+                                             and i.get("role") == "primary"
+                                             for i in service(nodes[n]).describe())
+                                      for n in "abc"), what="every member serves its fragment")
+        sent = {}
+        for name, sender in senders.items():
+            await world.until(lambda: sender.credit > 0, what="credit")
+            sent[name] = [f"{name}-{i}" for i in range(30)]
+            for message_id in sent[name]:
+                sender.send(message_id, message_id=message_id)
+        await world.until(lambda: all(s.accepted() == 30 for s in senders.values()), what="stored")
+        await world.quiet(0.5)
+
+        world.network.kill("a")
+        nodes["a"].coordinator.store.partition()
+        consumers = {n: Consumer((await world.client(n, f"consumer-{n}")).receiver(
+            "jobs", credit=CREDIT)) for n in "bc"}
+        everything = set(sent["a"]) | set(sent["b"]) | set(sent["c"])
+
+        def received() -> set:
+            for consumer in consumers.values():
+                consumer.step()
+            return {i for c in consumers.values() for i in c.ids()}
+        await world.until(lambda: received() == everything, timeout=30, what="every message")
+        adopter = next(n for n in "bc" if any(
+            i.get("resource") == "fragment/jobs/a" and i.get("role") == "primary"
+            for i in service(nodes[n]).describe()))
+        assert nodes[adopter].queues.get("jobs@a") is not None
+        total = sum(len(c.ids()) for c in consumers.values())
+        assert total - len(everything) <= 2 * CREDIT  # duplicates: at most what was in flight
+
+        world.network.revive("a")
+        nodes["a"].coordinator.store.heal()
+        await world.until(lambda: any(i.get("resource") == "fragment/jobs/a"
+                                      and i.get("role") == "primary"
+                                      for i in service(nodes["a"]).describe()),
+                          timeout=30, what="a serves its fragment again")
+        assert fragments_view(nodes["a"])["local"] == "a"
+        later = [f"a2-{i}" for i in range(10)]
+        sender = (await world.client("a", "producer-a2")).sender("jobs")
+        await world.until(lambda: sender.credit > 0, what="credit on a")
+        for message_id in later:
+            sender.send(message_id, message_id=message_id)
+        await world.until(lambda: received() >= everything | set(later), timeout=30,
+                          what="new messages through a's fragment")
+        assert nodes[adopter].queues.get("jobs@a") is None  # handed back
+        await world.close()
+
+    run(play)

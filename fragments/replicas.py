@@ -1,0 +1,132 @@
+"""Fragments kept on backups: each member's fragment a replicated copy (rule ``replicas`` > 1).
+
+How this works
+--------------
+"Each fragment (sub-queue) content is replicated to backups just like a normal
+queue" (the 2007 design). With ``replicas = k`` the fragment of member ``m`` is
+the replicated resource ``fragment/<address>/<m>`` of the replication service
+(``proxy.replication``): its home member ``m`` is its preferred primary and the
+ring's next ``k - 1`` live members keep copies (docs/replication.md).
+
+* A member serves its own fragment (the group's local queue) only while it is
+  that copy's primary: until then (claiming it, or after coming back while
+  another member holds it) the group works as on a node without a fragment:
+  its producers go to another member, its consumers steal.
+* When a member dies, a backup of its fragment takes it over under the name
+  ``<address>@<m>``: an ordinary local queue there, from which every member,
+  that backup too (over its own listener), steals as from ``m`` before
+  (``location``). The owner watch tells every group where each fragment lives.
+* When ``m`` comes back it catches up as a backup of its own fragment; once it
+  is in sync the member holding it hands it back (``ReplicatedAddress``), and
+  ``m`` serves it again. Nothing is stranded and nothing is served twice.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("fedgate.fragments")
+
+
+class FragmentReplicas:
+    def __init__(self, group) -> None:
+        self.group = group
+        self.node = group.node
+        self.service = group.node.broker.kind_handlers.get("replicated")
+        if self.service is None:
+            raise RuntimeError("fragments with replicas need the replication service")
+        self.service.fragment_listeners[group.address] = lambda: self
+        self.pending: set = set()  # PendingLink: attached while the claim is under way
+        self.own = None
+        if group.local_key is not None:
+            self.own = self.service.fragment(group.address, group.local_key, group.rule, listener=self)
+
+    # links that came while this node claims its own fragment: routed once it is settled
+    @property
+    def address(self) -> str:
+        return self.group.address
+
+    def claiming(self) -> bool:
+        """This node's own fragment is not served yet, and no other member serves it."""
+        own = self.own
+        return (own is not None and self.group.queue is None
+                and (own.owner is None or own.owner[0] == self.node.node_id))
+
+    def wait(self, client, link) -> None:
+        from proxy.replication.address import PendingLink
+
+        pending = PendingLink(client, link, self, False)
+        client.open_link(link, presettled=link.is_sender
+                         and link.remote_snd_settle_mode == link.SND_SETTLED, address=self.address)
+        client.links[pending.link_ptr] = pending
+        self.pending.add(pending)
+        self.start()
+
+    def go_on(self) -> None:
+        """Route the links that waited (the group serves its fragment now, or cannot)."""
+        for pending in list(self.pending):
+            self.pending.discard(pending)
+            handler, link = pending.handler, pending.link
+            if pending.link_ptr not in handler.links or link.state & link.REMOTE_CLOSED:
+                continue
+            try:
+                self.group.attach(handler, link)
+            except Exception as exc:  # LinkRefused and the like: the client is told
+                handler.close_link(link, getattr(exc, "condition", "amqp:internal-error"),
+                                   getattr(exc, "description", str(exc)))
+        self.node.broker.run_pending()
+
+    def start(self) -> None:
+        """Settle who serves this node's own fragment (a claim on a fresh one)."""
+        if self.own is not None and self.own.primary is None:
+            self.own.resolve()
+
+    def update(self, rule) -> None:
+        for entry in self._entries():
+            entry.listener = self
+        if self.own is None and self.group.local_key is not None:
+            self.own = self.service.fragment(self.group.address, self.group.local_key, rule,
+                                             listener=self)
+            self.start()
+
+    def _entries(self):
+        prefix = f"fragment/{self.group.address}/"
+        return [e for resource, e in self.service.entries.items() if resource.startswith(prefix)]
+
+    def location(self, key: str) -> tuple[str, str] | None:
+        """Where member ``key``'s fragment is served now: (URL, address), None if at home."""
+        resource = f"fragment/{self.group.address}/{key}"
+        entry = self.service.entries.get(resource)
+        owner = entry.owner if entry is not None else None
+        if owner is None:
+            claim = self.service.coordinator.current_owner(resource)
+            owner = (claim.owner, claim.epoch) if claim is not None else None
+        if owner is None or owner[0] == key:
+            return None
+        url = self.service.url_of(owner[0])
+        return (url, f"{self.group.address}@{key}") if url is not None else None
+
+    # -- the replication service's listener ------------------------------------------------
+    def copy_primary(self, entry) -> None:
+        if entry is self.own:
+            self.group.serve_own(entry.primary.queue)
+        else:
+            log.warning("fragment %s of %s: served here now (%s)", entry.home, self.group.address,
+                        entry.address)
+            self.group.fragment_moved(entry.home)
+
+    def copy_fenced(self, entry) -> None:
+        if entry is self.own:
+            self.group.lose_own()
+        else:
+            self.group.fragment_moved(entry.home)
+
+    def copy_moved(self, entry) -> None:
+        if entry is not self.own:
+            self.group.fragment_moved(entry.home)
+        elif not self.claiming():
+            self.go_on()  # another member serves this node's fragment: links go there
+
+    def describe(self) -> dict:
+        return {key: (f"{loc[1]} at {loc[0]}" if (loc := self.location(key)) else "home")
+                for key in self.group.members}
