@@ -37,6 +37,7 @@ from .states import CopyRole, CopyState
 log = logging.getLogger("fedgate.replication")
 
 LAG_CHECK = 0.5  # seconds between looks for lagging backups
+BATCHES_IN_FLIGHT = 2  # per backup, sent and not acknowledged yet
 REATTACH = 1.0  # seconds before a dropped backup is sent a new catch-up
 
 
@@ -106,7 +107,10 @@ class PrimaryCopy:
         if self.fenced:
             return
         replica_set, now = self.replica_set, self.loop.time()
-        while pusher.credit > 0:
+        stream = replica_set.streams.get(pusher.backup)
+        # at most BATCHES_IN_FLIGHT unacknowledged: under load, events wait for the next
+        # batch and an enqueue consumed meanwhile is never sent (primary.py's coalescing)
+        while pusher.credit > 0 and stream is not None and len(stream.unacked) < BATCHES_IN_FLIGHT:
             batch = replica_set.take_batch(pusher.backup, now)
             if batch is None:
                 break

@@ -55,8 +55,11 @@ class BackupStream:
 
     node: str
     state: CopyState = CopyState.CATCHING_UP
-    pending: deque = field(default_factory=deque)  # (event, ticket stamp, appended at)
+    pending: deque = field(default_factory=deque)  # [event, ticket stamp, appended at, live]
     pending_bytes: int = 0
+    # coalescing (module note): enqueues not sent yet, by rid; acquires not sent yet
+    unsent_enqueues: dict = field(default_factory=dict)
+    unsent_acquires: set = field(default_factory=set)
     catchup: list | None = None  # rids still to send, oldest first (sent from the end); None: done
     catchup_total: int = 0
     unacked: deque = field(default_factory=deque)  # SentBatch, in order
@@ -67,22 +70,46 @@ class BackupStream:
     dropped: str | None = None  # why it leaves the ISR (lagging, link lost)
 
     def add(self, event: Event, ticket: int, now: float) -> None:
-        self.pending.append((event, ticket, now))
+        entry = [event, ticket, now, True]
+        self.pending.append(entry)
         self.pending_bytes += event.size()
+        if event.kind == ENQUEUE:
+            self.unsent_enqueues[event.rid] = entry
+
+    def acquire(self, value: int) -> None:
+        self.unsent_acquires.add(value)  # sent with the next batch, unless settled before
+
+    def release(self, event: Event, ticket: int, now: float) -> None:
+        if value_unsent := event.rid in self.unsent_acquires:
+            self.unsent_acquires.discard(event.rid)
+        if value_unsent and event.payload is None:
+            return  # acquired and released between two batches: nothing to tell
+        self.add(event, ticket, now)
+
+    def dequeue(self, event: Event, ticket: int, now: float) -> None:
+        self.unsent_acquires.discard(event.rid)
+        entry = self.unsent_enqueues.pop(event.rid, None)
+        if entry is not None:  # never sent: the backup need not hear of it at all
+            entry[3] = False
+            self.pending_bytes -= entry[0].size()
+            return
+        self.add(event, ticket, now)
 
     def behind_since(self) -> float | None:
         """When the oldest event this backup has not acknowledged was made."""
         if self.unacked:
             return self.unacked[0].sent_at
-        if self.pending:
-            return self.pending[0][2]
+        for entry in self.pending:
+            if entry[3]:
+                return entry[2]
         if self.catchup:
             return None  # catch-up paces itself by credit; its end is what counts
         return None
 
     @property
     def lag_events(self) -> int:
-        return len(self.pending) + (len(self.catchup) if self.catchup else 0)
+        return (sum(1 for entry in self.pending if entry[3]) + len(self.unsent_acquires)
+                + (len(self.catchup) if self.catchup else 0))
 
 
 class ReplicaSet:
@@ -120,19 +147,29 @@ class ReplicaSet:
         return self.ticket
 
     def acquired_by_consumer(self, message) -> None:
-        self.acquired.add(message.rid)
-        self._emit(Event(ACQUIRE, message.rid))
+        value = message.rid
+        self.acquired.add(value)
+        for stream in self.streams.values():
+            stream.acquire(value)
 
     def released(self, message, changed: bool) -> None:
         """Back in the queue (released, modified, orphaned); ``changed``: its bytes differ now."""
         self.acquired.discard(message.rid)
-        self._emit(Event(RELEASE, message.rid, message.payload if changed else None))
+        if self.streams:
+            event = Event(RELEASE, message.rid, message.payload if changed else None)
+            ticket, now = self.ticket, self.clock()
+            for stream in self.streams.values():
+                stream.release(event, ticket, now)
 
     def dequeued(self, message) -> None:
         if self.index.pop(message.rid, None) is None:
             return
         self.acquired.discard(message.rid)
-        self._emit(Event(DEQUEUE, message.rid))
+        if self.streams:
+            event = Event(DEQUEUE, message.rid)
+            ticket, now = self.ticket, self.clock()
+            for stream in self.streams.values():
+                stream.dequeue(event, ticket, now)
 
     def _emit(self, event: Event) -> None:
         if not self.streams:
@@ -168,17 +205,28 @@ class ReplicaSet:
         events, size, through = [], 0, None
         pending = stream.pending
         while pending and len(events) < MAX_BATCH_EVENTS:
-            event, ticket, _ = pending[0]
+            event, ticket, _, live = pending[0]
+            if not live:  # an enqueue dequeued before it was sent
+                pending.popleft()
+                through = ticket
+                continue
             event_size = event.size()
             if events and size + event_size > MAX_BATCH_BYTES:
                 break
             pending.popleft()
             stream.pending_bytes -= event_size
+            if event.kind == ENQUEUE:
+                stream.unsent_enqueues.pop(event.rid, None)
             events.append(event)
             size += event_size
             through = ticket
         if not pending:
             through = self.ticket  # nothing of this stream is older than now
+            if stream.unsent_acquires and len(events) < MAX_BATCH_EVENTS:
+                # acquires not sent and not settled since: after their enqueues, always
+                for value in stream.unsent_acquires:
+                    events.append(Event(ACQUIRE, value))
+                stream.unsent_acquires.clear()
         ends_catchup = False
         if stream.catchup is not None:
             catchup = stream.catchup
