@@ -219,3 +219,30 @@ def test_promotion_gives_what_was_out_with_a_consumer_again_counted():
         decoded.append(msg.delivery_count)
     assert decoded == [0, 1, 0, 0]
     assert not any(e.acquired for _, e in content)
+
+
+def test_what_is_settled_before_its_batch_leaves_is_never_sent():
+    """Events wait for the next batch (the primary keeps few batches in flight): a message
+    enqueued, acquired and accepted in between costs the backup nothing, and its producer's
+    delivery still completes once the backup acknowledges the batch."""
+    clock = Clock()
+    primary = ReplicaSet("q", epoch=1, clock=clock)
+    copy = ReplicaImage("q")
+    primary.attach("b", clock.now)
+    ship(primary, "b", copy, clock)
+    commit(primary)
+    quick, slow, released = message(1), message(2), message(3)
+    for m in (quick, slow, released):
+        primary.wait(primary.enqueued(m), m)
+    primary.acquired_by_consumer(quick)
+    primary.dequeued(quick)  # consumed before any batch left
+    primary.acquired_by_consumer(released)
+    primary.released(released, False)  # handed out and back: nothing to tell
+    primary.acquired_by_consumer(slow)  # still out with its consumer
+    number, items = primary.take_batch("b", clock.now)
+    kinds = [(bytes([e.kind]), e.rid) for e in items]
+    assert kinds == [(b"E", slow.rid), (b"E", released.rid), (b"A", slow.rid)]
+    copy.apply(events.decode(events.encode(primary.epoch, number, items)))
+    primary.acked("b", number, clock.now)
+    assert primary.completed() == [quick, slow, released]
+    assert copy_state(copy) == state_of(primary)
