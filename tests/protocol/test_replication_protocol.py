@@ -241,7 +241,7 @@ def test_what_is_settled_before_its_batch_leaves_is_never_sent():
     primary.acquired_by_consumer(slow)  # still out with its consumer
     number, items = primary.take_batch("b", clock.now)
     kinds = [(bytes([e.kind]), e.rid) for e in items]
-    assert kinds == [(b"E", slow.rid), (b"E", released.rid), (b"A", slow.rid)]
+    assert kinds == [(b"S", 0), (b"E", slow.rid), (b"E", released.rid), (b"A", slow.rid)]
     copy.apply(events.decode(events.encode(primary.epoch, number, items)))
     primary.acked("b", number, clock.now)
     assert primary.completed() == [quick, slow, released]
