@@ -23,10 +23,11 @@ import os
 import time
 
 import pytest
+from admin_client import wait_for
 from etcd_servers import cluster_name, etcd_url  # noqa: F401 (fixtures)
 from replication_support import (LEASE_TTL, JmsClient, Workload, failover_url, owner_record,
                                  promoted_at, replicated_nodes, replicated_rule,
-                                 restart, restart_all, wait_isr, wait_primary)
+                                 restart, restart_all, view_of, wait_isr, wait_primary)
 
 ADDRESS = "orders.a"
 PINNED = replicated_rule(nodes=["n1", "n2", "n3"])
@@ -66,6 +67,21 @@ def redelivered_and_resent(outcome) -> tuple[int, int]:
                 resent += 1
         seen.add(ident)
     return redelivered, resent
+
+
+def out_of_order(received) -> list:
+    """(previous, next) ids of one producer received by one consumer in the wrong order
+    (first deliveries only: a redelivery may come later than its successors)."""
+    last, seen, wrong = {}, set(), []
+    for _, ident, count in received:
+        if ident in seen or count:
+            continue
+        seen.add(ident)
+        producer, seq = ident.rsplit("-", 1)
+        if int(seq) < last.get(producer, -1):
+            wrong.append((f"{producer}-{last[producer]}", ident))
+        last[producer] = max(int(seq), last.get(producer, -1))
+    return wrong
 
 
 def test_primary_killed_mid_stream_every_accepted_id_arrives(start_node, etcd_url, cluster_name,
@@ -187,6 +203,13 @@ def test_a_backup_restarted_under_load_catches_up_100k_and_then_holds_every_mess
           f"{listening - restarted:.2f} s after its start, in the in-sync set "
           f"{ready - listening:.2f} s later, {taken_meanwhile} messages taken by consumers "
           f"meanwhile")
+    # the admin API: n3 a ready backup whose copy is as deep as the primary's queue
+    def depths():
+        primary, backup = view_of(n1, ADDRESS), view_of(n3, ADDRESS)
+        copy = backup["replication"].get("copy", {})
+        return primary["depth"], copy.get("depth"), backup["role"]
+    wait_for(lambda: (lambda p, c, role: p == c and role == "ready")(*depths()), 10.0,
+             "n3's copy as deep as n1's queue")
 
     # the copy is whole: with the other two copies gone, n3 serves every message not yet taken
     n1.kill()
@@ -202,6 +225,8 @@ def test_a_backup_restarted_under_load_catches_up_100k_and_then_holds_every_mess
     print(f"drained from n3 alone: {len(rest.received)} ({rest.duplicates} duplicates)")
     assert not lost, (len(lost), sorted(lost)[:20])
     assert len(rest.received_ids) >= len(accepted) - len(outcome.received_ids)
+    # promoted in the primary's order: each producer's messages come in the order sent
+    assert not out_of_order(rest.received), out_of_order(rest.received)[:10]
 
 
 def test_durable_every_node_killed_and_restarted_nothing_accepted_is_lost(
@@ -223,9 +248,11 @@ def test_durable_every_node_killed_and_restarted_nothing_accepted_is_lost(
     waiting = set(accepted)
 
     restart_all([n1, n2, n3])
-    primary = wait_primary(nodes, ADDRESS, LEASE_TTL + 15.0)
-    drain = Workload(clients, ADDRESS, senders=[], receivers=[nodes[primary].url], credit=200)
+    # a consumer on every node (one on a copy that may claim the queue makes it claim: nothing
+    # else does, see the xfail below)
+    drain = Workload(clients, ADDRESS, senders=[], receivers=[n1.url, n2.url, n3.url], credit=200)
     drain.start_receivers()
+    primary = wait_primary(nodes, ADDRESS, LEASE_TTL + 15.0)
     after = drain.result(timeout=60.0, quiet=2.0, want=waiting)
     lost = waiting - after.received_ids
     print(f"\ndurable: {len(accepted)} accepted before the kill, {len(waiting)} waiting; after "
@@ -233,3 +260,126 @@ def test_durable_every_node_killed_and_restarted_nothing_accepted_is_lost(
           f"received ({after.duplicates} duplicates), {len(lost)} lost")
     assert not after.corrupt
     assert not lost, sorted(lost)[:20]
+
+
+def test_durable_the_primary_killed_then_the_rest_nothing_accepted_is_lost(
+        start_node, etcd_url, cluster_name, clients):
+    # first a failover (n1 killed: a backup takes over and journals as the primary now), more
+    # messages accepted by the new primary, then the two others killed too; all three started
+    # again: n1's journal is stale (another node served the queue since), the new primary's
+    # and its backup's are not
+    rule = replicated_rule(nodes=["n1", "n2", "n3"], durable=True)
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, rule=rule)
+    load = Workload(clients, ADDRESS, senders=[(n2.url, "a"), (n3.url, "b")], receivers=[],
+                    per_sender=1500, rate=150, durable=True)
+    load.start()
+    assert wait_primary(nodes, ADDRESS, 10.0) == "n1"
+    wait_isr(etcd_url, cluster_name, ADDRESS, ["n2", "n3"], 10.0, primary="n1")
+    load.wait_accepted(600, 20.0)
+    killed = time.time()
+    n1.kill()
+    new = wait_primary(nodes, ADDRESS, LEASE_TTL + 10.0)
+    survivor = "n3" if new == "n2" else "n2"
+    wait_isr(etcd_url, cluster_name, ADDRESS, [survivor], 10.0, primary=new)
+    promoted = promoted_at(nodes[new], ADDRESS, after=killed)
+    wait_for(lambda: sum(1 for t in load.accepted().values() if t > promoted) >= 300, 20.0,
+             "300 acceptances by the new primary")
+    n2.kill()
+    n3.kill()
+    before = load.result(timeout=10.0, want=set())
+    accepted = set(before.accepted)
+    by_new = sum(1 for t in before.accepted.values() if t > killed)
+
+    restart_all([n1, n2, n3])
+    # a consumer on every node: the one on the copy that may claim the queue makes it claim
+    # (nothing else does: see the xfail below)
+    drain = Workload(clients, ADDRESS, senders=[], receivers=[n1.url, n2.url, n3.url], credit=200)
+    drain.start_receivers()
+    primary = wait_primary(nodes, ADDRESS, LEASE_TTL + 15.0)
+    after = drain.result(timeout=60.0, quiet=2.0, want=accepted)
+    lost = accepted - after.received_ids
+    print(f"\ndurable, rolling: {len(accepted)} accepted ({by_new} by {new} after n1's kill); "
+          f"after the restart {primary} serves it, {len(after.received)} received "
+          f"({after.duplicates} duplicates), {len(lost)} lost")
+    assert not after.corrupt
+    assert primary != "n1"  # its copy is stale: only the last primary or its in-sync set may claim
+    assert not lost, sorted(lost)[:20]
+
+
+@pytest.mark.xfail(strict=True, reason="bug: a node that comes back with the journal of a durable "
+                   "queue whose recorded primary it was does not claim the queue by itself; it "
+                   "claims only when a client attaches to it, so clients on the other nodes wait "
+                   "for ever (docs/replication.md: it comes back and claims the queue again)")
+def test_durable_the_recorded_primary_back_from_a_kill_claims_its_queue(start_node, etcd_url,
+                                                                        cluster_name, clients):
+    rule = replicated_rule(replicas=2, nodes=["n1", "n2"], durable=True)
+    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, rule, names=("n1", "n2"))
+    n1, n2 = nodes["n1"], nodes["n2"]
+    fill = Workload(clients, ADDRESS, senders=[(n1.url, "a")], receivers=[], per_sender=50,
+                    rate=0, durable=True)
+    fill.start_senders()
+    assert fill.result(timeout=20.0).senders[0]["accepted"] == 50
+    wait_isr(etcd_url, cluster_name, ADDRESS, ["n2"], 10.0, primary="n1")
+    n2.kill()  # the backup first: n1 records that it alone holds the queue
+    wait_isr(etcd_url, cluster_name, ADDRESS, [], 10.0, primary="n1")
+    n1.kill()
+    restart_all([n1, n2])  # each waits for its old registration (and n1's claim) to expire
+    # a consumer on n2, which may not claim (not in the recorded in-sync set): n1 must
+    taker = Workload(clients, ADDRESS, senders=[], receivers=[n2.url], credit=50)
+    taker.start_receivers()
+    got = taker.result(timeout=LEASE_TTL + 10.0, quiet=0.5, want={f"a-{i}" for i in range(50)})
+    assert got.received_ids == {f"a-{i}" for i in range(50)}, len(got.received_ids)
+
+
+def test_min_in_sync_2_producers_wait_while_the_only_backup_is_down(start_node, etcd_url,
+                                                                   cluster_name, clients):
+    rule = replicated_rule(replicas=2, nodes=["n1", "n2"], min_in_sync=2)
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, rule=rule)
+    load = Workload(clients, ADDRESS, senders=[(n1.url, "a"), (n3.url, "b")],
+                    receivers=[n3.url], per_sender=800, rate=100, credit=20)
+    load.start()
+    assert wait_primary(nodes, ADDRESS, 10.0) == "n1"
+    wait_isr(etcd_url, cluster_name, ADDRESS, ["n2"], 10.0, primary="n1")
+    load.wait_accepted(200, 20.0)
+    killed = time.time()
+    n2.kill()
+    wait_isr(etcd_url, cluster_name, ADDRESS, [], 10.0, primary="n1")
+    time.sleep(1.0)
+    restart(n2)
+    restarted = time.time()
+    wait_isr(etcd_url, cluster_name, ADDRESS, ["n2"], 20.0, primary="n1")
+    back = time.time()
+    outcome = load.result(timeout=60.0)
+    while_down = sorted(t for t in outcome.accepted.values() if killed + 0.1 < t < restarted)
+    print(f"\nmin_in_sync 2: {len(while_down)} accepted while the backup was down "
+          f"({restarted - killed:.1f} s), n2 back in sync {back - restarted:.2f} s after its "
+          f"restart; then {len(outcome.accepted)} accepted in all")
+    assert not while_down, [t - killed for t in while_down[:5]]
+    assert all(s and s["error"] is None and s["accepted"] == 800 for s in outcome.senders), \
+        outcome.senders
+    assert not outcome.lost and not outcome.corrupt
+
+
+def test_deliveries_unsettled_at_the_failure_come_again_counted(start_node, etcd_url,
+                                                                cluster_name, clients):
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name)
+    fill = Workload(clients, ADDRESS, senders=[(n3.url, "a")], receivers=[], per_sender=30, rate=0)
+    fill.start_senders()
+    assert fill.result(timeout=20.0).senders[0]["accepted"] == 30
+    wait_isr(etcd_url, cluster_name, ADDRESS, ["n2", "n3"], 10.0, primary="n1")
+    # a consumer on n2 takes 10 and settles none of them
+    holder = clients("proton", "receive", n2.url, address=ADDRESS, count=0, credit=10, hold=True,
+                     timeout_ms=60000)
+    held = {holder.readline(timeout=10)["id"] for _ in range(10)}
+    assert len(held) == 10
+    n1.kill()
+    new = wait_primary(nodes, ADDRESS, LEASE_TTL + 10.0)
+    taker = Workload(clients, ADDRESS, senders=[], receivers=[n3.url], credit=50)
+    taker.start_receivers()
+    got = taker.result(timeout=30.0, quiet=1.0, want={f"a-{i}" for i in range(30)})
+    counts = {ident: count for _, ident, count in got.received}
+    print(f"\nheld by a consumer at the failure: {sorted(held)}; from {new}: "
+          f"{sorted((i, c) for i, c in counts.items() if c)}")
+    assert set(counts) == {f"a-{i}" for i in range(30)}, sorted(counts)
+    assert {i for i, c in counts.items() if c >= 1} == held  # delivery-count raised: those only
+    assert all(counts[i] == 1 for i in held)

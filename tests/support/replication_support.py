@@ -103,6 +103,13 @@ def serves(node, address: str) -> bool:
     return item is not None and item.get("role", "primary") == "primary" and "depth" in item
 
 
+def view_of(node, address: str) -> dict | None:
+    """``address`` as ``node``'s ``GET /api/v1/queues`` shows it: ``role`` (primary,
+    catching-up, ready, lagging, proxy), ``replication`` (on a backup: ``copy`` with its
+    ``depth``), ``depth`` on the primary. None: the node does not know the queue."""
+    return queues_of(node).get(address)
+
+
 def primary_of(nodes, address: str) -> str | None:
     """The one live node that serves ``address`` (the primary), else None."""
     holders = []
