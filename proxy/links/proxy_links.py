@@ -148,9 +148,20 @@ class _ProxyEndpoint(ClientLinkEndpoint, UpstreamLinkOwner):
     def link_attached(self) -> None:
         self.on_upstream_flow()
 
+    # Called with the primary's condition when it ends our link; True: the address moved to
+    # another primary (proxy.replication: a fenced primary ends every link) and the client's
+    # link stays, parked, until its owner rehomes it. None: the client learns the condition.
+    moved = None
+
+    def parked(self) -> None:
+        """Our link on the old primary is gone for good; a new one comes with ``rehome``."""
+
     def link_refused(self, condition) -> None:
         """The primary detached our link: the client learns the same condition."""
         if self.closed:
+            return
+        if self.moved is not None and self.moved(condition):
+            self.parked()
             return
         name = condition.name if condition else "amqp:link:detach-forced"
         description = condition.description if condition else "detached by the primary"
@@ -399,6 +410,9 @@ class ProxyConsumer(_ProxyEndpoint):
             relay_outcome(state, delivery, up, self.member.modified_unsupported)
             self.member.mark_dirty()
         pn_delivery_settle(delivery)
+
+    def parked(self) -> None:
+        self.link_lost()  # what the old primary sent and is unsettled comes again from the new
 
     def rehome(self, upstream) -> None:
         """The address moved to another primary (proxy.replication): what came from the old

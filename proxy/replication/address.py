@@ -155,8 +155,22 @@ class ReplicatedAddress:
             endpoint = client.attach_proxy_consumer(link, upstream, self.address)
         else:
             endpoint = client.attach_proxy_producer(link, upstream, self.address)
+        endpoint.moved = self._proxy_ended
         self.proxies = [p for p in self.proxies if not p.closed]
         self.proxies.append(endpoint)
+
+    def _proxy_ended(self, condition) -> bool:
+        """The primary ended a proxy link made here: if it was fenced (it ends every link with
+        detach-forced) or no longer has the queue, the link waits for the owner to be known
+        again (``_go_on``), instead of ending the client's."""
+        name = condition.name if condition is not None else ""
+        if name not in ("amqp:link:detach-forced", "amqp:not-found", "fedgate:stale-epoch"):
+            return False
+        if self.service.automatic:
+            self._resolve()
+        else:
+            asyncio.get_running_loop().call_later(RETRY, self._go_on)
+        return True
 
     def _target(self) -> str | None:
         """'local', the owner's AMQP URL, or None (not known yet)."""
@@ -195,6 +209,8 @@ class ReplicatedAddress:
                 continue
             if endpoint.upstream is not pool:
                 endpoint.rehome(pool)
+            elif endpoint.up_state.value == "refused":  # parked on the same primary: again
+                endpoint.reattach()
             live.append(endpoint)
         self.proxies = live
         self.node.broker.run_pending()

@@ -158,11 +158,14 @@ class ReplicationService:
 
     def _adopt_recovered(self) -> None:
         """Durable messages this node's journal brought back for replicated addresses: a copy
-        of unknown freshness, used if this node may claim the queue (ReplicatedAddress)."""
+        of unknown freshness, used if this node may claim the queue (ReplicatedAddress) --
+        which it tries at once: clients elsewhere may be waiting for it."""
         for name, queue in list(self.node.queues.queues.items()):
             decision = self.node.routing.resolve(name)
             if decision.kind == "replicated" and queue.messages:
-                self.entry(name, decision.rule).recovered(queue)
+                entry = self.entry(name, decision.rule)
+                entry.recovered(queue)
+                entry.resolve()
 
     # -- placement and members ---------------------------------------------------------------
     def members(self) -> dict[str, str]:
