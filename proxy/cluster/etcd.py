@@ -247,6 +247,15 @@ class EtcdCoordinator:
             raise CoordinatorError(f"put state {key}: {if_owner.resource} is no longer held at "
                                    f"epoch {if_owner.epoch}")
 
+    async def swap_state(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        """Write ``value`` only while ``key`` holds ``expected`` (None: absent); True if written."""
+        self._must_reach(f"swap state {key}")
+        stored = self.keys.state(key)
+        compare = Compare(stored, "value", expected) if expected is not None else \
+            Compare(stored, "create", 0)
+        result = await self._txn([compare], [Put(stored, bytes(value))], [], "swap state")
+        return result.succeeded
+
     async def get_state(self, prefix: str) -> dict[str, bytes]:
         self._must_reach(f"get state {prefix}")
         try:

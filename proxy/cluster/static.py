@@ -135,6 +135,13 @@ class StaticCoordinator:
         state[key] = base64.b64encode(value).decode()
         write_atomically(path, state)
 
+    async def swap_state(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        current = (await self.get_state(key)).get(key)
+        if current != expected:
+            return False
+        await self.put_state(key, value)
+        return True
+
     async def get_state(self, prefix: str) -> dict[str, bytes]:
         state = _read(self.directory / "state.json")
         return {k: base64.b64decode(v) for k, v in state.items() if k.startswith(prefix)}

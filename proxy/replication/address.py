@@ -28,6 +28,7 @@ clients' links and keeps nothing: it will be a backup again.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ log = logging.getLogger("fedgate.replication")
 NOT_ALLOWED = "amqp:not-allowed"
 RETRY = 1.0  # seconds before trying again to settle who owns a queue
 HAND_BACK = 2.0  # seconds a fragment's home member is in sync before it gets the fragment back
+RECHECK = 0.2  # seconds before looking again when a claim lost to a changed record
 
 
 @dataclass(frozen=True)
@@ -313,6 +315,11 @@ class ReplicatedAddress:
             record_bytes, record = await self.service.read_record(self.resource)
             log.debug("queue %s: no owner; record %s; this copy %s", self.wire, record,
                       self.backup.describe() if self.backup is not None else None)
+            if record is not None and self._named(record) and not self._holds_copy():
+                # named, but this node came back without its copy (not durable): it steps out
+                # of the record, so that when nobody named holds one the queue is served
+                # again, empty (docs/replication.md: every copy lost)
+                record_bytes, record = await self._step_out(record_bytes, record)
             if not self._eligible(record):
                 if record is None and self._preferred() != self.node_id:
                     self.owner = None  # a new queue: its preferred node makes it on our attach
@@ -321,7 +328,10 @@ class ReplicatedAddress:
             claim = await self.service.claim(self.resource, record_bytes,
                                              epoch_at_least=self._epoch_seen() + 1)
             if claim is None:
-                return  # another copy was faster: the watch tells us
+                # another copy was faster (the watch tells us), or the record changed under
+                # us (a copy stepped out): look again in a moment if nobody owns it then
+                asyncio.get_running_loop().call_later(RECHECK, self._recheck)
+                return
             self.become_primary(claim)
         except Exception as exc:  # etcd unreachable, fenced: try again in a while
             log.warning("queue %s: no owner settled now: %s", self.wire, exc)
@@ -329,24 +339,41 @@ class ReplicatedAddress:
         finally:
             self._resolving = False
 
+    def _recheck(self) -> None:
+        if self.primary is None and self.service.coordinator.current_owner(self.resource) is None:
+            self._resolve()
+
     def _epoch_seen(self) -> int:
         seen = self.owner[1] if self.owner is not None else 0
         if self.backup is not None:
             seen = max(seen, self.backup.image.epoch)
         return seen
 
+    def _named(self, record: dict) -> bool:
+        return record.get("primary") == self.node_id or self.node_id in record.get("isr", ())
+
+    def _holds_copy(self) -> bool:
+        """A copy that holds what was accepted: in sync, or brought back by the journal."""
+        return (self.backup is not None and self.backup.ready) or self.recovered_messages is not None
+
+    async def _step_out(self, record_bytes: bytes, record: dict):
+        changed = dict(record)
+        if changed.get("primary") == self.node_id:
+            changed["primary"] = None
+        changed["isr"] = [n for n in changed.get("isr", ()) if n != self.node_id]
+        body = json.dumps(changed).encode()
+        if await self.service.coordinator.swap_state("replication/" + self.resource,
+                                                     record_bytes, body):
+            log.warning("queue %s: this node holds no copy any more; out of its record (%s)",
+                        self.wire, changed)
+        return await self.service.read_record(self.resource)
+
     def _eligible(self, record: dict | None) -> bool:
         """May this node claim the queue? (docs/replication.md: failover)."""
-        if record is None:  # never claimed: its preferred node makes it
+        if record is None or (not record.get("primary") and not record.get("isr")):
+            # never claimed, or every copy named is gone: its preferred node makes it
             return self._preferred() == self.node_id
-        named = record.get("primary") == self.node_id or self.node_id in record.get("isr", ())
-        if not named:
-            return False
-        if self.backup is not None and self.backup.ready:
-            return True
-        if self.recovered_messages is not None:
-            return True  # its journal brought back what it held when it was named (durable)
-        return False
+        return self._named(record) and self._holds_copy()
 
     def _proxy_to_preferred(self) -> None:
         url = self.service.url_of(self._preferred())
