@@ -406,3 +406,37 @@ def test_deliveries_unsettled_at_the_failure_come_again_counted(start_node, etcd
     assert set(counts) == {f"a-{i}" for i in range(30)}, sorted(counts)
     assert {i for i, c in counts.items() if c >= 1} == held  # delivery-count raised: those only
     assert all(counts[i] == 1 for i in held)
+
+
+class _Stored:
+    def __init__(self, payload: bytes) -> None:
+        self.payload, self.rid = payload, 0
+
+
+@pytest.mark.xfail(strict=True, reason="bug: when every event waiting for a backup was coalesced "
+                   "away (messages enqueued and settled while the backup's two batches were in "
+                   "flight), take_batch drops them and returns None without moving what the backup "
+                   "holds: producers' deliveries of those messages are never accepted (bench: a "
+                   "50,000-message run on 3 copies stalls with waiting_acceptance 212-1000, the "
+                   "backups at lag 0)")
+def test_an_enqueue_consumed_before_it_went_to_the_backup_is_still_accepted():
+    # the smallest reproduction, on the protocol's data (proxy.replication.primary, no I/O):
+    # what bench/replication.py hit in real processes, where a producer whose credit window
+    # is full of such deliveries then waits for ever
+    from proxy.replication.primary import ReplicaSet
+
+    replica_set = ReplicaSet(ADDRESS, 1, lambda: 0.0)
+    replica_set.attach("n2", 0.0)
+    number, _ = replica_set.take_batch("n2", 0.0)  # the catch-up of nothing
+    replica_set.acked("n2", number, 0.0)
+    replica_set.isr_committed(replica_set.proposal())  # n2 in sync
+    number, _ = replica_set.take_batch("n2", 0.0)  # its in-sync event
+    replica_set.acked("n2", number, 0.0)
+    message = _Stored(b"x")
+    replica_set.wait(replica_set.enqueued(message), "the producer's delivery")
+    replica_set.acquired_by_consumer(message)  # a consumer takes it and settles it before the
+    replica_set.dequeued(message)  # next batch goes out: nothing is left to send to n2
+    batch = replica_set.take_batch("n2", 0.0)
+    if batch is not None:
+        replica_set.acked("n2", batch[0], 0.0)
+    assert replica_set.completed() == ["the producer's delivery"]
