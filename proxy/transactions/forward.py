@@ -267,7 +267,10 @@ def _later(txn, step) -> None:
 
 # -- work --------------------------------------------------------------------------------------
 def post(table, producer, delivery, payload: bytes) -> None:
-    """A transactional transfer on a proxied link (§4.4.1), sent on with the primary's txn-id."""
+    """A transactional transfer on a proxied link (§4.4.1), sent on with the primary's txn-id.
+
+    Counted in ``txn.unanswered`` until the primary answers it (or it is refused): a commit
+    is discharged on the primary only after every transfer of it has been answered."""
     _, txn, refusal = table.find(delivery)
     if refusal is None:
         reason = _bind(table, txn, producer)
@@ -277,16 +280,40 @@ def post(table, producer, delivery, payload: bytes) -> None:
         _refuse(table, delivery, refusal)
         return
     held = engine.hold(delivery)
+    txn.unanswered += 1
+    ended = []
+
+    def finish() -> None:  # once per posting, whatever became of it
+        if not ended:
+            ended.append(True)
+            _answered(txn)
 
     def send() -> None:
         if producer.closed:
-            return
-        if txn.upstream_id is None or txn.state is not TxnState.ACTIVE:
+            finish()
+        elif txn.upstream_id is None or txn.state not in _WORKING:
             _refuse(table, held, (ROLLBACK, txn.failure or "the transaction has ended"))
-            return
-        _transmit(table, txn, producer, held, payload)
+            finish()
+        else:
+            _transmit(table, txn, producer, held, payload, finish)
 
     _later(txn, send)
+
+
+def _answered(txn) -> None:
+    txn.unanswered -= 1
+    if not txn.unanswered:
+        steps, txn.when_answered = txn.when_answered, []
+        for step in steps:
+            step()
+
+
+def _after_work(txn, step) -> None:
+    """Run ``step`` once every forwarded transfer of ``txn`` has been answered."""
+    if txn.unanswered:
+        txn.when_answered.append(step)
+    else:
+        step()
 
 
 def _refuse(table, delivery, refusal) -> None:
@@ -297,16 +324,18 @@ def _refuse(table, delivery, refusal) -> None:
     table.handler.mark_dirty()
 
 
-def _transmit(table, txn, producer, delivery, payload: bytes) -> None:
+def _transmit(table, txn, producer, delivery, payload: bytes, finish) -> None:
     up_txn_id = txn.upstream_id
+    display = producer.upstream.target.display
 
     def answered(up_delivery) -> None:
+        finish()
         if producer.closed:
             if up_delivery is not None:
                 pn_delivery_settle(up_delivery)
             return
         if up_delivery is None:
-            txn.fail(f"the link to primary {producer.upstream.target.display} was lost")
+            txn.fail(f"the link to primary {display} was lost")
             _refuse(table, delivery, (ROLLBACK, txn.failure))
             return
         state = pn_delivery_remote_state(up_delivery)
@@ -316,7 +345,7 @@ def _transmit(table, txn, producer, delivery, payload: bytes) -> None:
             state, fields = (outcome.outcome or PN_ACCEPTED, outcome.fields) if outcome else (PN_ACCEPTED, ())
         if state == PN_REJECTED:
             condition = Delivery.wrap(up_delivery).remote.condition
-            txn.fail(f"primary {producer.upstream.target.display} rejected a message"
+            txn.fail(f"primary {display} rejected a message"
                      + (f" ({condition.name}: {condition.description})" if condition else ""))
             _refuse(table, delivery, (condition.name if condition else ROLLBACK, txn.failure))
         else:
@@ -330,10 +359,12 @@ def _transmit(table, txn, producer, delivery, payload: bytes) -> None:
     def go(ok: bool = True) -> None:
         """Send now (``ok``), or refuse: the link to the primary was lost before it went."""
         if producer.closed:
+            finish()
             return
-        if not ok or txn.state is not TxnState.ACTIVE or txn.upstream_id != up_txn_id:
-            txn.fail(txn.failure or f"the link to primary {producer.upstream.target.display} was lost")
+        if not ok or txn.state not in _WORKING or txn.upstream_id != up_txn_id:
+            txn.fail(txn.failure or f"the link to primary {display} was lost")
             _refuse(table, delivery, (ROLLBACK, txn.failure))
+            finish()
             return
         up = producer.up_ptr
         up_delivery = engine.send_message(up, str(next(producer.tags)).encode(), payload)
@@ -408,12 +439,14 @@ def commit(table, txn, done) -> None:
                  + (f" ({condition.name}: {condition.description})" if condition else ""))
 
     def discharge() -> None:
-        if txn.upstream_id is None:
+        if txn.upstream_id is None or txn.failure is not None:
+            if txn.upstream_id is not None:
+                home.coordinator.request(encode_discharge(txn.upstream_id, True), _ignore)
             done(f"rolled back: {txn.failure or 'not declared on primary ' + display}")
             return
         home.coordinator.request(encode_discharge(txn.upstream_id, False), answer)
 
-    _later(txn, discharge)
+    _later(txn, lambda: _after_work(txn, discharge))
 
 
 def rollback(table, txn) -> None:

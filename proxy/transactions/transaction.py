@@ -97,6 +97,10 @@ class Transaction:
     # wait for it (callables run in order once the primary answered)
     upstream_id: bytes | None = None
     waiting: list = field(default_factory=list)
+    # forwarded transfers the primary has not answered yet, and what waits for them all (the
+    # discharge: the primary must have every transfer before it commits)
+    unanswered: int = 0
+    when_answered: list = field(default_factory=list)
 
     def move(self, state: TxnState) -> None:
         if state not in TXN_TRANSITIONS[self.state]:
@@ -113,9 +117,11 @@ class Transaction:
         return len(self.postings) + len(self.retirements) + self.forwarded
 
     def fail(self, reason: str) -> None:
-        """Work that cannot be part of it: it can only roll back now (the first reason is kept)."""
+        """Work that cannot be part of it: it can only roll back now (the first reason is kept;
+        a commit under way when forwarded work fails learns it from ``failure``)."""
         if self.state is TxnState.ACTIVE:
             self.move(TxnState.FAILED)
+        if self.failure is None and self.state in (TxnState.FAILED, TxnState.COMMITTING):
             self.failure = reason
 
     def describe(self, now: float) -> dict:
