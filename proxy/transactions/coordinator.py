@@ -49,7 +49,7 @@ from proxy.amqp import engine
 from proxy.amqp.termini import set_capabilities
 from proxy.transactions import forward
 from proxy.transactions.local import LocalCommit, UnknownOutcome, release_held, rollback_local
-from proxy.transactions.transaction import LOCAL, Posting, Retirement, Transaction, TxnState
+from proxy.transactions.transaction import LOCAL, Retirement, Transaction, TxnState
 from proxy.transactions.wire import (
     CAPABILITIES,
     ROLLBACK,
@@ -57,14 +57,18 @@ from proxy.transactions.wire import (
     UNKNOWN_ID,
     ControlError,
     Declare,
+    accepted_template,
+    answer_accepted,
     parse_control,
+    posting_key,
     read_state,
     answer_declared,
     reject,
-    set_outcome,
+    state_key,
 )
 
 log = logging.getLogger("fedgate.transactions")
+ACTIVE = TxnState.ACTIVE
 
 NOT_IMPLEMENTED = "amqp:not-implemented"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
@@ -135,6 +139,8 @@ class ConnectionTransactions:
         self.manager = manager
         self.handler = handler
         self.txns: dict[bytes, Transaction] = {}
+        self.keys: dict[bytes, Transaction] = {}  # the encoded state of its transfers -> an open one
+        self.memory = handler.broker.queues.memory  # held postings count against max_memory
         self.upstream_coordinators: dict = {}  # (coordinator, member) -> forward.UpstreamCoordinator
 
     # -- declare and discharge (§4.3) ---------------------------------------------------------
@@ -152,8 +158,10 @@ class ConnectionTransactions:
             return
         txn = Transaction(manager.new_id(), coordinator, manager.now())
         self.txns[txn.txn_id] = txn
+        txn.key, txn.answer = posting_key(txn.txn_id), accepted_template(txn.txn_id)
+        self.keys[txn.key] = txn  # its transfers find it by their state's encoding
         manager.opened()
-        answer_declared(delivery, txn.txn_id)  # §4.5.4
+        answer_declared(delivery, txn.txn_id, txn.key)  # §4.5.4
 
     def discharge(self, coordinator: Coordinator, delivery, discharge) -> None:
         txn = self.txns.get(discharge.txn_id)
@@ -183,8 +191,13 @@ class ConnectionTransactions:
         else:
             forward.commit(self, txn, done)
 
-    def _committed(self, txn: Transaction, delivery, error) -> None:
+    def _forget(self, txn: Transaction) -> None:
         self.txns.pop(txn.txn_id, None)
+        if txn.key is not None:
+            self.keys.pop(txn.key, None)
+
+    def _committed(self, txn: Transaction, delivery, error) -> None:
+        self._forget(txn)
         if error is None:
             txn.move(TxnState.COMMITTED)
             self.manager.closed(txn, "committed")
@@ -210,7 +223,7 @@ class ConnectionTransactions:
 
     def rollback(self, txn: Transaction) -> None:
         """Roll ``txn`` back: its local work undone, a forwarded one discharged on its primary."""
-        self.txns.pop(txn.txn_id, None)
+        self._forget(txn)
         txn.move(TxnState.ROLLED_BACK)  # first: work waiting for the primary sees it ended
         home = txn.home
         if home == LOCAL:
@@ -257,9 +270,26 @@ class ConnectionTransactions:
         return state, txn, None
 
     def post(self, delivery, queues: tuple, payload: bytes) -> None:
-        """A transactional transfer for ``queues`` of this node (§4.4.1); answers it."""
+        """A transactional transfer for ``queues`` of this node (§4.4.1); answers it.
+
+        The hot path: a transaction's transfers all carry the same state, so its encoding
+        finds the transaction (``keys``) and the answer is a copy of one built for it."""
+        txn = self.keys.get(state_key(delivery))
+        if txn is None or txn.state is not ACTIVE or (txn.home is not LOCAL and txn.home is not None):
+            self._post(delivery, queues, payload)  # not for this node, or refused: say why
+            return
+        txn.home = LOCAL
+        if queues:
+            txn.postings.append((queues, payload))
+            txn.held_bytes += len(payload)
+            self.memory.used += len(payload)
+        if not pn_delivery_settled(delivery):
+            answer_accepted(delivery, txn.answer)
+        pn_delivery_settle(delivery)
+        self.handler.mark_dirty()
+
+    def _post(self, delivery, queues: tuple, payload: bytes) -> None:
         state, txn, refusal = self.find(delivery)
-        settled = pn_delivery_settled(delivery)
         if refusal is None:
             names = ", ".join(repr(q.name) for q in queues) or "no queue"
             reason = self.bind(txn, LOCAL, f"this node's queues ({names})")
@@ -268,18 +298,22 @@ class ConnectionTransactions:
             elif txn.state is TxnState.FAILED:
                 refusal = (ROLLBACK, f"the transaction can only roll back: {txn.failure}")
         if refusal is not None:
-            if settled:
+            if pn_delivery_settled(delivery):
                 pn_delivery_settle(delivery)
             else:
                 reject(delivery, *refusal)
-        else:
-            if queues:
-                txn.postings.append(Posting(queues, payload))
-                txn.held_bytes += len(payload)
-                self.handler.broker.queues.memory.used += len(payload)
-            if not settled:
-                set_outcome(delivery, txn.txn_id, PN_ACCEPTED)
-            pn_delivery_settle(delivery)
+            self.handler.mark_dirty()
+            return
+        self._hold(txn, delivery, queues, payload)  # a txn-id encoded another way
+
+    def _hold(self, txn: Transaction, delivery, queues: tuple, payload: bytes) -> None:
+        if queues:
+            txn.postings.append((queues, payload))
+            txn.held_bytes += len(payload)
+            self.memory.used += len(payload)
+        if not pn_delivery_settled(delivery):
+            answer_accepted(delivery, txn.answer)
+        pn_delivery_settle(delivery)
         self.handler.mark_dirty()
 
     def refuse_posting(self, delivery, condition: str, reason: str) -> None:

@@ -65,8 +65,8 @@ class LocalCommit:
     def start(self) -> None:
         registry = self.broker.queues
         journal = self.broker.journal
-        targets = [(queue, posting.payload) for posting in self.txn.postings
-                   for queue in posting.queues if registry.get(queue.name) is queue]
+        targets = [(queue, payload) for queues, payload in self.txn.postings
+                   for queue in queues if registry.get(queue.name) is queue]
         durable = [journal is not None and journal_queues.wants_journal(queue, payload)
                    for queue, payload in targets]
         dequeues = [r.message.journal_id for r in self.txn.retirements

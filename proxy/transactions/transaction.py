@@ -21,9 +21,10 @@ transaction ``FAILED`` with the reason, which the commit's answer repeats.
 
 Local work is held here until the commit (``proxy.transactions.local``):
 
-* ``postings``: messages sent to local queues (an exchange's posting lists
-  every local queue bound to it for the message), not visible to consumers;
-  their bytes count against ``[limits] max_memory`` while held;
+* ``postings``: messages sent to local queues, ``(queues, payload)`` (an
+  exchange's posting lists every local queue bound to it for the message),
+  not visible to consumers; their bytes count against ``[limits]
+  max_memory`` while held;
 * ``retirements``: messages the client acquired and settled in the
   transaction (§4.4.2): still out with the client as far as the queue knows,
   their outcome applied at commit, back to the queue (delivery-count raised)
@@ -62,14 +63,6 @@ LOCAL = "local"  # a home: this node's own queues
 
 
 @dataclass(slots=True)
-class Posting:
-    """A message sent in the transaction, for ``queues`` (local) at commit."""
-
-    queues: tuple
-    payload: bytes
-
-
-@dataclass(slots=True)
 class Retirement:
     """A message of a local queue the client settled in the transaction (§4.4.2)."""
 
@@ -89,9 +82,13 @@ class Transaction:
     state: TxnState = TxnState.ACTIVE
     home: object = None  # None until its first work; LOCAL or an UpstreamHome
     failure: str | None = None  # why it can only be rolled back (FAILED)
-    postings: list = field(default_factory=list)
+    postings: list = field(default_factory=list)  # (queues, payload)
     retirements: list = field(default_factory=list)
     held_bytes: int = 0  # bytes of postings, counted in the node's MemoryUse
+    # the hot path (proxy.transactions.coordinator.post): the encoded state of its transfers
+    # (its key in the connection's table) and the fields of their answer, built once
+    key: bytes | None = None
+    answer: object = None
     forwarded: int = 0  # messages sent or settled through the primary (a forwarded one)
     # forwarded: the primary's txn-id once declared there, and the work and discharge that
     # wait for it (callables run in order once the primary answered)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cproton import ffi as _ffi
+from cproton import lib as _lib
 from cproton import (
     PN_ACCEPTED,
     PN_MODIFIED,
@@ -192,9 +194,16 @@ def _put(delivery, code: int, fields: list) -> None:
     pn_delivery_update(delivery, code)
 
 
-def answer_declared(delivery, txn_id: bytes) -> None:
-    """The coordinator's answer to a declare (§4.5.4), settled."""
-    _put(delivery, DECLARED, [txn_id])
+def answer_declared(delivery, txn_id: bytes, encoded: bytes | None = None) -> None:
+    """The coordinator's answer to a declare (§4.5.4), settled; ``encoded``: ``[txn-id]``
+    encoded already (``posting_key``)."""
+    if encoded is None:
+        _put(delivery, DECLARED, [txn_id])
+    else:
+        data = Data(pn_disposition_data(pn_delivery_local(delivery)))
+        data.clear()
+        data.decode(encoded)
+        pn_delivery_update(delivery, DECLARED)
     pn_delivery_settle(delivery)
 
 
@@ -222,3 +231,42 @@ def reject(delivery, name: str, description: str, *, settle: bool = True) -> Non
     wrapped.update(Delivery.REJECTED)
     if settle:
         pn_delivery_settle(delivery)
+
+
+# -- the hot path: one posting (§4.4.1) costs a few C calls ------------------------------------
+_KEY_SIZE = 128
+_key_buffer = bytearray(_KEY_SIZE)
+_key_cbuffer = _ffi.from_buffer(_key_buffer)
+_encode = _lib.pn_data_encode
+_copy = _lib.pn_data_copy
+_data = _lib.pn_disposition_data
+_remote = _lib.pn_delivery_remote
+_local = _lib.pn_delivery_local
+_update = _lib.pn_delivery_update
+
+
+def state_key(delivery) -> bytes | None:
+    """The peer's delivery state fields of ``delivery``, as proton encodes them: equal for every
+    transfer of one transaction (``[txn-id]``), so a dict key for it. None if too large."""
+    size = _encode(_data(_remote(delivery)), _key_cbuffer, _KEY_SIZE)
+    return bytes(_key_buffer[:size]) if size > 0 else None
+
+
+def posting_key(txn_id: bytes) -> bytes:
+    """``state_key`` of a transfer posted in ``txn_id`` (``[txn-id]``, as proton encodes it)."""
+    data = Data()
+    data.put_object([txn_id])
+    return bytes(data.encode())
+
+
+def accepted_template(txn_id: bytes) -> Data:
+    """``[txn-id, accepted]``, built once per transaction, copied into each posting's answer."""
+    template = Data()
+    template.put_object([txn_id, Described(ulong(PN_ACCEPTED), [])])
+    return template
+
+
+def answer_accepted(delivery, template: Data) -> None:
+    """A posting's answer (§4.4.1): ``transactional-state`` with ``accepted`` (not settled)."""
+    _copy(_data(_local(delivery)), template._data)
+    _update(delivery, TRANSACTIONAL_STATE)
