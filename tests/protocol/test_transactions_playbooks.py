@@ -317,3 +317,39 @@ def test_a_dropped_client_connection_rolls_back_at_the_primary(tmp_path):
         await world.close()
 
     run(play)
+
+
+# -- fragments ---------------------------------------------------------------------------------
+FRAGMENTS = {"name": "fq", "match": "fq.#", "kind": "fragmented", "fragments": ["a", "b"]}
+PEERS = {"a": "amqp://a:5672", "b": "amqp://b:5672"}
+
+
+def test_a_fragment_takes_a_transaction_of_its_own_node_and_refuses_stolen_messages(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        a = await world.node("a", peers=PEERS, rules=[FRAGMENTS])
+        b = await world.node("b", peers=PEERS, rules=[FRAGMENTS])
+        client = await world.client("a")
+        txn_ctl = Txn(world, client)
+        sender = client.sender("fq.t")
+        await world.until(lambda: sender.credit > 0)
+        txn = await txn_ctl.declare()
+        posted = txn_ctl.send(sender, txn, "into a's fragment")
+        await world.until(lambda: posted in sender.outcomes)
+        assert local_depth(a, "fq.t") == 0
+        assert (await txn_ctl.discharge(txn)).remote_state == Delivery.ACCEPTED
+        assert local_depth(a, "fq.t") == 1  # this node's own fragment
+
+        # a message stolen from b's fragment cannot be settled in a transaction on a
+        await fill(world, "b", "fq.s", ["on b"])
+        receiver = client.receiver("fq.s", credit=1)
+        await world.until(lambda: len(receiver.received) == 1, what="stolen from b")
+        txn2 = await txn_ctl.declare()
+        txn_ctl.retire(receiver, txn2)
+        answer = await txn_ctl.discharge(txn2)
+        assert answer.remote_state == Delivery.REJECTED
+        assert "another node's fragment" in condition(answer)[1]
+        await world.until(lambda: b.queues.get("fq.s").unacked == 0, what="back home on b")
+        await world.close()
+
+    run(play)

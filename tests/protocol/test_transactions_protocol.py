@@ -291,3 +291,41 @@ def test_open_transactions_are_described_per_connection():
     assert item["bytes_held"] > 0 and item["home"] == "local" and item["age_s"] >= 0
     summary = h.broker.transactions.describe()
     assert summary["open"] == 1 and summary["messages_held"] == 1
+
+
+def test_a_queue_commit_barrier_holds_the_commit_answer_until_done():
+    # the hook a replicated queue is to use (proxy.queues.local.LocalQueue.commit_barrier):
+    # the commit is applied, and answered only once the queue says it is durable and copied
+    h = Harness()
+    c = h.client()
+    ctl = Controller(h, c)
+    queue = h.queues.lookup_or_create("replicated")
+    waiting = []
+    queue.commit_barrier = waiting.append
+    txn = ctl.declare()
+    ctl.send(c.sender("replicated"), txn, msg(0))
+    answer = ctl.discharge(txn)
+    assert len(waiting) == 1 and queue.depth == 1  # applied here ...
+    assert answer.remote_state == 0 and not answer.settled  # ... not answered yet
+    waiting.pop()()
+    h.pump()
+    assert answer.remote_state == Delivery.ACCEPTED and answer.settled
+
+
+def test_bytes_held_by_open_transactions_count_towards_max_memory():
+    h = Harness(credit_window=20)
+    h.queues.memory.limit = 2000  # [limits] max_memory
+    c = h.client()
+    ctl = Controller(h, c)
+    txn = ctl.declare()
+    sender = c.sender("q")
+    big = Message(body=b"x" * 400)
+    sent = 0
+    while sender.credit > 0:  # what was granted is taken; nothing more is granted
+        ctl.send(sender, txn, big)
+        sent += 1
+        h.pump()
+    assert sent == 20 and h.queues.get("q").depth == 0  # all held by the transaction
+    assert h.queues.memory.used >= 2000 and sender.credit == 0
+    assert ctl.discharge(txn, fail=True).remote_state == Delivery.ACCEPTED
+    assert h.queues.memory.used == 0 and sender.credit > 0  # freed: credit again
