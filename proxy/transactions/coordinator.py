@@ -151,7 +151,7 @@ class ConnectionTransactions:
             reject(delivery, NOT_IMPLEMENTED, "distributed transactions (global-id) are not offered")
             return
         limit = manager.max_per_connection
-        if limit and len(self.txns) >= limit:
+        if limit and len(self.txns) >= limit and not self.handler.trusted:  # (another worker's)
             manager.stats.refused += 1
             reject(delivery, RESOURCE_LIMIT, f"{len(self.txns)} transactions open on this "
                                              f"connection (max_transactions_per_connection {limit})")
@@ -283,6 +283,8 @@ class ConnectionTransactions:
             txn.postings.append((queues, payload))
             txn.held_bytes += len(payload)
             self.memory.used += len(payload)
+            for queue in queues:  # counted against max_depth until the discharge
+                queue.incoming += 1
         if not pn_delivery_settled(delivery):
             answer_accepted(delivery, txn.answer)
         pn_delivery_settle(delivery)
@@ -311,6 +313,8 @@ class ConnectionTransactions:
             txn.postings.append((queues, payload))
             txn.held_bytes += len(payload)
             self.memory.used += len(payload)
+            for queue in queues:
+                queue.incoming += 1
         if not pn_delivery_settled(delivery):
             answer_accepted(delivery, txn.answer)
         pn_delivery_settle(delivery)

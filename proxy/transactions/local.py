@@ -152,7 +152,10 @@ class UnknownOutcome(str):
 
 
 def release_held(broker, txn) -> None:
-    """The transaction's posted bytes no longer count against ``max_memory``."""
+    """The transaction's postings no longer count against ``max_memory`` and ``max_depth``."""
+    for queues, _ in txn.postings:
+        for queue in queues:
+            queue.incoming -= 1
     if txn.held_bytes:
         memory = broker.queues.memory
         memory.used -= txn.held_bytes

@@ -329,3 +329,24 @@ def test_bytes_held_by_open_transactions_count_towards_max_memory():
     assert h.queues.memory.used >= 2000 and sender.credit == 0
     assert ctl.discharge(txn, fail=True).remote_state == Delivery.ACCEPTED
     assert h.queues.memory.used == 0 and sender.credit > 0  # freed: credit again
+
+
+def test_postings_count_against_the_depth_limit_until_the_discharge():
+    h = Harness(max_depth=5, credit_window=100)
+    c = h.client()
+    ctl = Controller(h, c)
+    txn = ctl.declare()
+    sender = c.sender("q")
+    assert sender.credit == 5
+    for i in range(5):
+        ctl.send(sender, txn, msg(i))
+    h.pump()
+    assert sender.credit == 0  # the five held by the transaction fill the queue's room
+    assert ctl.discharge(txn).remote_state == Delivery.ACCEPTED
+    assert h.queues.get("q").depth == 5 and sender.credit == 0
+    receiver = c.receiver("q", credit=5)
+    for item in c.received(receiver):
+        item.delivery.update(Delivery.ACCEPTED)
+        item.delivery.settle()
+    h.pump()
+    assert sender.credit == 5  # room again
