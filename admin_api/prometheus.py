@@ -170,6 +170,7 @@ def render(node) -> str:
         ({"outcome": "committed"}, stats.committed),
         ({"outcome": "rolled_back"}, stats.rolled_back),
         ({"outcome": "timed_out"}, stats.timed_out),
+        ({"outcome": "unknown"}, stats.unknown),
     ])
     out.family("fedgate_transaction_declares_refused_total", "counter",
                "Declares refused (max_transactions_per_connection, distributed transactions).",

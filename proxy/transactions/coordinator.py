@@ -198,20 +198,19 @@ class ConnectionTransactions:
 
     def _committed(self, txn: Transaction, delivery, error) -> None:
         self._forget(txn)
-        if error is None:
-            txn.move(TxnState.COMMITTED)
-            self.manager.closed(txn, "committed")
-        else:
-            txn.move(TxnState.ROLLED_BACK)
-            self.manager.closed(txn, "rolled_back")
+        txn.move(TxnState.COMMITTED if error is None else TxnState.ROLLED_BACK)
+        self.manager.closed(txn, "committed" if error is None else
+                            "unknown" if isinstance(error, UnknownOutcome) else "rolled_back")
         coordinator = txn.coordinator
-        if not coordinator.attached:
-            return  # nobody to answer; what was decided stands
-        if isinstance(error, UnknownOutcome):
-            self.handler.close_link(coordinator.link, TIMEOUT, f"commit of {txn.txn_id!r}: {error}")
-            return
-        self._answer(delivery, error)
-        self.handler.broker.run_pending()  # answers may come from the journal or a primary
+        if coordinator.attached:  # else nobody to answer; what was decided stands
+            if isinstance(error, UnknownOutcome):  # §4.3: the controller learns it is unknown
+                self.handler.close_link(coordinator.link, TIMEOUT, (
+                    f"the outcome of the commit of {txn.txn_id.decode('latin-1')} is unknown: {error}"))
+            else:
+                self._answer(delivery, error)
+        # the answer may come from the journal, a primary or a queue's barrier: written out
+        # in the next turn of the loop (never from inside the pump that is running now)
+        self.manager.call_later(0, self.handler.broker.run_pending)
 
     def _answer(self, delivery, error: str | None) -> None:
         if error is None:

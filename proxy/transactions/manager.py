@@ -37,6 +37,7 @@ class TransactionStats:
     committed: int = 0
     rolled_back: int = 0
     timed_out: int = 0  # rolled back by transaction_timeout (also counted in rolled_back)
+    unknown: int = 0  # commits whose outcome the client could not be told (coordinator link ended)
     refused: int = 0  # declares refused (limit, distributed transactions)
 
 

@@ -353,3 +353,27 @@ def test_a_fragment_takes_a_transaction_of_its_own_node_and_refuses_stolen_messa
         await world.close()
 
     run(play)
+
+
+def test_a_commit_barrier_never_done_ends_the_coordinator_link_with_the_outcome_unknown(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        node = await world.node("n", limits={"transaction_timeout": 2})
+        node.queues.lookup_or_create("r").commit_barrier = lambda done: None  # never confirms
+        client = await world.client("n")
+        txn_ctl = Txn(world, client)
+        sender = client.sender("r")
+        await world.until(lambda: sender.credit > 0)
+        txn = await txn_ctl.declare()
+        txn_ctl.send(sender, txn, "applied, not confirmed")
+        await world.until(lambda: len(sender.outcomes) == 1)
+        await world.until(lambda: txn_ctl.ctl.credit > 0)
+        txn_ctl.ctl.send(Described(symbol("amqp:discharge:list"), [txn, False]))
+        await world.until(lambda: txn_ctl.ctl.closed_with is not None, timeout=5)
+        assert txn_ctl.ctl.closed_with == "amqp:transaction:timeout"
+        assert "outcome" in txn_ctl.ctl.link.remote_condition.description
+        assert local_depth(node, "r") == 1  # applied on this node
+        assert node.broker.transactions.stats.unknown == 1
+        await world.close()
+
+    run(play)
