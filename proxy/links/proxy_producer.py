@@ -78,15 +78,20 @@ class ProxyProducer(_ProxyEndpoint):
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
 
+    def _drop_transactional(self) -> None:
+        """The upstream link is gone: so is the primary's transaction; what was forwarded in it
+        (or waits to be) is refused by its answer callback (proxy.transactions.forward)."""
+        answers, self.txn_inflight = list(self.txn_inflight.values()), ProxyProducer.txn_inflight
+        pending, self.txn_pending = list(self.txn_pending), ProxyProducer.txn_pending
+        for answer in answers:
+            answer(None)
+        for go in pending:
+            go(False)
+
     def link_lost(self) -> None:
         member = self.member
-        if self.txn_inflight or self.txn_pending:  # their transaction ended with the connection
-            answers, self.txn_inflight = list(self.txn_inflight.values()), ProxyProducer.txn_inflight
-            pending, self.txn_pending = list(self.txn_pending), ProxyProducer.txn_pending
-            for answer in answers:
-                answer(None)
-            for go in pending:
-                go(False)
+        if self.txn_inflight or self.txn_pending:
+            self._drop_transactional()
         # sent again alone, in the original order, before anything else (proxy.upstream.suspects)
         self.suspects += self.upstream.suspects.take(self, self.remote_address, self.inflight, member,
                                                      self._suspect_settled)
@@ -121,8 +126,9 @@ class ProxyProducer(_ProxyEndpoint):
             return
         self.unsynced = 0
         up_credit = pn_link_credit(self.up_ptr) if self.up_ptr is not None and self.up_attached else 0
-        pending = len(self.pending)
-        allowed = min(up_credit - pending, self.window - pending - len(self.inflight))
+        pending = len(self.pending) + len(self.txn_pending)
+        allowed = min(up_credit - pending,
+                      self.window - pending - len(self.inflight) - len(self.txn_inflight))
         want = allowed - pn_link_credit(self.link_ptr)
         if want > 0:
             pn_link_flow(self.link_ptr, want)
@@ -237,6 +243,9 @@ class ProxyProducer(_ProxyEndpoint):
         if item is None and delivery in self.txn_inflight:  # forwarded in a transaction
             if outcome_of(delivery) is not None:
                 self.txn_inflight.pop(delivery)(delivery)
+                self.unsynced += 1
+                if self.unsynced >= self.refill_every:
+                    self.sync_credit()
             return
         client_delivery = item[1] if item is not None and not self.closed else None
         if settle_accepted(delivery, client_delivery):  # nearly always: no helper calls
@@ -270,6 +279,8 @@ class ProxyProducer(_ProxyEndpoint):
         answered is sent to the new one as suspects, in order, then the link goes on there."""
         if self.closed:
             return
+        if self.txn_inflight or self.txn_pending:  # the old primary's transaction ends here
+            self._drop_transactional()
         moved = self.upstream.suspects.hand_over(self) if self.suspects else []
         old_member = self.member
         self.release_upstream()

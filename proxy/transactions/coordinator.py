@@ -177,10 +177,14 @@ class ConnectionTransactions:
                 self._answer(delivery, f"rolled back: {txn.failure}")
             return
         txn.move(TxnState.COMMITTING)
+        txn.started = self.manager.now()  # from now on: how long the commit has waited
         held = engine.hold(delivery)  # answered later: kept valid meanwhile
 
         def done(error) -> None:
-            self._committed(txn, held, error)
+            if txn.state is TxnState.COMMITTING:  # once: a late answer changes nothing
+                self._committed(txn, held, error)
+
+        txn.committed = done
 
         if txn.home is None:
             done(None)
@@ -243,6 +247,14 @@ class ConnectionTransactions:
             self.rollback(txn)
         forward.close_all(self)
         self.manager.tables.discard(self)
+
+    def commit_stalled(self, txn: Transaction) -> None:
+        """A commit that waited longer than ``transaction_timeout`` for the journal, a primary or
+        a queue's barrier: its outcome is unknown to the client (its coordinator link ends)."""
+        log.warning("connection %s: commit of %r not done after %g s", self.handler.connection_id,
+                    txn.txn_id, self.manager.timeout)
+        txn.committed(UnknownOutcome(f"not done within {self.manager.timeout:g} s "
+                                     "(transaction_timeout)"))
 
     def timed_out(self, txn: Transaction) -> None:
         """Older than ``transaction_timeout``: rolled back, its coordinator link ended."""

@@ -12,7 +12,9 @@ its connection, §4.3).
 Timeouts: while any transaction is open a timer runs every
 ``CHECK_PERIOD`` seconds (at most a quarter of ``transaction_timeout``); a
 transaction open longer than ``transaction_timeout`` is rolled back and its
-coordinator link ends with ``amqp:transaction:timeout``. The clock is the
+coordinator link ends with ``amqp:transaction:timeout``; a commit that has
+waited that long (for the journal, a primary, a queue's barrier) ends the
+same way, its outcome unknown to the client: no wait is unbounded. The clock is the
 event loop's (a playbook's virtual one); without a running loop (the
 in-memory harness) there is no timer and ``tick(now)`` is called by hand.
 
@@ -27,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from proxy.transactions.coordinator import ConnectionTransactions, Coordinator
+from proxy.transactions.transaction import TxnState
 
 CHECK_PERIOD = 1.0
 
@@ -98,12 +101,16 @@ class Transactions:
             self._timer = self.call_later(min(CHECK_PERIOD, self.timeout / 4), self._check)
 
     def tick(self, now: float) -> None:
-        """Roll back every transaction open longer than ``transaction_timeout``."""
+        """Roll back every transaction open longer than ``transaction_timeout``; give up on a
+        commit that has waited that long (its outcome is then unknown to the client)."""
         if not self.timeout:
             return
         for table in list(self.tables):
-            for txn in [t for t in table.txns.values() if t.open and now - t.started > self.timeout]:
-                table.timed_out(txn)
+            for txn in [t for t in table.txns.values() if now - t.started > self.timeout]:
+                if txn.open:
+                    table.timed_out(txn)
+                elif txn.state is TxnState.COMMITTING:
+                    table.commit_stalled(txn)
 
     # -- views --------------------------------------------------------------------------------
     def held(self) -> tuple[int, int]:

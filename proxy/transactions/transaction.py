@@ -78,7 +78,7 @@ class Retirement:
 class Transaction:
     txn_id: bytes
     coordinator: object  # the Coordinator endpoint (client link) that declared it
-    started: float  # the node's clock when declared
+    started: float  # the node's clock when declared (when its commit began, once COMMITTING)
     state: TxnState = TxnState.ACTIVE
     home: object = None  # None until its first work; LOCAL or an UpstreamHome
     failure: str | None = None  # why it can only be rolled back (FAILED)
@@ -98,6 +98,7 @@ class Transaction:
     # discharge: the primary must have every transfer before it commits)
     unanswered: int = 0
     when_answered: list = field(default_factory=list)
+    committed: object = None  # COMMITTING: the callback that answers the commit, once
 
     def move(self, state: TxnState) -> None:
         if state not in TXN_TRANSITIONS[self.state]:
