@@ -8,7 +8,8 @@ How this works
 (``proxy.links``) or what a package above the node attaches (fragments).
 An attach is checked (ACL, routing decision, termini) and refused with an
 AMQP error condition (``LinkRefused``) or routed to the endpoint that serves
-it. Its links are kept in a ``LinkTable`` that is also a view of the node's
+it; a coordinator target (§4.2) goes to ``broker.transactions``, which keeps
+the connection's transactions in ``transactions``. Its links are kept in a ``LinkTable`` that is also a view of the node's
 table of every link (the shared event pump routes by link pointer).
 """
 

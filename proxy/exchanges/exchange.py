@@ -28,6 +28,10 @@ as received.
   to its queues, so its bindings must mirror ours (e.g. RabbitMQ
   ``/exchange/NAME``, which routes on the subject).
 
+A transactional transfer (§4.4.1) is routed when it arrives and held by its
+transaction (``proxy.transactions``): every bound queue gets it together at
+commit; a binding to a queue on a primary refuses it (``transaction_queues``).
+
 End-to-end settlement (§3.4): the client's delivery is settled when every
 destination has answered (``Fanin``): ``accepted`` when all accepted;
 ``rejected`` (with the first destination's error) when any rejected — the

@@ -14,6 +14,11 @@ How this works
     shared connection for everyone at every replay. The link sends nothing
     else until its suspects are settled, so its order holds.
 
+A transactional transfer (§4.4.1) goes to ``handler.transactions``, which forwards it
+with the primary's txn-id (``proxy.transactions.forward``: ``txn_pending`` and
+``txn_inflight``); it is never replayed as a suspect (the primary's transaction ends with
+the connection).
+
 The base it shares with ``ProxyConsumer`` (the client link, the pool member,
 the upstream link's lifecycle) is ``proxy.links.proxy_links._ProxyEndpoint``.
 """

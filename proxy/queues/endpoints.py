@@ -13,6 +13,10 @@ How this works
 * ``QueueConsumer`` — the client receives from a queue (our proton Sender).
   ``LocalQueue.dispatch`` calls ``deliver`` only when the link has credit.
   Outcomes (§3.4) come back as disposition updates and go to the queue.
+* Transactions (§4.4): on a connection with a coordinator link
+  (``handler.transactions``, ``proxy.transactions``), a transfer carrying
+  ``transactional-state`` is handed to its transaction (enqueued at commit),
+  and so is a disposition carrying it (its outcome applied at commit).
 
 Each endpoint reaches the node through its ``handler`` (``proxy.broker``):
 ``handler.broker`` for the journal, dead-lettering and latency figures.
