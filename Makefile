@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= deploy/examples/standalone.toml
 PYTEST_ARGS ?=
 
-.PHONY: run test venv system npm brokers bench bench-deps bench-durable bench-fragments bench-proxy fuzz fuzz-large soak load-demo clean
+.PHONY: run test venv system npm brokers bench bench-deps bench-durable bench-fragments bench-proxy bench-transactions fuzz fuzz-large soak load-demo clean
 
 $(STAMP): pyproject.toml proxy/amqp/_fastpath.c
 	bash .ci/install/system.sh
@@ -79,6 +79,10 @@ bench-fragments: bench-deps
 bench-durable: venv
 	bash .ci/install/c-clients-durable.sh
 	$(PY) bench/durable.py
+
+bench-transactions: venv
+	bash .ci/install/c-clients-txn.sh
+	$(PY) bench/transactions.py
 
 clean:
 	rm -rf $(VENV) .build tests/js/node_modules tests/jms/target

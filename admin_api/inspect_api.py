@@ -115,6 +115,8 @@ def _connection(protocol, handler) -> dict[str, Any]:
         # over 10 s is a stuck connection (a client not reading; issue #33)
         "output_pending_bytes": protocol.output_pending(),
         "output_stalled_s": round(protocol.output_stalled_s(asyncio.get_running_loop().time()), 1),
+        # open AMQP transactions (proxy.transactions): id, age_s, state, messages held, home
+        "transactions": handler.transactions.describe() if handler.transactions is not None else [],
     }
 
 
@@ -164,6 +166,8 @@ def node_info(request: web.Request) -> dict[str, Any]:
         "memory": {"queued_bytes": node.queues.memory.used, "max_memory": node.queues.memory.limit,
                    "publishers_blocked": bool(node.queues.memory.blocked),
                    "incomplete_transfer_bytes": partial_transfers.total},
+        # AMQP transactions: open ones node-wide, what they hold, counters since start
+        "transactions": node.broker.transactions.describe(),
     }
 
 

@@ -155,6 +155,27 @@ def render(node) -> str:
     out.family("fedgate_messages_dropped_total", "counter",
                "Messages dropped from a queue's head by overflow drop-head.", [({}, totals.dropped)])
 
+    transactions = node.broker.transactions
+    messages_held, bytes_held = transactions.held()
+    out.family("fedgate_transactions_open", "gauge", "AMQP transactions declared and not yet "
+               "discharged (every client connection).", [({}, transactions.open)])
+    out.family("fedgate_transaction_messages_held", "gauge",
+               "Messages held by open transactions (posted, settled, or forwarded in them).",
+               [({}, messages_held)])
+    out.family("fedgate_transaction_bytes_held", "gauge",
+               "Bytes of messages posted in open transactions (they count towards max_memory).",
+               [({}, bytes_held)])
+    stats = transactions.stats
+    out.family("fedgate_transactions_total", "counter", "Transactions by how they ended.", [
+        ({"outcome": "committed"}, stats.committed),
+        ({"outcome": "rolled_back"}, stats.rolled_back),
+        ({"outcome": "timed_out"}, stats.timed_out),
+        ({"outcome": "unknown"}, stats.unknown),
+    ])
+    out.family("fedgate_transaction_declares_refused_total", "counter",
+               "Declares refused (max_transactions_per_connection, distributed transactions).",
+               [({}, stats.refused)])
+
     fragments = describe_fragments(node)
     out.family("fedgate_steals_total", "counter",
                "Messages stolen between fragments of fragmented queues.",

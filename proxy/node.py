@@ -193,6 +193,8 @@ class Node:
             exchange_config=config,
             queue_options=queue_options,
             relay_limit=config.limits.max_relay_destinations,
+            max_transactions=config.limits.max_transactions_per_connection,
+            transaction_timeout=config.limits.transaction_timeout,
             journal=self.journal,
             network=self.network,
         )

@@ -22,6 +22,9 @@ from cproton import (
 from proton import Delivery
 
 TERMINAL = (PN_ACCEPTED, PN_REJECTED, PN_RELEASED, PN_MODIFIED)
+# the delivery state of transactional work (§4.5.5): proton reports it by its code; what it
+# carries is read by proxy.transactions
+TRANSACTIONAL_STATE = 0x34
 
 
 def copy_outcome(source, target, state: int | None = None) -> int:
@@ -67,7 +70,8 @@ def relay_outcome(state: int, source, target, modified_unsupported: str | None =
     ``modified_unsupported``: why ``target``'s peer cannot take ``modified``
     (``proxy.upstream.primaries``); it gets ``released`` instead (§3.4.4).
     """
-    if state == PN_MODIFIED and modified_unsupported is not None:
+    if (state == PN_MODIFIED and modified_unsupported is not None) or state == TRANSACTIONAL_STATE:
+        # a transactional outcome with no transaction to take it (proxy.transactions): back
         pn_delivery_update(target, PN_RELEASED)
     elif state in TERMINAL:
         copy_outcome(source, target, state)

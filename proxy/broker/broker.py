@@ -33,6 +33,7 @@ from proxy.net.network import TcpNetwork
 from proxy.queues import durable as journal_queues
 from proxy.queues.endpoints import DEAD_LETTER_COPY
 from proxy.queues.local import DROP_HEAD, LocalQueue, QueueRegistry, StoredMessage
+from proxy.transactions.manager import Transactions
 from proxy.upstream.pool import UpstreamRegistry
 
 if TYPE_CHECKING:
@@ -60,11 +61,14 @@ class Broker:
         queue_options: Callable[[str], dict] | None = None,
         relay_limit: int = 0,
         network=None,
+        max_transactions: int = 64,
+        transaction_timeout: float = 60.0,
     ) -> None:
         """``exchange_config``: what has ``exchanges`` and ``bindings`` (the node's Config);
         ``queue_options(name)``: a declared queue's options; ``relay_limit``: upstream
         senders the anonymous relay may open (0: no limit); ``network``: where upstream
-        connections go (``proxy.net.network``; default: TCP)."""
+        connections go (``proxy.net.network``; default: TCP); ``max_transactions`` (per
+        connection) and ``transaction_timeout``: ``[limits]`` (``proxy.transactions``)."""
         self.node_id = node_id
         self.journal = journal  # proxy.journal.journal.Journal for durable queues, or None
         self.queues = queues
@@ -99,6 +103,9 @@ class Broker:
                                           network=network or TcpNetwork())
         self.exchanges = Exchanges(exchange_config, self, self.upstreams,
                                    queue_options or (lambda name: {}), relay_limit=relay_limit)
+        # AMQP transactions of every client connection (coordinator links, held work, timeouts)
+        self.transactions = Transactions(self, max_per_connection=max_transactions,
+                                         timeout=transaction_timeout)
 
     # -- the per-input-chunk cycle ----------------------------------------
     def run_pending(self) -> None:

@@ -8,7 +8,8 @@ How this works
 (``proxy.links``) or what a package above the node attaches (fragments).
 An attach is checked (ACL, routing decision, termini) and refused with an
 AMQP error condition (``LinkRefused``) or routed to the endpoint that serves
-it. Its links are kept in a ``LinkTable`` that is also a view of the node's
+it; a coordinator target (§4.2) goes to ``broker.transactions``, which keeps
+the connection's transactions in ``transactions``. Its links are kept in a ``LinkTable`` that is also a view of the node's
 table of every link (the shared event pump routes by link pointer).
 """
 
@@ -43,6 +44,7 @@ from proxy.amqp import engine
 from proxy.amqp.engine import session_outgoing_bytes
 from proxy.amqp.termini import capability_names, filter_names
 from proxy.broker import relay as anonymous_relay
+from proxy.broker.link_table import LinkTable
 from proxy.links.proxy_links import ProxyConsumer
 from proxy.links.proxy_producer import ProxyProducer
 from proxy.links.shared_consumers import attach_shared_consumer
@@ -77,49 +79,13 @@ def _refuse_filters(source: Terminus, what: str) -> None:
                           f"filters are not supported on a {what} ({', '.join(sorted(names))})")
 
 
-class LinkTable(dict):
-    """A client connection's links (link pointer -> endpoint).
-
-    Every change is mirrored into the node-wide table through which the shared
-    event pump hands each delivery to its endpoint (engine.SharedEventPump).
-    """
-
-    __slots__ = ("_all",)
-
-    def __init__(self, all_links: dict) -> None:
-        super().__init__()
-        self._all = all_links
-
-    def __setitem__(self, ptr, endpoint) -> None:
-        super().__setitem__(ptr, endpoint)
-        self._all[ptr] = endpoint
-
-    def __delitem__(self, ptr) -> None:
-        super().__delitem__(ptr)
-        self._all.pop(ptr, None)
-
-    def pop(self, ptr, *default):
-        self._all.pop(ptr, None)
-        return super().pop(ptr, *default)
-
-    def clear(self) -> None:
-        for ptr in self:
-            self._all.pop(ptr, None)
-        super().clear()
-
-    def _unsupported(self, *args, **kwargs):
-        raise TypeError("LinkTable changes only by [ptr] = endpoint, pop, del and clear")
-
-    update = setdefault = popitem = __ior__ = _unsupported
-
-
 class ClientHandler:
     """Proton events of one client connection -> broker operations."""
 
     # one per connection: slots keep an idle connection small (10,000 of them)
     __slots__ = ("broker", "connection_id", "peer", "max_links", "server_connection",
                  "links", "writable", "output", "refused_links", "blocked", "temporary_queues",
-                 "trusted")
+                 "trusted", "transactions")
 
     def __init__(self, broker: Broker, *, peer: str = "", max_links: int = 0, output=None,
                  trusted: bool = False) -> None:
@@ -138,6 +104,8 @@ class ClientHandler:
         self.refused_links = 0
         self.blocked: set | None = None  # endpoints stopped by a full session (can_send)
         self.temporary_queues = 0  # made by this connection and not deleted yet
+        # its transactions (proxy.transactions.coordinator), from its first coordinator link
+        self.transactions = None
 
     # -- plumbing -------------------------------------------------------------
     def on_amqp_start(self, server_connection) -> None:
@@ -236,6 +204,8 @@ class ClientHandler:
         self.links.clear()
         for endpoint in endpoints:
             endpoint.detached()
+        if self.transactions is not None:  # what is still open is rolled back
+            self.transactions.connection_closed()
         self.broker.handlers.pop(self.connection_id, None)
         self.broker.dirty_handlers.discard(self)
         self.blocked = None
@@ -339,7 +309,8 @@ class ClientHandler:
     def _attach_producer(self, link: Link) -> None:
         remote = link.remote_target
         if remote.type == Terminus.COORDINATOR:  # §4.2: a transaction controller's link
-            raise LinkRefused(NOT_IMPLEMENTED, "transactions are not supported")
+            self.broker.transactions.attach(self, link)
+            return
         if REPLICATION in capability_names(remote):  # a primary pushes a copy (proxy.replication)
             replication = self.broker.kind_handlers.get("replicated")
             if replication is None:

@@ -48,6 +48,7 @@ from proton import Condition, Link
 from proxy.amqp.message_subject import read_to
 from proxy.exchanges.exchange import (
     NOT_FOUND,
+    NOT_IMPLEMENTED,
     RESOURCE_LIMIT,
     UNAUTHORIZED,
     ExchangeProducer,
@@ -122,6 +123,29 @@ class AnonymousProducer(ExchangeProducer):
                     "([limits] max_relay_destinations); idle ones close after the idle timeout")))
                 return
             destinations.get(upstream, address).send(payload, fanin.done)
+
+
+    def transaction_queues(self, payload: bytes) -> tuple[tuple, tuple | None]:
+        """A transactional message's local queue(s) by its ``to``, or a refusal: the relay's
+        proxied destinations (shared upstream senders) cannot be part of a transaction."""
+        to = read_to(payload)
+        if not to:
+            return (), (NOT_FOUND, "the message has no 'to' address (sent to the anonymous relay)")
+        handler = self.handler
+        if not handler.broker.authorize(handler.identity, to, "send"):
+            user = getattr(handler.identity, "user", "anonymous")
+            return (), (UNAUTHORIZED, f"user {user!r} may not send ({to!r})")
+        exchange = self.exchanges.get(to)
+        if exchange is not None:
+            return self.exchanges.transaction_queues(exchange, payload)
+        kind, target = self.exchanges.destination(to, "addresses are not served by the anonymous relay")
+        if kind == "refused":
+            return (), (target.name, target.description)
+        if kind == "remote":
+            return (), (NOT_IMPLEMENTED, (
+                f"{to!r} is on primary {target[0].target.display}: through the anonymous relay a "
+                "transaction covers this node's queues only (attach a sender to the address)"))
+        return (target,), None
 
 
 def attach(handler, link: Link, exchanges: Exchanges) -> AnonymousProducer:

@@ -216,6 +216,10 @@ class LimitsSection:
     # bytes of messages all local queues may hold; above it publishers get no new credit
     max_memory: int = 0  # 0 = unlimited
     max_temp_queues_per_connection: int = 64  # 0 = unlimited
+    # AMQP transactions (proxy.transactions): open at once per connection (0 = unlimited), and
+    # seconds after which one not discharged is rolled back (0 = never)
+    max_transactions_per_connection: int = 64
+    transaction_timeout: float = 60.0
 
     def check(self, key: str) -> None:
         if not 512 <= self.max_frame_size <= 16 * 1024 * 1024:
@@ -223,7 +227,8 @@ class LimitsSection:
         for name in ("max_message_size", "max_connections", "max_sessions_per_connection",
                      "max_links_per_connection", "max_connections_per_ip",
                      "max_connections_per_user", "max_relay_destinations", "max_pending_handshakes",
-                     "max_output_buffer", "max_memory", "max_temp_queues_per_connection"):
+                     "max_output_buffer", "max_memory", "max_temp_queues_per_connection",
+                     "max_transactions_per_connection", "transaction_timeout"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{key}.{name}", "must not be negative")
         if self.idle_timeout < 0 or self.handshake_timeout < 0:

@@ -28,6 +28,10 @@ as received.
   to its queues, so its bindings must mirror ours (e.g. RabbitMQ
   ``/exchange/NAME``, which routes on the subject).
 
+A transactional transfer (§4.4.1) is routed when it arrives and held by its
+transaction (``proxy.transactions``): every bound queue gets it together at
+commit; a binding to a queue on a primary refuses it (``transaction_queues``).
+
 End-to-end settlement (§3.4): the client's delivery is settled when every
 destination has answered (``Fanin``): ``accepted`` when all accepted;
 ``rejected`` (with the first destination's error) when any rejected — the
@@ -59,6 +63,7 @@ from cproton import (
     PN_ACCEPTED,
     PN_REJECTED,
     PN_RELEASED,
+    pn_delivery_remote_state,
     pn_delivery_settle,
     pn_delivery_settled,
     pn_delivery_update,
@@ -70,6 +75,7 @@ from proton import Condition, Delivery
 from proxy.amqp import engine
 from proxy.amqp.engine import beyond_credit, read_transfer
 from proxy.amqp.message_subject import read_subject
+from proxy.amqp.outcomes import TRANSACTIONAL_STATE
 from proxy.exchanges.remote_bindings import RemoteSubscription
 from proxy.links.remote_destinations import RemoteDestinations
 from proxy.queues.durable_hold import DurableHold
@@ -207,16 +213,27 @@ class ExchangeProducer(engine.ClientLinkEndpoint):
             self.handler.refuse_oversized(self.link)
             return
         self.received += 1
-        if pn_delivery_settled(delivery):  # pre-settled: nobody waits for the outcome
-            pn_delivery_settle(delivery)
-            delivery = None
-        self.unsettled += 1
-        self.route(payload, Fanin(self, delivery))
+        transactions = self.handler.transactions
+        if transactions is not None and pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+            queues, refusal = self.transaction_queues(payload)  # §4.4.1: stored at commit
+            if refusal is None:
+                transactions.post(delivery, queues, payload)
+            else:
+                transactions.refuse_posting(delivery, *refusal)
+        else:
+            if pn_delivery_settled(delivery):  # pre-settled: nobody waits for the outcome
+                pn_delivery_settle(delivery)
+                delivery = None
+            self.unsettled += 1
+            self.route(payload, Fanin(self, delivery))
         if pn_link_credit(self.link_ptr) <= self.window // 2:
             self.top_up()
 
     def route(self, payload: bytes, fanin: Fanin) -> None:
         self.exchanges.publish(self.exchange, payload, fanin)
+
+    def transaction_queues(self, payload: bytes) -> tuple[tuple, tuple | None]:
+        return self.exchanges.transaction_queues(self.exchange, payload)
 
     def settle(self, fanin: Fanin) -> None:
         """Every destination answered: the client gets the combined outcome."""
@@ -358,6 +375,33 @@ class Exchanges:
                 self.store(queue, payload, fanin)
         for upstream, address in remote:
             self.destinations.get(upstream, address).send(payload, fanin.done)
+
+    def transaction_queues(self, exchange: Exchange, payload: bytes) -> tuple[tuple, tuple | None]:
+        """A transactional message's local queues (all bound queues, stored together at commit),
+        or a refusal (condition, description): a destination on a primary cannot be part of a
+        transaction on this node."""
+        stats = exchange.stats
+        stats.received += 1
+        subject = None if exchange.type == "fanout" else read_subject(payload)
+        addresses = exchange.route(subject)
+        if not addresses:
+            stats.unroutable += 1
+        queues = []
+        for address in addresses:
+            kind, target = self.destination(address, "queues cannot be bound to an exchange")
+            if kind == "refused":
+                return (), (target.name, f"exchange {exchange.name!r}: {target.description}")
+            if kind == "remote":
+                return (), (NOT_IMPLEMENTED, (
+                    f"exchange {exchange.name!r} routes this message to {address!r} on primary "
+                    f"{target[0].target.display}: a transaction through an exchange covers this "
+                    "node's queues only"))
+            if target.max_bytes and target.refuses(len(payload)):
+                return (), (RESOURCE_LIMIT, f"queue {target.name!r} is full (max_bytes "
+                                            f"{target.max_bytes})")
+            queues.append(target)
+        stats.routed += len(queues)
+        return tuple(queues), None
 
     def destination(self, address: str, unsupported: str):
         """Where a message for ``address`` goes: ("local", queue), ("remote", (upstream,

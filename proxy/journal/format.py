@@ -6,6 +6,13 @@ A segment file is a 24-byte file header followed by records, appended only::
     record        magic 0xA5 u8 | type u8 | body length u32 | crc32 u32 | body
     ENQUEUE body  message id u64 | queue name length u16 | queue name (UTF-8) | message bytes
     DEQUEUE body  message id u64 * n
+    TXN body      records (ENQUEUE and DEQUEUE, each whole: header, CRC, body), one after another
+
+A TXN record is one transaction's commit (``proxy.transactions``): its
+enqueues and dequeues are applied together or not at all. Its own CRC covers
+every record nested in it, so a torn or damaged TXN record is dropped whole.
+Each nested record is a complete record of its own: the cleaner can copy a
+live message's nested ENQUEUE out of it verbatim, like any other.
 
 All integers are little-endian. The CRC (``zlib.crc32``) covers the first six
 header bytes (magic, type, length) and the body, so a length or type damaged
@@ -38,6 +45,9 @@ _NAME_LENGTH = struct.Struct("<H")  # at offset 8 of an ENQUEUE body
 
 ENQUEUE = 1
 DEQUEUE = 2
+TXN = 3
+RECORD_TYPES = (ENQUEUE, DEQUEUE, TXN)
+NESTED_TYPES = (ENQUEUE, DEQUEUE)  # what a TXN record may hold
 
 MAX_QUEUE_NAME = 0xFFFF
 SEGMENT_SUFFIX = ".seg"
@@ -90,6 +100,14 @@ def encode_dequeue(message_ids: list[int]) -> bytes:
     return b"".join((prefix, crc.to_bytes(4, "little"), body))
 
 
+def encode_transaction(records: list[bytes]) -> bytes:
+    """One TXN record holding ``records`` (encoded ENQUEUE / DEQUEUE records), applied as one."""
+    body = b"".join(records)
+    prefix = _prefix_pack(RECORD_MAGIC, TXN, len(body))
+    crc = _crc32(body, _crc32(prefix))
+    return b"".join((prefix, crc.to_bytes(4, "little"), body))
+
+
 @dataclass
 class ScanStop:
     """Where and why a scan stopped before the end of the data."""
@@ -100,18 +118,21 @@ class ScanStop:
     end: int | None = None  # where the record says it ends, when its header was readable
 
 
-def scan(data: bytes, start: int = FILE_HEADER.size,
-         stop: list | None = None) -> Iterator[tuple[int, int, int, int]]:
-    """Yield ``(offset, type, body_start, body_end)`` for each valid record.
+def scan(data: bytes, start: int = FILE_HEADER.size, stop: list | None = None, *,
+         end: int | None = None,
+         kinds: tuple[int, ...] = RECORD_TYPES) -> Iterator[tuple[int, int, int, int]]:
+    """Yield ``(offset, type, body_start, body_end)`` for each valid record up to ``end``.
 
     On the first bad record nothing more is yielded and a ``ScanStop`` is
-    appended to ``stop`` (when given).
+    appended to ``stop`` (when given). ``kinds``: the record types allowed
+    (the records nested in a TXN record: ``NESTED_TYPES``).
     """
     header_size = RECORD_HEADER.size
     unpack = RECORD_HEADER.unpack_from
     enqueue_head_size = ENQUEUE_HEAD.size
     unpack_name_length = _NAME_LENGTH.unpack_from
-    end = len(data)
+    if end is None:
+        end = len(data)
     view = memoryview(data)
     pos = start
     problem: ScanStop | None = None
@@ -132,12 +153,16 @@ def scan(data: bytes, start: int = FILE_HEADER.size,
         if _crc32(view[body_start:body_end], _crc32(view[pos:pos + 6])) != crc:
             problem = ScanStop(pos, "checksum mismatch", False, body_end)
             break
-        if rtype == ENQUEUE:
+        if rtype not in kinds:
+            well_formed = False
+        elif rtype == ENQUEUE:
             well_formed = (length >= enqueue_head_size
                            and enqueue_head_size + unpack_name_length(data, body_start + 8)[0]
                            <= length)
+        elif rtype == DEQUEUE:
+            well_formed = length % 8 == 0
         else:
-            well_formed = rtype == DEQUEUE and length % 8 == 0
+            well_formed = length > 0  # TXN: its nested records are checked as they are applied
         if not well_formed:
             problem = ScanStop(pos, f"malformed record of type {rtype}", False, body_end)
             break

@@ -19,7 +19,9 @@ submitted meanwhile in one go (group commit) and reports back through
 ``loop.call_soon_threadsafe``. ``enqueue`` returns the batch number; a
 ``waiter`` (a producer link holding deliveries) is told when that batch is
 durable and only then settles (``journal_progress``). Dequeues need no wait:
-losing one in a crash means a redelivery, never a loss.
+losing one in a crash means a redelivery, never a loss. A transaction's
+commit (``commit``) is one TXN record holding its enqueues and dequeues:
+recovered whole or not at all.
 
 Cleaning. Per segment the loop counts the live messages whose record is in it
 and remembers, per older segment, which ids its DEQUEUE records remove from
@@ -44,7 +46,7 @@ segment (a torn write from a crash: cut short, or the final bytes / zero
 fill) it is truncated away with a warning. Anywhere else it is corruption:
 the segment is truncated at that record, later segments are moved to a
 ``quarantine-<time>`` directory, and an error is logged. New records always
-go to a fresh segment after recovery.
+go to a fresh segment after recovery (the cutting: ``proxy.journal.repair``).
 """
 
 from __future__ import annotations
@@ -65,15 +67,20 @@ from proxy.journal.format import (
     ENQUEUE_HEAD,
     FILE_HEADER,
     MAX_QUEUE_NAME,
+    NESTED_TYPES,
+    RECORD_HEADER,
+    TXN,
     ScanStop,
     decode_dequeue,
     decode_file_header,
     encode_dequeue,
     encode_enqueue,
+    encode_transaction,
     scan,
     segment_name,
     segment_number,
 )
+from proxy.journal.repair import repair
 from proxy.journal.writer import Copy, Delete, Roll, SegmentWriter
 
 log = logging.getLogger("fedgate.journal")
@@ -189,12 +196,7 @@ class Journal:
         """Journal a message; returns (message id, batch number to wait for)."""
         if self.error is not None or self._closed:
             raise JournalError(f"journal unavailable: {self.error or 'closed'}")
-        name = self._names.get(queue)
-        if name is None:
-            name = queue.encode()
-            if len(name) > MAX_QUEUE_NAME:
-                raise JournalError(f"queue name longer than {MAX_QUEUE_NAME} bytes")
-            self._names[queue] = name
+        name = self._names.get(queue) or self._name(queue)
         message_id = self._next_id
         self._next_id = message_id + 1
         record = encode_enqueue(message_id, name, payload)
@@ -214,22 +216,68 @@ class Journal:
 
     def dequeue(self, message_id: int) -> None:
         """The message left its queue for good; unknown ids are ignored."""
+        sources = self._drop_live(message_id)
+        if sources is None:
+            return
+        self._dequeued.append(message_id)
+        self._dequeued_from.extend((n, message_id) for n in sources)
+        self.stats.dequeued += 1
+        self._schedule_handoff()
+
+    def commit(self, enqueues: list[tuple[str, bytes]], dequeues: list[int]) -> tuple[list[int], int]:
+        """A transaction's changes as one TXN record: ``enqueues`` ((queue, bytes)) and the ids in
+        ``dequeues`` (unknown ones left out), recovered all or none. Returns (ids, batch)."""
+        if self.error is not None or self._closed:
+            raise JournalError(f"journal unavailable: {self.error or 'closed'}")
+        names = [self._names.get(queue) or self._name(queue) for queue, _ in enqueues]
+        ids = list(range(self._next_id, self._next_id + len(enqueues)))
+        self._next_id += len(enqueues)
+        records = [encode_enqueue(message_id, name, payload)
+                   for message_id, name, (_, payload) in zip(ids, names, enqueues)]
+        gone = [message_id for message_id in dequeues if message_id in self._where]
+        records += [encode_dequeue(gone[start:start + MAX_IDS_PER_DEQUEUE])
+                    for start in range(0, len(gone), MAX_IDS_PER_DEQUEUE)]
+        if not records:
+            return ids, self._durable
+        record = encode_transaction(records)
+        loc = self._place(len(record))
+        number = loc >> 64
+        segment = self._segments[number]
+        offset = ((loc >> 32) & _LOW32) + RECORD_HEADER.size  # each nested record is a record
+        for message_id, nested in zip(ids, records):
+            self._where[message_id] = _loc(number, offset, len(nested))
+            segment.live += 1
+            segment.live_bytes += len(nested)
+            offset += len(nested)
+        for message_id in gone:  # the DEQUEUE inside is in this segment: it keeps its refs
+            for source in self._drop_live(message_id):
+                if source != number:
+                    segment.add_ref(source, message_id)
+        self._staged.append(record)
+        self.stats.enqueued += len(ids)
+        self.stats.dequeued += len(gone)
+        self._schedule_handoff()
+        return ids, self._submitted + 1  # the next hand-off carries it
+
+    def _name(self, queue: str) -> bytes:  # its bytes, checked once
+        name = queue.encode()
+        if len(name) > MAX_QUEUE_NAME:
+            raise JournalError(f"queue name longer than {MAX_QUEUE_NAME} bytes")
+        self._names[queue] = name
+        return name
+
+    def _drop_live(self, message_id: int) -> list[int] | None:
+        """``message_id`` is no longer live: the segments holding its copies, or None if unknown."""
         loc = self._where.pop(message_id, None)
         if loc is None:
-            return
+            return None
         number = loc >> 64
         segment = self._segments[number]
         segment.live -= 1
         segment.live_bytes -= loc & _LOW32
         if not segment.live:
             self._maybe_dead = True
-        self._dequeued.append(message_id)
-        self._dequeued_from.append((number, message_id))
-        older = self._old_copies.pop(message_id, None)
-        if older:
-            self._dequeued_from.extend((n, message_id) for n in older)
-        self.stats.dequeued += 1
-        self._schedule_handoff()
+        return [number, *self._old_copies.pop(message_id, ())]
 
     def wait(self, waiter: Waiter) -> None:
         """Call ``waiter.journal_progress`` whenever durability advances, until it returns False."""
@@ -450,7 +498,7 @@ class Journal:
                 problem = (index, stops[0], len(data))
                 break
         if problem is not None:
-            self._repair(numbers, problem, result)
+            repair(directory, numbers, problem, result, self._segments)
         result.segments = len(self._segments)
         by_queue = result.queues
         for message_id in sorted(live):
@@ -484,6 +532,9 @@ class Journal:
 
     def _replay(self, number: int, data: bytes, live: dict, stops: list) -> int:
         """Apply one segment's records to ``live`` and the bookkeeping; returns the count."""
+        return self._apply(number, data, live, scan(data, FILE_HEADER.size, stops), stops)
+
+    def _apply(self, number: int, data: bytes, live: dict, records, stops: list) -> int:
         segments = self._segments
         segment = segments[number]
         where = self._where
@@ -494,7 +545,7 @@ class Journal:
         max_id = 0
         count = 0
         base = number << 64  # packed locations, as _loc
-        for offset, rtype, body_start, body_end in scan(data, FILE_HEADER.size, stops):
+        for offset, rtype, body_start, body_end in records:
             count += 1
             length = body_end - offset
             if rtype == ENQUEUE:
@@ -536,60 +587,13 @@ class Journal:
                     for older in old_copies.pop(message_id, ()):
                         if older != number:
                             add_ref(older, message_id)
+            elif rtype == TXN:  # checked whole before any of it is applied: all or nothing
+                bad: list[ScanStop] = []
+                nested = list(scan(data, body_start, bad, end=body_end, kinds=NESTED_TYPES))
+                if bad:
+                    stops.append(ScanStop(offset, f"malformed transaction record: {bad[0].reason}",
+                                          False, body_end))
+                    break
+                count += self._apply(number, data, live, nested, stops) - 1
         self._next_id = max(self._next_id, max_id + 1)
         return count
-
-    def _repair(self, numbers: list[int], problem: tuple[int, ScanStop, int],
-                result: Recovered) -> None:
-        """Cut the journal at the bad record: truncate, quarantine what follows."""
-        index, stop, data_length = problem
-        number = numbers[index]
-        path = self.directory / segment_name(number)
-        is_last = index == len(numbers) - 1
-        torn = is_last and (stop.incomplete or stop.end == data_length
-                            or not _has_nonzero(path, stop.offset))
-        where = f"segment {number} offset {stop.offset}: {stop.reason}"
-        if torn:
-            result.torn_tail = where
-            log.warning("journal: dropping a torn record at the tail (%s)", where)
-        else:
-            result.corrupt = where
-            log.error("journal: corrupt record (%s); recovery stops there, later records "
-                      "are not applied", where)
-        if stop.offset < FILE_HEADER.size:
-            later = numbers[index:]  # the file header itself is bad: set the whole file aside
-            self._segments.pop(number, None)
-        else:
-            later = numbers[index + 1:]
-            with open(path, "r+b") as handle:
-                handle.truncate(stop.offset)
-                handle.flush()
-                os.fsync(handle.fileno())
-        if later:
-            if torn:  # an empty or half-created last segment: nothing in it to keep
-                for n in later:
-                    (self.directory / segment_name(n)).unlink()
-            else:
-                stamp = time.strftime("%Y%m%dT%H%M%S")
-                quarantine = self.directory / f"quarantine-{stamp}-{number}"
-                quarantine.mkdir(exist_ok=True)
-                for n in later:
-                    os.replace(self.directory / segment_name(n), quarantine / segment_name(n))
-                    result.quarantined.append(segment_name(n))
-                log.error("journal: %d later segment(s) moved to %s", len(later), quarantine.name)
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _has_nonzero(path: Path, offset: int) -> bool:
-    with open(path, "rb") as handle:
-        handle.seek(offset)
-        while True:
-            chunk = handle.read(1 << 20)
-            if not chunk:
-                return False
-            if chunk.strip(b"\0"):
-                return True

@@ -61,7 +61,7 @@ from proxy.amqp.engine import (
     send_message,
     settle_accepted,
 )
-from proxy.amqp.outcomes import outcome_of, relay_outcome
+from proxy.amqp.outcomes import TRANSACTIONAL_STATE, outcome_of, relay_outcome
 from proxy.amqp.termini import filter_names, set_capabilities
 from proxy.upstream.owner import UpstreamLinkOwner
 
@@ -405,6 +405,10 @@ class ProxyConsumer(_ProxyEndpoint):
         state = outcome_of(delivery)
         if state is None:
             return  # no outcome yet (§3.4.1: received is not terminal)
+        if state == TRANSACTIONAL_STATE and self.handler.transactions is not None \
+                and delivery in self.unsettled:  # §4.4.2, forwarded (proxy.transactions)
+            self.handler.transactions.retire_upstream(self, delivery, self.unsettled.pop(delivery))
+            return
         up = self.unsettled.pop(delivery, None)
         if up is not None:
             relay_outcome(state, delivery, up, self.member.modified_unsupported)

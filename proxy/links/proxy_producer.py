@@ -14,6 +14,11 @@ How this works
     shared connection for everyone at every replay. The link sends nothing
     else until its suspects are settled, so its order holds.
 
+A transactional transfer (§4.4.1) goes to ``handler.transactions``, which forwards it
+with the primary's txn-id (``proxy.transactions.forward``: ``txn_pending`` and
+``txn_inflight``); it is never replayed as a suspect (the primary's transaction ends with
+the connection).
+
 The base it shares with ``ProxyConsumer`` (the client link, the pool member,
 the upstream link's lifecycle) is ``proxy.links.proxy_links._ProxyEndpoint``.
 """
@@ -26,6 +31,7 @@ from collections import deque
 from cproton import (
     PN_ACCEPTED,
     PN_REJECTED,
+    pn_delivery_remote_state,
     pn_delivery_settle,
     pn_delivery_settled,
     pn_delivery_update,
@@ -44,7 +50,7 @@ from proxy.amqp.engine import (
     send_message,
     settle_accepted,
 )
-from proxy.amqp.outcomes import copy_outcome, outcome_of
+from proxy.amqp.outcomes import TRANSACTIONAL_STATE, copy_outcome, outcome_of
 from proxy.links.proxy_links import _ProxyEndpoint
 
 log = logging.getLogger("fedgate.proxy")
@@ -54,6 +60,11 @@ class ProxyProducer(_ProxyEndpoint):
     """Client sends to an address on a primary."""
 
     sender_upstream = True
+    # transactional transfers forwarded with the primary's txn-id (proxy.transactions.forward):
+    # upstream delivery -> callback(delivery or None: lost), and sends waiting for credit
+    # (callables: go(True) sends, go(False) refuses). Shared empty ones until first used.
+    txn_inflight: dict = {}
+    txn_pending: deque = deque()
 
     def __init__(self, handler, client_link, upstream, remote_address,
                  capabilities: tuple[str, ...] = (), rule=None) -> None:
@@ -72,8 +83,20 @@ class ProxyProducer(_ProxyEndpoint):
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
 
+    def _drop_transactional(self) -> None:
+        """The upstream link is gone: so is the primary's transaction; what was forwarded in it
+        (or waits to be) is refused by its answer callback (proxy.transactions.forward)."""
+        answers, self.txn_inflight = list(self.txn_inflight.values()), ProxyProducer.txn_inflight
+        pending, self.txn_pending = list(self.txn_pending), ProxyProducer.txn_pending
+        for answer in answers:
+            answer(None)
+        for go in pending:
+            go(False)
+
     def link_lost(self) -> None:
         member = self.member
+        if self.txn_inflight or self.txn_pending:
+            self._drop_transactional()
         # sent again alone, in the original order, before anything else (proxy.upstream.suspects)
         self.suspects += self.upstream.suspects.take(self, self.remote_address, self.inflight, member,
                                                      self._suspect_settled)
@@ -108,16 +131,32 @@ class ProxyProducer(_ProxyEndpoint):
             return
         self.unsynced = 0
         up_credit = pn_link_credit(self.up_ptr) if self.up_ptr is not None and self.up_attached else 0
-        pending = len(self.pending)
-        allowed = min(up_credit - pending, self.window - pending - len(self.inflight))
+        pending = len(self.pending) + len(self.txn_pending)
+        allowed = min(up_credit - pending,
+                      self.window - pending - len(self.inflight) - len(self.txn_inflight))
         want = allowed - pn_link_credit(self.link_ptr)
         if want > 0:
             pn_link_flow(self.link_ptr, want)
             self.handler.mark_dirty()
 
+    def can_send_now(self) -> bool:
+        """Whether a message would go to the primary at once (nothing queued before it)."""
+        up = self.up_ptr
+        return (up is not None and self.up_attached and not self.pending and not self.suspects
+                and not self.txn_pending and pn_link_credit(up) > 0)
+
     def on_delivery(self, delivery) -> None:
         if beyond_credit(self.link_ptr):
             self.handler.refuse_beyond_credit(self.link)
+            return
+        transactions = self.handler.transactions
+        if transactions is not None and pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+            payload = read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
+            if payload is False:
+                self.handler.refuse_oversized(self.link)
+            elif payload is not None:
+                self.received += 1
+                transactions.post_upstream(self, delivery, payload)  # §4.4.1, forwarded
             return
         up = self.up_ptr
         max_size = self.handler.broker.max_message_size
@@ -199,10 +238,20 @@ class ProxyProducer(_ProxyEndpoint):
         if sent:
             self.member.sent += sent
             self.member.mark_dirty()
+        txn_pending = self.txn_pending
+        while txn_pending and not pending and pn_link_credit(up) > 0:
+            txn_pending.popleft()(True)
 
     def on_upstream_delivery(self, delivery) -> None:
         """The primary's outcome: pass it to the client, then settle both."""
         item = self.inflight.get(delivery)
+        if item is None and delivery in self.txn_inflight:  # forwarded in a transaction
+            if outcome_of(delivery) is not None:
+                self.txn_inflight.pop(delivery)(delivery)
+                self.unsynced += 1
+                if self.unsynced >= self.refill_every:
+                    self.sync_credit()
+            return
         client_delivery = item[1] if item is not None and not self.closed else None
         if settle_accepted(delivery, client_delivery):  # nearly always: no helper calls
             if item is not None:
@@ -235,6 +284,8 @@ class ProxyProducer(_ProxyEndpoint):
         answered is sent to the new one as suspects, in order, then the link goes on there."""
         if self.closed:
             return
+        if self.txn_inflight or self.txn_pending:  # the old primary's transaction ends here
+            self._drop_transactional()
         moved = self.upstream.suspects.hand_over(self) if self.suspects else []
         old_member = self.member
         self.release_upstream()

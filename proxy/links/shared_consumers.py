@@ -43,7 +43,7 @@ from proton import Link
 from proxy.amqp import engine
 from proxy.amqp.drain import answer_drain
 from proxy.amqp.engine import read_transfer, send_message
-from proxy.amqp.outcomes import outcome_of, relay_outcome
+from proxy.amqp.outcomes import TRANSACTIONAL_STATE, outcome_of, relay_outcome
 from proxy.upstream.owner import UpstreamLinkOwner
 
 log = logging.getLogger("fedgate.proxy")
@@ -283,6 +283,11 @@ class SharedConsumer(engine.ClientLinkEndpoint):
         state = outcome_of(delivery)
         if state is None:
             return  # no outcome yet (§3.4.1: received is not terminal)
+        if state == TRANSACTIONAL_STATE and self.handler.transactions is not None:
+            self.handler.transactions.refuse_retirement(delivery, (
+                "a consumer sharing one upstream link (the rule's mirror_auto_delete) cannot "
+                "settle in a transaction"))
+            state = PN_RELEASED  # the message goes back to the primary's queue
         up = self.unsettled.pop(delivery, None)
         if up is not None:
             relay_outcome(state, delivery, up, self.subscription.member.modified_unsupported)

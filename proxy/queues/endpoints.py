@@ -13,6 +13,10 @@ How this works
 * ``QueueConsumer`` — the client receives from a queue (our proton Sender).
   ``LocalQueue.dispatch`` calls ``deliver`` only when the link has credit.
   Outcomes (§3.4) come back as disposition updates and go to the queue.
+* Transactions (§4.4): on a connection with a coordinator link
+  (``handler.transactions``, ``proxy.transactions``), a transfer carrying
+  ``transactional-state`` is handed to its transaction (enqueued at commit),
+  and so is a disposition carrying it (its outcome applied at commit).
 
 Each endpoint reaches the node through its ``handler`` (``proxy.broker``):
 ``handler.broker`` for the journal, dead-lettering and latency figures.
@@ -30,6 +34,7 @@ from cproton import (
     PN_MODIFIED,
     PN_REJECTED,
     PN_RELEASED,
+    pn_delivery_remote_state,
     pn_delivery_settle,
     pn_delivery_settled,
     pn_delivery_update,
@@ -39,7 +44,7 @@ from cproton import (
 from proton import Condition, Delivery, Link
 
 from proxy.amqp import engine
-from proxy.amqp.outcomes import outcome_of
+from proxy.amqp.outcomes import TRANSACTIONAL_STATE, outcome_of
 from proxy.journal.journal import JournalError
 from proxy.queues import durable as journal_queues
 from proxy.queues.local import LocalQueue, StoredMessage
@@ -56,6 +61,31 @@ def _settle_at_home(message: StoredMessage, state, client_delivery) -> None:
     """
     stealer, home_delivery = message.origin
     stealer.settle_at_home(home_delivery, state, client_delivery)
+
+
+def apply_outcome(broker, queue: LocalQueue, message: StoredMessage, state: int, consumer_id: int, *,
+                  failed: bool = False, undeliverable: bool = False, annotations=None,
+                  journaled: bool = False) -> None:
+    """A consumer's outcome (§3.4) for ``message`` of ``queue``, the way the node applies it
+    (also at a transaction's commit); ``journaled``: its dequeue is in the journal already."""
+    if state == PN_ACCEPTED or not state:
+        queue.settled_accepted(message)
+        if not journaled:
+            journal_queues.dequeued(broker.journal, message)
+        broker.delivery_latency.observe(monotonic() - message.enqueued_at)
+        if queue.producers_blocked:
+            broker.dirty_queues.add(queue)
+        return
+    if state == PN_MODIFIED:
+        queue.settled_modified(message, delivery_failed=failed, undeliverable_here=undeliverable,
+                               consumer_id=consumer_id, annotations=annotations)
+    elif state == PN_REJECTED:
+        dead = queue.settled_rejected(message)
+        if dead is None or broker.dead_letter(queue, dead):
+            journal_queues.dequeued(broker.journal, message)  # after the dead-letter copy
+    else:
+        queue.settled_released(message)
+    broker.dirty_queues.add(queue)
 
 
 # the target capability of another worker's link carrying dead-lettered copies (proxy.workers)
@@ -122,13 +152,20 @@ class QueueProducer(engine.ClientLinkEndpoint):
             self._reject(delivery, f"queue {queue.name!r} is full (max_bytes {queue.max_bytes})",
                          RESOURCE_LIMIT)
             return
+        transactions = self.handler.transactions
+        if transactions is not None and pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+            transactions.post(delivery, (queue,), payload)  # §4.4.1: enqueued at commit
+        else:
+            self._arrived(delivery, payload)
+        if pn_link_credit(ptr) <= self.window // 2:
+            self.top_up()
+
+    def _arrived(self, delivery, payload: bytes) -> None:
         message = StoredMessage(payload)
         journal = self.handler.broker.journal
         if journal is None or not (self.awaiting or self.queue.durable) \
                 or not self._hold(journal, delivery, message):
             self._store(delivery, message)
-        if pn_link_credit(ptr) <= self.window // 2:
-            self.top_up()
 
     def _hold(self, journal, delivery, message: StoredMessage) -> bool:
         """Journal a durable message; it (and later ones, to keep order) waits for the disk."""
@@ -280,6 +317,11 @@ class QueueConsumer(engine.ClientLinkEndpoint):
         if state is None:
             return  # no outcome yet (§3.4.1: received is not terminal)
         message = self.unsettled.pop(delivery, None)
+        if state == TRANSACTIONAL_STATE and message is not None \
+                and self.handler.transactions is not None:
+            # §4.4.2: settled in a transaction, which applies the outcome at commit
+            self.handler.transactions.retire(self, delivery, message)
+            return
         if message is not None and message.origin is not None:
             _settle_at_home(message, state, delivery)
             pn_delivery_settle(delivery)
@@ -297,24 +339,13 @@ class QueueConsumer(engine.ClientLinkEndpoint):
             if queue.producers_blocked:
                 broker.dirty_queues.add(queue)
             return
-        if state == PN_RELEASED:
-            queue.settled_released(message)
-        elif state == PN_MODIFIED:
+        if state == PN_MODIFIED:
             remote = Delivery.wrap(delivery).remote
-            queue.settled_modified(
-                message,
-                delivery_failed=bool(remote.failed),
-                undeliverable_here=bool(remote.undeliverable),
-                consumer_id=self.consumer_id,
-                annotations=remote.annotations or None,
-            )
-        elif state == PN_REJECTED:
-            dead = queue.settled_rejected(message)
-            if dead is None or broker.dead_letter(queue, dead):
-                journal_queues.dequeued(broker.journal, message)  # after the dead-letter copy
+            apply_outcome(broker, queue, message, state, self.consumer_id, failed=bool(remote.failed),
+                          undeliverable=bool(remote.undeliverable),
+                          annotations=remote.annotations or None)
         else:
-            queue.settled_released(message)
-        broker.dirty_queues.add(queue)
+            apply_outcome(broker, queue, message, state, self.consumer_id)
 
     def on_flow(self) -> None:
         self.handler.broker.dirty_queues.add(self.queue)

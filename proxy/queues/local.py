@@ -178,6 +178,11 @@ class LocalQueue:
     # A replicated queue's replica set while this node is its primary (proxy.replication):
     # producers' deliveries are accepted once the in-sync copies hold them. None: at once.
     replica_set: object = None
+    # What a transaction's commit into this queue waits for before it is answered
+    # (proxy.transactions): called as ``commit_barrier(done)`` once the commit's changes are
+    # applied here; ``done()`` when they are durable and replicated (a replicated queue's
+    # in-sync copies: to be wired by proxy.replication). None: nothing more to wait for.
+    commit_barrier: object = None
     # Links browsing the queue (distribution-mode copy): sent copies, take nothing
     browsers: list = field(default_factory=list)
     _seq: int = 0  # the last StoredMessage.seq given

@@ -55,6 +55,7 @@ from proxy.upstream.primaries import (
     echoes_source_unapplied,
     filters_applied,
     modified_unsupported,
+    transactions_unsupported,
 )
 from proxy.upstream.management import ManagementRequest
 from proxy.upstream.probe import RemoteProbe
@@ -129,6 +130,7 @@ class PoolMember:
         self.filters_applied: frozenset[str] = frozenset()  # applied even so (primaries)
         self.drain_unanswered: str | None = None  # the same for a drain
         self.modified_unsupported: str | None = None  # the same for the modified outcome
+        self.transactions_unsupported: str | None = None  # why no transaction goes there
         self._timer: asyncio.TimerHandle | None = None
         self._dispatch = {
             engine.PN_CONNECTION_REMOTE_OPEN: self._on_remote_open,
@@ -183,6 +185,7 @@ class PoolMember:
         self.filters_applied = filters_applied(properties)
         self.drain_unanswered = drain_unanswered(properties)
         self.modified_unsupported = modified_unsupported(properties)
+        self.transactions_unsupported = transactions_unsupported(properties)
         self.attempts = 0
         self.last_error = None
         self.last_condition = None

@@ -128,7 +128,11 @@ class Upstream:
 
     def add_alone(self, endpoint) -> PoolMember:
         """Put a link owner on the ``alone`` member (the suspect sender); connect if needed."""
-        member = self.alone
+        return self.add_to(endpoint, self.alone)
+
+    def add_to(self, endpoint, member: PoolMember) -> PoolMember:
+        """Put a link owner on ``member`` (a transaction's coordinator: on the connection of its
+        work, proxy.transactions.forward); connect if needed."""
         member.endpoints.add(endpoint)
         if member.state is MemberState.UP:
             member._cancel_timer()

@@ -36,6 +36,11 @@ upstream as ``released`` (§3.4.4): the message goes back to the queue, without
 the delivery-count increment, the undeliverable-here flag or the annotations
 (``proxy_links.relay_outcome``).
 
+RabbitMQ (3.x and 4.x) has no AMQP 1.0 transactions: a transaction whose work
+goes to it is refused by the node at its first transactional transfer or
+disposition, naming the primary (``proxy.transactions.forward``); other
+primaries are asked (a coordinator link), and a refusal says the same.
+
 A primary is known by the ``product`` and ``version`` properties of its open
 frame (§2.7.1).
 """
@@ -95,4 +100,11 @@ def modified_unsupported(properties: dict | None) -> str | None:
     version = str(properties.get("version", ""))
     if str(properties.get("product", "")) == "RabbitMQ" and _major(version) < 4:
         return f"RabbitMQ {version} ends the session on a modified outcome"
+    return None
+
+
+def transactions_unsupported(properties: dict | None) -> str | None:
+    """Why a transaction cannot be forwarded to this primary, or None (ask it)."""
+    if properties and str(properties.get("product", "")) == "RabbitMQ":
+        return f"RabbitMQ {properties.get('version', '')} has no AMQP transactions".replace("  ", " ")
     return None

@@ -28,6 +28,7 @@ LAYERS = [
     ["proxy.upstream", "proxy.queues", "proxy.cluster"],
     ["proxy.links"],
     ["proxy.exchanges"],
+    ["proxy.transactions"],
     ["proxy.broker"],
     ["proxy.server", "proxy.plugins", "proxy.workers"],
     ["proxy.node"],

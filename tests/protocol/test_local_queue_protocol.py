@@ -191,17 +191,17 @@ def test_dynamic_target():
     assert ids(c.received(rcv)) == ["m0"]
 
 
-def test_transaction_coordinator_is_refused_by_name():
-    # §4.2: a transacted session (e.g. Qpid JMS) attaches a sender to a coordinator
+def test_transaction_coordinator_is_served():
+    # §4.2: a transacted session (e.g. Qpid JMS) attaches a sender to a coordinator; the node
+    # answers with one (tests/protocol/test_transactions_protocol.py goes further)
     h = Harness()
     c = h.client()
     link = c._session().sender("txn-ctrl")
     link.target.type = Terminus.COORDINATOR
     link.open()
     h.pump()
-    assert link.state & Endpoint.REMOTE_CLOSED
-    assert link.remote_condition.name == "amqp:not-implemented"
-    assert "transactions" in link.remote_condition.description
+    assert link.state & Endpoint.REMOTE_ACTIVE and not link.state & Endpoint.REMOTE_CLOSED
+    assert link.remote_target.type == Terminus.COORDINATOR
 
 
 def test_depth_limit_withholds_credit_and_loses_nothing():

@@ -49,6 +49,24 @@ import org.apache.qpid.jms.message.JmsInboundMessageDispatch;
  *   rpc URL QUEUE COUNT [RESPONDER_URL]        request/reply through a temporary queue; the
  *                                              responder may use another node
  *   transacted URL QUEUE                       a transacted session's send and commit
+ *   txsend URL QUEUES COUNT PREFIX BATCH [ROLLBACK_EVERY]
+ *                                              a transacted session sends COUNT persistent
+ *                                              messages (id property PREFIX-i; QUEUES: one
+ *                                              name, or several, comma-separated, taken in
+ *                                              turn, one producer each), committing
+ *                                              every BATCH; with ROLLBACK_EVERY k > 0 every
+ *                                              k-th batch is rolled back instead. Prints
+ *                                              {"sent", "committed": [ids], "rolled_back": [ids]}
+ *   txreceive URL QUEUE IDLE_MS BATCH [ROLLBACK_EVERY [MAX]]
+ *                                              a transacted session receives in batches of
+ *                                              BATCH (a batch ends early after IDLE_MS with no
+ *                                              message; an empty one ends the run), committing
+ *                                              each; with ROLLBACK_EVERY k > 0 every k-th batch
+ *                                              (the 1st, the (k+1)-th, ...) is rolled back;
+ *                                              stops after MAX committed messages (0: none).
+ *                                              Prints {"batches": [{"ids", "redelivered",
+ *                                              "outcome": "commit" | "rollback"}],
+ *                                              "committed": [ids]}
  */
 public final class JmsClient {
 
@@ -68,6 +86,13 @@ public final class JmsClient {
                 case "rpc" -> rpc(args[1], args[2], Integer.parseInt(args[3]),
                                   args.length > 4 ? args[4] : args[1]);
                 case "transacted" -> transacted(args[1], args[2]);
+                case "txsend" -> txSend(args[1], args[2], Integer.parseInt(args[3]), args[4],
+                                        Integer.parseInt(args[5]),
+                                        args.length > 6 ? Integer.parseInt(args[6]) : 0);
+                case "txreceive" -> txReceive(args[1], args[2], Long.parseLong(args[3]),
+                                              Integer.parseInt(args[4]),
+                                              args.length > 5 ? Integer.parseInt(args[5]) : 0,
+                                              args.length > 6 ? Integer.parseInt(args[6]) : 0);
                 default -> throw new IllegalArgumentException("unknown command " + args[0]);
             }
         } catch (JMSException | RuntimeException e) {
@@ -243,6 +268,84 @@ public final class JmsClient {
             producer.send(session.createTextMessage("tx"));
             session.commit();
             print("{\"committed\": 1}");
+        }
+    }
+
+    private static void txSend(String url, String queueName, int count, String prefix, int batch,
+                               int rollbackEvery) throws Exception {
+        try (Connection connection = connect(url)) {
+            Session session = connection.createSession(true, Session.SESSION_TRANSACTED);
+            List<MessageProducer> producers = new ArrayList<>();
+            for (String name : queueName.split(",")) {
+                MessageProducer one = session.createProducer(session.createQueue(name));
+                one.setDeliveryMode(DeliveryMode.PERSISTENT);
+                producers.add(one);
+            }
+            List<String> committed = new ArrayList<>();
+            List<String> rolledBack = new ArrayList<>();
+            List<String> current = new ArrayList<>();
+            int batches = 0;
+            for (int i = 0; i < count; i++) {
+                TextMessage message = session.createTextMessage(prefix + "-" + i);
+                message.setStringProperty("id", prefix + "-" + i);
+                producers.get(i % producers.size()).send(message);
+                current.add(prefix + "-" + i);
+                if (current.size() == batch || i == count - 1) {
+                    batches++;
+                    if (rollbackEvery > 0 && batches % rollbackEvery == 0) {
+                        session.rollback();
+                        rolledBack.addAll(current);
+                    } else {
+                        session.commit();
+                        committed.addAll(current);
+                    }
+                    current.clear();
+                }
+            }
+            print("{\"sent\": " + count + ", \"committed\": " + quoteAll(committed)
+                  + ", \"rolled_back\": " + quoteAll(rolledBack) + "}");
+        }
+    }
+
+    private static void txReceive(String url, String queueName, long idleMs, int batch,
+                                  int rollbackEvery, int max) throws Exception {
+        try (Connection connection = connect(url)) {
+            Session session = connection.createSession(true, Session.SESSION_TRANSACTED);
+            MessageConsumer consumer = session.createConsumer(session.createQueue(queueName));
+            List<String> committed = new ArrayList<>();
+            StringBuilder batches = new StringBuilder("[");
+            int number = 0;
+            while (max == 0 || committed.size() < max) {
+                List<String> ids = new ArrayList<>();
+                List<String> redelivered = new ArrayList<>();
+                while (ids.size() < batch) {
+                    Message message = consumer.receive(idleMs);
+                    if (message == null) {
+                        break;
+                    }
+                    ids.add(message.getStringProperty("id"));
+                    redelivered.add(String.valueOf(message.getJMSRedelivered()));
+                }
+                if (ids.isEmpty()) {
+                    session.commit();
+                    break;
+                }
+                boolean rollback = rollbackEvery > 0 && number % rollbackEvery == 0;
+                number++;
+                if (rollback) {
+                    session.rollback();
+                } else {
+                    session.commit();
+                    committed.addAll(ids);
+                }
+                batches.append(batches.length() > 1 ? ", " : "").append("{\"ids\": ")
+                       .append(quoteAll(ids)).append(", \"redelivered\": [")
+                       .append(String.join(", ", redelivered)).append("], \"outcome\": \"")
+                       .append(rollback ? "rollback" : "commit").append("\"}");
+            }
+            consumer.close();
+            print("{\"batches\": " + batches.append("]") + ", \"committed\": "
+                  + quoteAll(committed) + "}");
         }
     }
 
