@@ -254,7 +254,7 @@ class QueueProducer(engine.ClientLinkEndpoint):
         if self.awaiting:  # still enqueued once durable; the deliveries are gone with the link
             self.awaiting = deque((batch, None, message) for batch, _, message in self.awaiting)
         if self.unconfirmed and queue.replica_set is not None:  # their deliveries are gone
-            queue.replica_set.forget(lambda token: token[0] is self)
+            queue.replica_set.forget(lambda token: isinstance(token, tuple) and token[0] is self)
             self.unconfirmed = 0
         if self in queue.producers:
             queue.producers.remove(self)

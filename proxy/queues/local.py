@@ -181,7 +181,7 @@ class LocalQueue:
     # What a transaction's commit into this queue waits for before it is answered
     # (proxy.transactions): called as ``commit_barrier(done)`` once the commit's changes are
     # applied here; ``done()`` when they are durable and replicated (a replicated queue's
-    # in-sync copies: to be wired by proxy.replication). None: nothing more to wait for.
+    # in-sync copies hold them: proxy.replication). None: nothing more to wait for.
     commit_barrier: object = None
     # Links browsing the queue (distribution-mode copy): sent copies, take nothing
     browsers: list = field(default_factory=list)

@@ -67,6 +67,8 @@ class PrimaryCopy:
         self.fenced = False
         queue.serve_replicas(self.replica_set, self._changed)
         queue.after_dispatch = self._after_dispatch
+        # a transaction's commit into the queue is answered once the in-sync copies hold it
+        queue.commit_barrier = self._commit_barrier
         self._timer = loop.call_later(LAG_CHECK, self._check_lag)
 
     # -- backups ----------------------------------------------------------------------
@@ -161,9 +163,18 @@ class PrimaryCopy:
                 self.flush_backup(pusher)
         self._complete()
 
+    def _commit_barrier(self, done) -> None:
+        replica_set = self.replica_set
+        replica_set.wait(replica_set.ticket, done)
+        self.node.broker.dirty_queues.add(self.queue)  # the batch goes out in this cycle
+
     def _complete(self) -> None:
-        for producer, delivery in self.replica_set.completed():
-            producer.confirmed(delivery)
+        for token in self.replica_set.completed():
+            if callable(token):  # a commit's barrier (proxy.transactions)
+                token()
+            else:
+                producer, delivery = token
+                producer.confirmed(delivery)
 
     # -- the in-sync set ------------------------------------------------------------------
     def _propose(self) -> None:
@@ -208,6 +219,7 @@ class PrimaryCopy:
         queue = self.queue
         queue.stop_replicas()
         queue.after_dispatch = None
+        queue.commit_barrier = None  # commits waiting here end with their outcome unknown
         description = f"queue {self.address}: this node is no longer its primary ({why})"
         for endpoint in [*queue.consumers, *queue.producers, *queue.browsers]:
             if getattr(endpoint, "attached", True):

@@ -13,6 +13,7 @@ import asyncio
 
 import pytest
 from memory_etcd import MemoryEtcd
+from proton import Delivery, Described, symbol
 from playbook import World, run
 
 pytestmark = pytest.mark.timeout(60)
@@ -336,6 +337,45 @@ def test_a_dead_members_fragment_is_served_by_its_backup_then_handed_back(tmp_pa
         await world.until(lambda: received() >= everything | set(later), timeout=30,
                           what="new messages through a's fragment")
         assert nodes[adopter].queues.get("jobs@a") is None  # handed back
+        await world.close()
+
+    run(play)
+
+
+def test_a_commit_into_a_replicated_queue_is_answered_once_the_backup_holds_it(tmp_path):
+    """A transaction's commit (AMQP 1.0 §4) into a replicated queue waits for the in-sync
+    backup, as a plain transfer does: with the backup silent (partitioned) the commit is not
+    answered; once the primary drops it from the in-sync set (catchup_timeout) it is."""
+    from test_transactions_playbooks import Txn
+
+    rule = {**RULE, "replicas": 2, "catchup_timeout": 4.0}
+
+    async def play():
+        world = World(tmp_path)
+        nodes = {n: await world.node(n, peers=PEERS, rules=[rule]) for n in "ab"}
+        primary = await make_primary(world, nodes, "orders.x")
+        backup = "b" if primary == "a" else "a"
+        client = await world.client(primary, "txn-client")
+        txn = Txn(world, client)
+        sender = client.sender("orders.x")
+        await world.until(lambda: sender.credit > 0, what="credit")
+        tid = await txn.declare()
+        for i in range(3):
+            txn.send(sender, tid, f"t{i}")
+        committed = await txn.discharge(tid)
+        assert committed.remote_state == Delivery.ACCEPTED
+        assert view(nodes[backup], "orders.x")["copy"]["depth"] == 3  # before the answer
+
+        world.network.partition(primary, backup)
+        tid = await txn.declare()
+        txn.send(sender, tid, "late")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        delivery = txn.ctl.send(Described(symbol("amqp:discharge:list"), [tid, False]))
+        await world.quiet(2.0)
+        assert delivery not in txn.ctl.outcomes  # the backup does not hold it: no answer
+        await world.until(lambda: delivery in txn.ctl.outcomes, timeout=10, what="answered alone")
+        assert delivery.remote_state == Delivery.ACCEPTED and loop.time() - started >= 4.0
         await world.close()
 
     run(play)
