@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= deploy/examples/standalone.toml
 PYTEST_ARGS ?=
 
-.PHONY: run test venv system npm brokers bench bench-deps bench-durable bench-fragments bench-proxy bench-transactions fuzz fuzz-large soak load-demo clean
+.PHONY: run test venv system npm brokers bench bench-deps bench-durable bench-fragments bench-proxy bench-replication bench-transactions fuzz fuzz-large soak replication-long load-demo clean
 
 $(STAMP): pyproject.toml proxy/amqp/_fastpath.c
 	bash .ci/install/system.sh
@@ -63,6 +63,14 @@ fuzz-large: venv
 soak: venv
 	$(PY) -m pytest -m soak -s tests/faults/test_soak.py
 
+# replicated queues' long runs (opt-in): the issue's 20 kill/restart cycles under load
+# (make test runs 4); FEDGATE_REPLICATION_CYCLES=N, FEDGATE_REPLICATION_SEED=N
+FEDGATE_REPLICATION_CYCLES ?= 20
+replication-long: venv
+	bash .ci/install/etcd.sh start
+	FEDGATE_REPLICATION_CYCLES=$(FEDGATE_REPLICATION_CYCLES) $(PY) -m pytest -s -o timeout=900 \
+		tests/faults/test_replication_faults.py -k repeated
+
 bench-deps: venv
 	bash .ci/install/rabbitmq.sh
 	bash .ci/install/c-clients.sh
@@ -79,6 +87,11 @@ bench-fragments: bench-deps
 bench-durable: venv
 	bash .ci/install/c-clients-durable.sh
 	$(PY) bench/durable.py
+
+bench-replication: venv
+	bash .ci/install/c-clients.sh
+	bash .ci/install/etcd.sh start
+	$(PY) bench/replication.py --failover-runs 20
 
 bench-transactions: venv
 	bash .ci/install/c-clients-txn.sh

@@ -11,8 +11,8 @@
   serves, and nothing is settled by both: what each side accepted is counted.
 
 lease_ttl is 3 s; every wait is bounded. FEDGATE_REPLICATION_CYCLES (default 4) sets the
-number of kill/restart cycles; the issue's 20 with ``FEDGATE_REPLICATION_CYCLES=20`` (about
-3 minutes).
+number of kill/restart cycles; the issue's 20: ``make replication-long`` (about 2.5 minutes);
+FEDGATE_REPLICATION_SEED replays a run's choice of victims (the test prints its seed).
 """
 
 from __future__ import annotations
