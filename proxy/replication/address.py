@@ -324,7 +324,11 @@ class ReplicatedAddress:
                 if record is None and self._preferred() != self.node_id:
                     self.owner = None  # a new queue: its preferred node makes it on our attach
                     self._proxy_to_preferred()
-                return  # an eligible copy claims it: the watch tells us
+                elif self.pending or self._preferred() == self.node_id:
+                    # an eligible copy claims it (the watch tells us), or the copies named
+                    # step out one by one and it falls to the preferred node: look again
+                    asyncio.get_running_loop().call_later(RETRY, self._recheck)
+                return
             claim = await self.service.claim(self.resource, record_bytes,
                                              epoch_at_least=self._epoch_seen() + 1)
             if claim is None:

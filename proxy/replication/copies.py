@@ -102,8 +102,8 @@ class PrimaryCopy:
     def backup_acked(self, pusher: ReplicationPusher, number: int) -> None:
         self.replica_set.acked(pusher.backup, number, self.loop.time())
         self._propose()
-        self._complete()
         self.flush_backup(pusher)
+        self._complete()  # after the flush: a flush of cancelled events only completes some too
 
     def flush_backup(self, pusher: ReplicationPusher) -> None:
         if self.fenced:

@@ -243,6 +243,15 @@ class ReplicaSet:
                 stream.catchup = None
                 ends_catchup = True
         if not events:
+            if through is not None:
+                # only enqueues consumed before they were sent (and their dequeues): the backup
+                # need not hold them, so it holds those tickets as soon as it holds what it
+                # was sent before -- now, or with the last batch still on its way
+                if stream.unacked:
+                    batch = stream.unacked[-1]
+                    batch.through = max(batch.through, through)
+                else:
+                    stream.held_through = max(stream.held_through, through)
             return None
         number = stream.next_number
         stream.next_number += 1

@@ -246,3 +246,32 @@ def test_what_is_settled_before_its_batch_leaves_is_never_sent():
     primary.acked("b", number, clock.now)
     assert primary.completed() == [quick, slow, released]
     assert copy_state(copy) == state_of(primary)
+
+
+def test_a_delivery_whose_message_was_consumed_before_any_batch_left_still_completes():
+    """Every event waiting for the backup cancelled (the messages were consumed before a batch
+    went out): no batch is sent, and the producers' deliveries complete all the same, at once
+    or with the batch still on its way (the bench's stalls, fixed)."""
+    clock = Clock()
+    primary = ReplicaSet("q", epoch=1, clock=clock)
+    copy = ReplicaImage("q")
+    primary.attach("b", clock.now)
+    ship(primary, "b", copy, clock)
+    commit(primary)
+    ship(primary, "b", copy, clock)  # the in-sync notice
+    first = message(1)
+    primary.wait(primary.enqueued(first), first)
+    number, items = primary.take_batch("b", clock.now)  # on its way, not acknowledged
+    gone = message(2)
+    primary.wait(primary.enqueued(gone), gone)
+    primary.acquired_by_consumer(gone)
+    primary.dequeued(gone)
+    assert primary.take_batch("b", clock.now) is None  # nothing left to send
+    assert primary.completed() == []
+    primary.acked("b", number, clock.now)
+    assert primary.completed() == [first, gone]
+    later = message(3)
+    primary.wait(primary.enqueued(later), later)
+    primary.dequeued(later)
+    assert primary.take_batch("b", clock.now) is None
+    assert primary.completed() == [later]  # nothing on its way: at once
