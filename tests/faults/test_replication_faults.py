@@ -7,8 +7,9 @@
   leaves the in-sync set after ``catchup_timeout``, acceptance goes on without it, and it
   catches up and is back in the set once the partition heals;
 * a partition between the primary and etcd (Toxiproxy): the old primary is fenced within
-  lease_ttl and ends its clients' links, a backup claims the queue at the next epoch and
-  serves, and nothing is settled by both: what each side accepted is counted.
+  lease_ttl and ends its clients' links, the clients proxied from the other nodes go on, a
+  backup claims the queue at the next epoch and serves, and nothing is settled by both:
+  what each side accepted is counted.
 
 lease_ttl is 3 s; every wait is bounded. FEDGATE_REPLICATION_CYCLES (default 4) sets the
 number of kill/restart cycles; the issue's 20: ``make replication-long`` (about 2.5 minutes);
@@ -169,7 +170,7 @@ def test_the_primary_cut_off_from_etcd_is_fenced_and_nothing_is_settled_twice(
     n1, n2, n3 = nodes["n1"], nodes["n2"], nodes["n3"]
     # clients on the primary itself (local links) and on the two others (proxied to it)
     before = Workload(clients, ADDRESS, senders=[(n1.url, "a"), (n2.url, "b"), (n3.url, "c")],
-                      receivers=[n1.url, n2.url, n3.url], per_sender=1500, rate=100, credit=20)
+                      receivers=[n1.url, n2.url, n3.url], per_sender=1000, rate=100, credit=20)
     before.start()
     assert wait_primary(nodes, ADDRESS, 10.0) == "n1"
     wait_isr(etcd_url, cluster_name, ADDRESS, ["n2", "n3"], 10.0, primary="n1")
@@ -211,7 +212,8 @@ def test_the_primary_cut_off_from_etcd_is_fenced_and_nothing_is_settled_twice(
         {"resource": f"queue/{ADDRESS}", "owner": new, "epoch": epoch + 1}
     # n1's own clients lost their links (detach-forced); those on n2 and n3 went on
     assert old.senders[0]["error"]["condition"] == "amqp:link:detach-forced", old.senders[0]
-    assert all(s and s["error"] is None and s["accepted"] == 1500 for s in old.senders[1:]), \
+    # (their proxies once passed the fenced primary's detach-forced on: fixed in 8e9c226)
+    assert all(s and s["error"] is None and s["accepted"] == 1000 for s in old.senders[1:]), \
         old.senders
     assert all(s and s["error"] is None and s["accepted"] == 200 for s in new_side.senders), \
         new_side.senders
@@ -227,29 +229,3 @@ def test_the_primary_cut_off_from_etcd_is_fenced_and_nothing_is_settled_twice(
     print(f"accepted {len(accepted)}, received {len(ids)}, duplicates {len(ids) - len(set(ids))}")
     assert not lost, sorted(lost)[:20]
     assert not old.corrupt and not new_side.corrupt and not last.corrupt
-
-
-def test_clients_on_other_nodes_go_on_when_the_primary_is_fenced(start_node, etcd_url,
-                                                                 cluster_name, clients, toxi):
-    # (found here as a bug: their proxies passed the fenced primary's detach-forced on to
-    # them; fixed in 8e9c226)
-    proxy = toxi.proxy("etcd-n1", int(etcd_url.rsplit(":", 1)[1]))
-    nodes = replicated_nodes(start_node, [etcd_url], cluster_name,
-                             replicated_rule(nodes=["n1", "n2", "n3"]),
-                             per_node={"n1": {"etcd": [f"http://127.0.0.1:{proxy.port}"]}})
-    load = Workload(clients, ADDRESS, senders=[(nodes["n2"].url, "a")],
-                    receivers=[nodes["n2"].url], per_sender=600, rate=100, credit=20)
-    load.start()
-    assert wait_primary(nodes, ADDRESS, 10.0) == "n1"
-    load.wait_accepted(100, 10.0)
-    proxy.proxy.disable()
-    try:
-        wait_primary(nodes, ADDRESS, LEASE_TTL + 10.0, other_than="n1")
-    finally:
-        proxy.proxy.enable()
-    outcome = load.result(timeout=30.0)
-    # the sender and the receiver on n2 never hear of the failover
-    assert outcome.senders[0]["error"] is None and outcome.senders[0]["accepted"] == 600, \
-        outcome.senders
-    assert not outcome.receivers, outcome.receivers
-    assert not outcome.lost

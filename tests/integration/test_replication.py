@@ -341,9 +341,9 @@ def test_every_copy_killed_a_queue_not_durable_is_served_again_empty(start_node,
         node.kill()
     restart_all([n1, n2, n3])
     after = Workload(clients, ADDRESS, senders=[(n1.url, "b"), (n2.url, "c")],
-                     receivers=[n3.url], per_sender=20, rate=0, timeout_s=LEASE_TTL + 10.0)
+                     receivers=[n3.url], per_sender=20, rate=0, timeout_s=LEASE_TTL + 5.0)
     after.start()
-    outcome = after.result(timeout=LEASE_TTL + 15.0, quiet=0.5)
+    outcome = after.result(timeout=LEASE_TTL + 8.0, quiet=0.5)
     assert all(s and s["accepted"] == 20 for s in outcome.senders), \
         (outcome.senders, view_of(n1, ADDRESS), isr_record(etcd_url, cluster_name, ADDRESS))
     assert not outcome.lost
