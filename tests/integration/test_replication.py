@@ -325,11 +325,6 @@ def test_durable_the_recorded_primary_back_from_a_kill_claims_its_queue(start_no
     assert got.received_ids == {f"a-{i}" for i in range(50)}, len(got.received_ids)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: when every copy of a queue that is not durable dies, "
-                   "the nodes that come back step out of the in-sync record one by one (390f4eb), "
-                   "but when the preferred node is not the last to step out nobody claims the "
-                   "emptied record: clients' links wait, attached without credit, for ever "
-                   "(docs/replication.md: it is empty when a copy comes back)")
 def test_every_copy_killed_a_queue_not_durable_is_served_again_empty(start_node, etcd_url,
                                                                     cluster_name, clients):
     nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name)
@@ -408,12 +403,6 @@ class _Stored:
         self.payload, self.rid = payload, 0
 
 
-@pytest.mark.xfail(strict=True, reason="bug: when every event waiting for a backup was coalesced "
-                   "away (messages enqueued and settled while the backup's two batches were in "
-                   "flight), take_batch drops them and returns None without moving what the backup "
-                   "holds: producers' deliveries of those messages are never accepted (bench: a "
-                   "50,000-message run on 3 copies stalls with waiting_acceptance 212-1000, the "
-                   "backups at lag 0)")
 def test_an_enqueue_consumed_before_it_went_to_the_backup_is_still_accepted():
     # the smallest reproduction, on the protocol's data (proxy.replication.primary, no I/O):
     # what bench/replication.py hit in real processes, where a producer whose credit window
