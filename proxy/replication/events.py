@@ -44,6 +44,7 @@ _HEADER = struct.Struct(">BQQI")
 _EVENT = struct.Struct(">BQ")
 _LENGTH = struct.Struct(">I")
 _FLAG = struct.Struct(">B")
+_EVENT_SIZE, _LENGTH_SIZE, _FLAG_SIZE = _EVENT.size, _LENGTH.size, _FLAG.size
 
 RID_BITS = 40  # a rid is epoch << RID_BITS | n (docs/replication.md)
 
@@ -60,21 +61,32 @@ class BatchError(ValueError):
     """A batch that does not parse: the backup ends the link (its primary is not a fedgate)."""
 
 
-@dataclass(frozen=True, slots=True)
 class Event:
-    kind: int
-    rid: int
-    payload: object = None  # bytes (E, F; R when changed)
-    acquired: bool = False  # F: out with a consumer at the primary
+    """One event: its kind, its rid, and for some its bytes; ``size`` is its size in a batch.
 
-    def size(self) -> int:
-        """Bytes this event takes in a batch."""
-        extra = 0
-        if self.kind in (ENQUEUE, FRONT) or (self.kind == RELEASE):
-            extra = _LENGTH.size + (len(self.payload) if self.payload is not None else 0)
-        if self.kind == FRONT:
-            extra += _FLAG.size
-        return _EVENT.size + extra
+    A plain class with slots (one is made per message and per backup at the primary, and
+    per event at the backup: a frozen dataclass's ``__init__`` costs several times more)."""
+
+    __slots__ = ("kind", "rid", "payload", "acquired", "size")
+
+    def __init__(self, kind: int, rid: int, payload=None, acquired: bool = False) -> None:
+        self.kind = kind
+        self.rid = rid
+        self.payload = payload  # bytes (E, F; R when changed)
+        self.acquired = acquired  # F: out with a consumer at the primary
+        if kind == ENQUEUE or kind == RELEASE:
+            self.size = _EVENT_SIZE + _LENGTH_SIZE + (len(payload) if payload is not None else 0)
+        elif kind == FRONT:
+            self.size = _EVENT_SIZE + _LENGTH_SIZE + _FLAG_SIZE + len(payload)
+        else:
+            self.size = _EVENT_SIZE
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Event) and (self.kind, self.rid, self.payload, self.acquired) == \
+            (other.kind, other.rid, other.payload, other.acquired)
+
+    def __repr__(self) -> str:
+        return f"Event({bytes([self.kind])!r}, {self.rid}, {len(self.payload or b'')} bytes)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +97,7 @@ class Batch:
 
 
 def encode(epoch: int, number: int, events: list[Event]) -> bytearray:
-    out = bytearray(_HEADER.size + sum(e.size() for e in events))
+    out = bytearray(_HEADER.size + sum(e.size for e in events))
     _HEADER.pack_into(out, 0, VERSION, epoch, number, len(events))
     at = _HEADER.size
     for event in events:

@@ -72,7 +72,7 @@ class BackupStream:
     def add(self, event: Event, ticket: int, now: float) -> None:
         entry = [event, ticket, now, True]
         self.pending.append(entry)
-        self.pending_bytes += event.size()
+        self.pending_bytes += event.size
         if event.kind == ENQUEUE:
             self.unsent_enqueues[event.rid] = entry
 
@@ -91,7 +91,7 @@ class BackupStream:
         entry = self.unsent_enqueues.pop(event.rid, None)
         if entry is not None:  # never sent: the backup need not hear of it at all
             entry[3] = False
-            self.pending_bytes -= entry[0].size()
+            self.pending_bytes -= entry[0].size
             return
         self.add(event, ticket, now)
 
@@ -210,7 +210,7 @@ class ReplicaSet:
                 pending.popleft()
                 through = ticket
                 continue
-            event_size = event.size()
+            event_size = event.size
             if events and size + event_size > MAX_BATCH_BYTES:
                 break
             pending.popleft()
@@ -237,7 +237,7 @@ class ReplicaSet:
                     continue  # dequeued since the sync point: consumers shrank the work
                 event = Event(FRONT, value, message.payload, value in self.acquired)
                 events.append(event)
-                size += event.size()
+                size += event.size
             if not catchup and len(events) < MAX_BATCH_EVENTS:  # the end of the catch-up
                 events.append(Event(CATCHUP_DONE, 0))
                 stream.catchup = None
