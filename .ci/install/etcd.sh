@@ -67,6 +67,17 @@ start_etcd() {
         log "already running on $HOST:$PORT"
         return 0
     fi
+    # the test etcd of another checkout (its data is disposable, as ours): stopped, so that
+    # `make test` in one checkout after another works, as for the brokers
+    local other
+    for other in $(pgrep -f "etcd --name fedgate-test" 2>/dev/null || true); do
+        if grep -q -- "--listen-client-urls.http://$HOST:$PORT" <(tr '\0' ' ' <"/proc/$other/cmdline") 2>/dev/null; then
+            log "stopping the test etcd of another checkout (pid $other)"
+            kill "$other" 2>/dev/null || true
+            for _ in $(seq 50); do kill -0 "$other" 2>/dev/null || break; sleep 0.1; done
+            kill -9 "$other" 2>/dev/null || true
+        fi
+    done
     for port in "$PORT" "$PEER_PORT"; do
         port_open "$port" && die "port $port is taken by another process (ETCD_PORT/ETCD_PEER_PORT)"
     done
