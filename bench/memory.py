@@ -95,6 +95,10 @@ from memory_client import (  # noqa: E402
 
 
 # -- measurements -------------------------------------------------------------------------
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
 async def churn(port: int, tls, user, cycles: int, pid: int) -> dict:
     async def one_cycle() -> None:
         client = await Client.open(port, tls, user)
@@ -109,9 +113,19 @@ async def churn(port: int, tls, user, cycles: int, pid: int) -> dict:
                 await one_cycle()
         await asyncio.gather(*(worker() for _ in range(32)))
 
+    async def node_quiet(fds: int) -> None:
+        # the client's close does not wait for the node's last bytes: a loaded machine can
+        # leave the node dozens of TLS connections behind, whose buffers are not a leak.
+        # Measure once the node has closed them (its open descriptors are back), bounded.
+        deadline = time.monotonic() + 15.0
+        while open_fds(pid) > fds and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+
     warm = min(1000, cycles // 10)
+    fds = open_fds(pid)
     await run(warm)
-    await asyncio.sleep(1.0)
+    await node_quiet(fds)
     start = rss_kb(pid)
     started = time.monotonic()
     done = 0
@@ -123,7 +137,7 @@ async def churn(port: int, tls, user, cycles: int, pid: int) -> dict:
         marks.append(rss_kb(pid))
         progress(f"churn: {done}/{cycles} cycles, node RSS {marks[-1] / 1024:.1f} MB")
     seconds = time.monotonic() - started
-    await asyncio.sleep(1.0)
+    await node_quiet(fds)
     end = rss_kb(pid)
     return {"cycles": cycles, "warm_up_cycles": warm, "rss_start_mb": round(start / 1024, 1),
             "rss_end_mb": round(end / 1024, 1), "rss_marks_mb": [round(m / 1024, 1) for m in marks],
