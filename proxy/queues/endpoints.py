@@ -223,11 +223,15 @@ class QueueProducer(engine.ClientLinkEndpoint):
         self.unconfirmed += 1
 
     def confirmed(self, delivery) -> None:
-        """The in-sync copies hold ``delivery``'s message: accepted now."""
+        """The in-sync copies hold ``delivery``'s message: accepted now. The caller calls
+        ``after_confirmed`` once after a run of these (credit is topped up there)."""
         self.unconfirmed -= 1
         if self.attached:
             pn_delivery_update(delivery, PN_ACCEPTED)
             pn_delivery_settle(delivery)
+
+    def after_confirmed(self) -> None:
+        if self.attached:
             self.handler.mark_dirty()
             if pn_link_credit(self.link_ptr) <= self.window // 2:
                 self.top_up()

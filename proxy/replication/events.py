@@ -44,6 +44,9 @@ _HEADER = struct.Struct(">BQQI")
 _EVENT = struct.Struct(">BQ")
 _LENGTH = struct.Struct(">I")
 _FLAG = struct.Struct(">B")
+_EVENT_WITH_LENGTH = struct.Struct(">BQI")  # E, R: the event, then its bytes' length
+_FRONT = struct.Struct(">BQBI")  # F: the event, acquired, length
+_EVENT_WITH_LENGTH_SIZE = _EVENT_WITH_LENGTH.size
 _EVENT_SIZE, _LENGTH_SIZE, _FLAG_SIZE = _EVENT.size, _LENGTH.size, _FLAG.size
 
 RID_BITS = 40  # a rid is epoch << RID_BITS | n (docs/replication.md)
@@ -102,22 +105,25 @@ def encode(epoch: int, number: int, events: list[Event]) -> bytearray:
     at = _HEADER.size
     for event in events:
         kind = event.kind
-        _EVENT.pack_into(out, at, kind, event.rid)
-        at += _EVENT.size
-        if kind == FRONT:
-            _FLAG.pack_into(out, at, 1 if event.acquired else 0)
-            at += _FLAG.size
-        if kind in (ENQUEUE, FRONT, RELEASE):
-            payload = event.payload
-            if payload is None:
-                _LENGTH.pack_into(out, at, UNCHANGED)
-                at += _LENGTH.size
-                continue
+        payload = event.payload
+        if kind == ENQUEUE or (kind == RELEASE and payload is not None):
             size = len(payload)
-            _LENGTH.pack_into(out, at, size)
-            at += _LENGTH.size
+            _EVENT_WITH_LENGTH.pack_into(out, at, kind, event.rid, size)
+            at += _EVENT_WITH_LENGTH_SIZE
             out[at:at + size] = payload
             at += size
+        elif kind == RELEASE:
+            _EVENT_WITH_LENGTH.pack_into(out, at, kind, event.rid, UNCHANGED)
+            at += _EVENT_WITH_LENGTH_SIZE
+        elif kind == FRONT:
+            size = len(payload)
+            _FRONT.pack_into(out, at, kind, event.rid, 1 if event.acquired else 0, size)
+            at += _FRONT.size
+            out[at:at + size] = payload
+            at += size
+        else:
+            _EVENT.pack_into(out, at, kind, event.rid)
+            at += _EVENT_SIZE
     return out
 
 

@@ -55,9 +55,10 @@ class BackupStream:
 
     node: str
     state: CopyState = CopyState.CATCHING_UP
-    pending: deque = field(default_factory=deque)  # [event, ticket stamp, appended at, live]
+    pending: deque = field(default_factory=deque)  # (event, ticket stamp, appended at)
     pending_bytes: int = 0
-    # coalescing (module note): enqueues not sent yet, by rid; acquires not sent yet
+    # coalescing (module note): enqueues not sent yet, by rid; acquires not sent yet. A
+    # pending enqueue whose rid is no longer here was dequeued before it went: skipped.
     unsent_enqueues: dict = field(default_factory=dict)
     unsent_acquires: set = field(default_factory=set)
     catchup: list | None = None  # rids still to send, oldest first (sent from the end); None: done
@@ -70,11 +71,14 @@ class BackupStream:
     dropped: str | None = None  # why it leaves the ISR (lagging, link lost)
 
     def add(self, event: Event, ticket: int, now: float) -> None:
-        entry = [event, ticket, now, True]
-        self.pending.append(entry)
+        self.pending.append((event, ticket, now))
         self.pending_bytes += event.size
         if event.kind == ENQUEUE:
-            self.unsent_enqueues[event.rid] = entry
+            self.unsent_enqueues[event.rid] = event
+
+    def live(self, event: Event) -> bool:
+        """Whether a pending ``event`` is still to be sent (not an enqueue dequeued meanwhile)."""
+        return event.kind != ENQUEUE or event.rid in self.unsent_enqueues
 
     def acquire(self, value: int) -> None:
         self.unsent_acquires.add(value)  # sent with the next batch, unless settled before
@@ -86,29 +90,30 @@ class BackupStream:
             return  # acquired and released between two batches: nothing to tell
         self.add(event, ticket, now)
 
-    def dequeue(self, event: Event, ticket: int, now: float) -> None:
-        self.unsent_acquires.discard(event.rid)
-        entry = self.unsent_enqueues.pop(event.rid, None)
-        if entry is not None:  # never sent: the backup need not hear of it at all
-            entry[3] = False
-            self.pending_bytes -= entry[0].size
-            return
-        self.add(event, ticket, now)
+    def cancel(self, value: int) -> bool:
+        """Message ``value`` is gone: True if its enqueue was never sent (then the backup
+        need not hear of it at all), False if a dequeue event must follow."""
+        self.unsent_acquires.discard(value)
+        event = self.unsent_enqueues.pop(value, None)
+        if event is not None:
+            self.pending_bytes -= event.size
+            return True
+        return False
 
     def behind_since(self) -> float | None:
         """When the oldest event this backup has not acknowledged was made."""
         if self.unacked:
             return self.unacked[0].sent_at
-        for entry in self.pending:
-            if entry[3]:
-                return entry[2]
+        for event, _, appended_at in self.pending:
+            if self.live(event):
+                return appended_at
         if self.catchup:
             return None  # catch-up paces itself by credit; its end is what counts
         return None
 
     @property
     def lag_events(self) -> int:
-        return (sum(1 for entry in self.pending if entry[3]) + len(self.unsent_acquires)
+        return (sum(1 for entry in self.pending if self.live(entry[0])) + len(self.unsent_acquires)
                 + (len(self.catchup) if self.catchup else 0))
 
 
@@ -143,7 +148,11 @@ class ReplicaSet:
         message.rid = rid(self.epoch, self.n)
         self.ticket += 1
         self.index[message.rid] = message
-        self._emit(Event(ENQUEUE, message.rid, message.payload))
+        if self.streams:
+            event = Event(ENQUEUE, message.rid, message.payload)
+            ticket, now = self.ticket, self.clock()
+            for stream in self.streams.values():
+                stream.add(event, ticket, now)
         return self.ticket
 
     def acquired_by_consumer(self, message) -> None:
@@ -162,20 +171,17 @@ class ReplicaSet:
                 stream.release(event, ticket, now)
 
     def dequeued(self, message) -> None:
-        if self.index.pop(message.rid, None) is None:
+        value = message.rid
+        if self.index.pop(value, None) is None:
             return
-        self.acquired.discard(message.rid)
-        if self.streams:
-            event = Event(DEQUEUE, message.rid)
-            ticket, now = self.ticket, self.clock()
-            for stream in self.streams.values():
-                stream.dequeue(event, ticket, now)
-
-    def _emit(self, event: Event) -> None:
-        if not self.streams:
-            return
-        ticket, now = self.ticket, self.clock()
+        self.acquired.discard(value)
+        event = None
         for stream in self.streams.values():
+            if stream.cancel(value):
+                continue  # consumed before its enqueue went out (the common case under load)
+            if event is None:
+                event = Event(DEQUEUE, value)
+                ticket, now = self.ticket, self.clock()
             stream.add(event, ticket, now)
 
     # -- backups ----------------------------------------------------------------------
@@ -204,10 +210,12 @@ class ReplicaSet:
             return None
         events, size, through = [], 0, None
         pending = stream.pending
+        unsent_enqueues = stream.unsent_enqueues
         while pending and len(events) < MAX_BATCH_EVENTS:
-            event, ticket, _, live = pending[0]
-            if not live:  # an enqueue dequeued before it was sent
-                pending.popleft()
+            event, ticket, _ = pending[0]
+            is_enqueue = event.kind == ENQUEUE
+            if is_enqueue and event.rid not in unsent_enqueues:
+                pending.popleft()  # an enqueue dequeued before it was sent
                 through = ticket
                 continue
             event_size = event.size
@@ -215,8 +223,8 @@ class ReplicaSet:
                 break
             pending.popleft()
             stream.pending_bytes -= event_size
-            if event.kind == ENQUEUE:
-                stream.unsent_enqueues.pop(event.rid, None)
+            if is_enqueue:
+                del unsent_enqueues[event.rid]
             events.append(event)
             size += event_size
             through = ticket
