@@ -4,9 +4,10 @@
                                  [--durable] [--report-accepted] [--report-sent] [--rate R]
                                  [--sizes S1,S2,...]
                                  [--username U --password P] [--timeout-ms T]
+                                 [--failover]
     python proton_client.py receive --url U --address A --count N [--credit C]
                                  [--idle-ms I] [--timeout-ms T] [--hold] [--dynamic]
-                                 [--check-body] [--summary]
+                                 [--check-body] [--summary] [--failover]
     python proton_client.py drain --url U --address A [--credit C] [--take N] [--browse]
                                  [--timeout-ms T]
 
@@ -32,6 +33,14 @@ flow that answers it: the first flow for the link after the drain that leaves it
 credit. It prints {"drained": true, "drain_ms": F, "received": N, "error": null}, drain_ms
 from the drain request to that flow; unanswered by --timeout-ms: "drained": false and a
 "timeout" error.
+--failover (send, receive): --url is a comma-separated list; when the connection is lost
+(the node died: a transport error, or a close with amqp:connection:forced) the client prints
+{"event": "disconnected", "url"} and connects to the next URL of the list (round robin,
+every 0.1 s), where it attaches its link again and prints {"event": "reconnected", "url"}.
+A sender sends again, first and in their order, the messages it had sent and not seen
+settled (each printed {"resent_id": id} with --report-sent): at-least-once, as a broker
+client's failover does; the ids sent again are in "resent" of the final line. A link or
+connection ended with another error still ends the client.
 Exit codes: 0 ok, 2 AMQP error, 3 timeout, 4 corrupt message.
 """
 
@@ -68,17 +77,56 @@ class Base(MessagingHandler):
         self.error: dict | None = None
         self.exit_code = 0
         self.conn = None
+        failover = getattr(args, "failover", False)
+        self.urls = args.url.split(",") if failover else [args.url]
+        self.failover = failover
+        self.url_index = 0
+        self.reconnecting = False
+        self.lost_count = 0  # connections lost (--failover)
 
     def connect(self, event):
+        self.open_connection(event.container)
+        if self.args.timeout_ms:
+            event.container.schedule(self.args.timeout_ms / 1000.0, self)
+
+    def open_connection(self, container):
         kw = {"reconnect": False, "sasl_enabled": True, "allow_insecure_mechs": True}
         if self.args.username:
             kw.update(user=self.args.username, password=self.args.password,
                       allowed_mechs="PLAIN")
         else:
             kw["allowed_mechs"] = "ANONYMOUS"
-        self.conn = event.container.connect(self.args.url, **kw)
-        if self.args.timeout_ms:
-            event.container.schedule(self.args.timeout_ms / 1000.0, self)
+        self.conn = container.connect(self.urls[self.url_index], **kw)
+
+    def connection_lost(self, connection) -> bool:
+        """--failover: the connection is gone; go on at the next URL. False: not failing over
+        (not asked, finished or failed)."""
+        if not self.failover or self.exit_code or self.finished():
+            return False
+        if connection != self.conn:
+            return True  # a late event of a connection given up already
+        if not self.reconnecting:
+            self.reconnecting = True
+            self.lost_count += 1
+            emit({"event": "disconnected", "url": self.urls[self.url_index]})
+            self.links_lost()
+            self.container.schedule(0.1, Reconnect(self))
+        return True
+
+    def reconnect(self):
+        self.reconnecting = False
+        if self.exit_code or self.finished():
+            return
+        self.url_index = (self.url_index + 1) % len(self.urls)
+        self.open_connection(self.container)
+        self.start_link(None)
+
+    def on_connection_opened(self, event):
+        if self.lost_count and event.connection == self.conn:
+            emit({"event": "reconnected", "url": self.urls[self.url_index]})
+
+    def links_lost(self):
+        """The link died with its connection (a sender keeps what it must send again)."""
 
     def on_timer_task(self, event):
         if self.exit_code == 0 and not self.finished():
@@ -110,16 +158,33 @@ class Base(MessagingHandler):
         self.fail(error_of(event.session) or {"condition": "session-closed", "description": ""})
 
     def on_connection_error(self, event):
+        if self.connection_lost(event.connection):
+            return
         self.fail(error_of(event.connection) or {"condition": "connection-closed", "description": ""})
 
     def on_transport_error(self, event):
+        if self.connection_lost(event.connection):
+            return
         cond = event.transport.condition
         self.fail({"condition": cond.name if cond else "disconnected",
                    "description": cond.description if cond else ""})
 
+    def on_disconnected(self, event):
+        self.connection_lost(event.connection)  # closed with no error at all
+
     def on_link_remote_close(self, event):
         if event.link.remote_condition:
             self.on_link_error(event)
+
+
+class Reconnect:
+    """--failover: connect to the next URL a moment after the connection was lost."""
+
+    def __init__(self, client: Base):
+        self.client = client
+
+    def on_timer_task(self, event):
+        self.client.reconnect()
 
 
 class DurableTarget(LinkOption):
@@ -136,6 +201,9 @@ class Sender(Base):
         self.sent = 0
         self.outcomes = {"accepted": 0, "released": 0, "rejected": 0, "modified": 0}
         self.ids = {}  # delivery tag -> message id, for --report-accepted
+        self.unsettled = {}  # delivery tag -> message (--failover: sent again on the next link)
+        self.resend: list = []
+        self.resent = 0
         self.started = time.monotonic()
         self.rate_timer = None
 
@@ -146,7 +214,14 @@ class Sender(Base):
             opts.append(AtMostOnce())
         if self.args.durable:
             opts.append(DurableTarget())
-        self.sender = event.container.create_sender(self.conn, self.args.address, options=opts or None)
+        self.sender = self.container.create_sender(self.conn, self.args.address, options=opts or None)
+
+    def links_lost(self):
+        # what was sent and not seen settled goes again first, in its order (at-least-once);
+        # the old link's delivery tags are gone with it
+        self.resend = list(self.unsettled.values()) + self.resend
+        self.unsettled.clear()
+        self.ids.clear()
 
     def allowed(self) -> int:
         """How many may have been sent by now (--rate), at most --count."""
@@ -159,6 +234,14 @@ class Sender(Base):
         self.send_some(event.sender)
 
     def send_some(self, sender):
+        if sender != self.sender or self.reconnecting:
+            return  # a link lost with its connection (--failover)
+        while sender.credit and self.resend:
+            message = self.resend.pop(0)
+            self.track(sender.send(message), message)
+            if self.args.report_sent:
+                emit({"resent_id": message.id})
+            self.resent += 1
         limit = self.allowed()
         while sender.credit and self.sent < limit:
             seq = self.sent
@@ -171,9 +254,7 @@ class Sender(Base):
             if self.args.sizes:
                 message.body = bytes(self.args.sizes[seq % len(self.args.sizes)])
                 message.inferred = True  # bytes as a data section, not an amqp-value
-            delivery = sender.send(message)
-            if self.args.report_accepted:
-                self.ids[delivery.tag] = message.id
+            self.track(sender.send(message), message)
             if self.args.report_sent:
                 emit({"sent_id": message.id})
             self.sent += 1
@@ -182,6 +263,20 @@ class Sender(Base):
         if self.args.presettled and self.sent >= self.args.count:
             self.outcomes["accepted"] = self.sent
             self.conn.close()
+
+    def track(self, delivery, message) -> None:
+        if self.args.report_accepted:
+            self.ids[delivery.tag] = message.id
+        if self.failover:
+            self.unsettled[delivery.tag] = message
+
+    def on_settled(self, event):
+        self.unsettled.pop(event.delivery.tag, None)
+
+    def on_delivery(self, event):
+        # an outcome, settled or not, ends the message's journey (not sent again)
+        if event.delivery.link.is_sender and event.delivery.remote_state:
+            self.unsettled.pop(event.delivery.tag, None)
 
     def settled_count(self):
         return sum(self.outcomes.values())
@@ -212,7 +307,10 @@ class Sender(Base):
         self.stop_container()
 
     def result(self):
-        return {"sent": self.sent, **self.outcomes, "error": self.error}
+        result = {"sent": self.sent, **self.outcomes, "error": self.error}
+        if self.failover:
+            result.update(resent=self.resent, failovers=self.lost_count)
+        return result
 
 
 class Receiver(Base):
@@ -224,11 +322,11 @@ class Receiver(Base):
 
     def start_link(self, event):
         if self.args.dynamic:
-            self.receiver = event.container.create_receiver(self.conn, None, dynamic=True)
+            self.receiver = self.container.create_receiver(self.conn, None, dynamic=True)
         else:
-            self.receiver = event.container.create_receiver(self.conn, self.args.address)
+            self.receiver = self.container.create_receiver(self.conn, self.args.address)
         self.receiver.flow(self.credit_wanted())
-        self.arm_idle(event.container)
+        self.arm_idle(self.container)
 
     def on_link_opened(self, event):
         if self.args.dynamic and event.receiver is not None:
@@ -366,7 +464,8 @@ class RateTimer:
 
     def on_timer_task(self, event):
         self.sender.rate_timer = None
-        if self.link.state & self.link.LOCAL_ACTIVE and self.sender.exit_code == 0:
+        if self.link.state & self.link.LOCAL_ACTIVE and self.sender.exit_code == 0 and \
+                self.link == self.sender.sender:
             self.sender.send_some(self.link)
 
 
@@ -411,6 +510,7 @@ def main() -> int:
     parser.add_argument("--sizes", type=sizes_of, default=None)
     parser.add_argument("--take", type=int, default=0)
     parser.add_argument("--browse", action="store_true")
+    parser.add_argument("--failover", action="store_true")
     args = parser.parse_args()
     handler = {"send": Sender, "receive": Receiver, "drain": Drainer}[args.mode](args)
     Container(handler).run()

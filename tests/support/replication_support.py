@@ -18,7 +18,9 @@ How this works
   with the wall-clock time it arrived, so a test can say when the first acceptance or
   delivery after a kill came. ``result()`` stops the receivers once every accepted id was
   seen and nothing came for ``quiet`` seconds (or at the deadline), and says what was
-  lost, duplicated, and in flight.
+  lost, duplicated, and in flight. With ``failover=True`` each client's URL may be a
+  comma-separated list (``failover_urls``): the client goes on at the next URL when its node
+  dies, a sender sending again what it had not seen settled (``proton_client.py --failover``).
 
 Every wait is bounded.
 """
@@ -153,6 +155,20 @@ def isr_record(etcd_url: str, cluster_name: str, address: str) -> dict | None:
     return json.loads(value) if value else None
 
 
+def fragment_owner(etcd_url: str, cluster_name: str, address: str, member: str) -> dict | None:
+    """Who serves ``member``'s fragment of the fragmented queue ``address`` (rule ``replicas``
+    > 1): the owner record of ``fragment/<address>/<member>``."""
+    value = etcd_get(etcd_url, f"/fedgate/{cluster_name}/owners/fragment/{address}/{member}")
+    return json.loads(value) if value else None
+
+
+def fragment_isr(etcd_url: str, cluster_name: str, address: str, member: str) -> dict | None:
+    """The in-sync set of ``member``'s fragment as its primary wrote it (as ``isr_record``)."""
+    value = etcd_get(etcd_url,
+                     f"/fedgate/{cluster_name}/state/replication/fragment/{address}/{member}")
+    return json.loads(value) if value else None
+
+
 def wait_isr(etcd_url: str, cluster_name: str, address: str, isr, timeout: float,
              primary: str | None = None) -> dict:
     wanted = sorted(isr)
@@ -260,12 +276,13 @@ class Workload:
 
     def __init__(self, clients, address: str, *, senders, receivers, per_sender: int = 1000,
                  rate: float = 100.0, credit: int = 20, timeout_s: float = 120.0,
-                 durable: bool = False) -> None:
+                 durable: bool = False, failover: bool = False) -> None:
         self.clients, self.address = clients, address
         self.sender_spec, self.receiver_urls = list(senders), list(receivers)
         self.per_sender, self.rate, self.credit = per_sender, rate, credit
         self.timeout_ms = int(timeout_s * 1000)
         self.durable = durable
+        self.failover = failover
         self.senders: list[Lines] = []
         self.receivers: list[Lines] = []
 
@@ -280,7 +297,8 @@ class Workload:
 
     def add_receiver(self, url: str) -> None:
         client = self.clients("proton", "receive", url, address=self.address, count=0,
-                              credit=self.credit, check_body=True, timeout_ms=self.timeout_ms)
+                              credit=self.credit, check_body=True, timeout_ms=self.timeout_ms,
+                              failover=self.failover)
         self.receivers.append(Lines(client, "receiver", url))
 
     def start_senders(self) -> "Workload":
@@ -288,7 +306,7 @@ class Workload:
             client = self.clients("proton", "send", url, address=self.address,
                                   count=self.per_sender, prefix=prefix, rate=self.rate or None,
                                   report_accepted=True, report_sent=True, durable=self.durable,
-                                  timeout_ms=self.timeout_ms)
+                                  timeout_ms=self.timeout_ms, failover=self.failover)
             self.senders.append(Lines(client, "sender", url))
         return self
 
@@ -328,6 +346,10 @@ class Workload:
             accepted = sum(1 for t, _ in reader.items("accepted_id") if t < at)
             total += max(0, sent - accepted)
         return total
+
+    def resent(self) -> int:
+        """Messages the senders sent again after a failover (``resent_id`` lines)."""
+        return sum(len(reader.items("resent_id")) for reader in self.senders)
 
     def senders_done(self, timeout: float) -> list:
         deadline = time.monotonic() + timeout
@@ -370,6 +392,11 @@ class Workload:
     def stop(self) -> None:
         for reader in self.senders + self.receivers:
             reader.client.kill()
+
+
+def failover_urls(first, *others) -> str:
+    """A ``--failover`` client's URL list: ``first`` (its node), then the others."""
+    return ",".join(node.url for node in (first, *others))
 
 
 # -- Qpid JMS (tests/jms, built by .ci/install/jms.sh) ----------------------------------------
