@@ -74,6 +74,8 @@ class FragmentReplicas:
             except Exception as exc:  # LinkRefused and the like: the client is told
                 handler.close_link(link, getattr(exc, "condition", "amqp:internal-error"),
                                    getattr(exc, "description", str(exc)))
+                continue
+            pending.routed()  # a stealer's drain asked for meanwhile is answered
         self.node.broker.run_pending()
 
     def start(self) -> None:

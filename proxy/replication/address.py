@@ -67,9 +67,12 @@ class PromoteRefused(Exception):
 
 
 class PendingLink(engine.ClientLinkEndpoint):
-    """A client's link while the queue's owner is not known: attached, no credit, no messages."""
+    """A client's link while the queue's owner is not known: attached, no credit, no messages.
 
-    __slots__ = ("handler", "link_ptr", "entry", "browse", "address")
+    A drain the client asks for meanwhile (a fragment's stealer drains) is kept, and passed
+    to the endpoint the link becomes (``routed``), which answers it (§2.6.7)."""
+
+    __slots__ = ("handler", "link_ptr", "entry", "browse", "address", "drain_requested")
 
     def __init__(self, handler, link, entry, browse: bool) -> None:
         self.handler = handler
@@ -77,9 +80,19 @@ class PendingLink(engine.ClientLinkEndpoint):
         self.entry = entry
         self.browse = browse
         self.address = entry.address
+        self.drain_requested = False
 
     def on_flow(self) -> None:
         pass
+
+    def routed(self) -> None:
+        """The link was routed: a drain asked for while it waited is now its endpoint's."""
+        if not self.drain_requested:
+            return
+        endpoint = self.handler.links.get(self.link_ptr)
+        if endpoint is not None and endpoint is not self:
+            endpoint.drain_requested = True
+            endpoint.on_flow()
 
     def on_delivery(self, delivery) -> None:
         # a transfer without credit (§2.6.7): the client is told, as everywhere else
@@ -200,6 +213,8 @@ class ReplicatedAddress:
                 self._route(handler, link, target, pending.browse)
             except LinkRefused as refused:
                 handler.close_link(link, refused.condition, refused.description)
+                continue
+            pending.routed()
         # proxies made earlier follow the owner (to this node too, through its own listener)
         url = self.service.url_of(self.node_id) if target == "local" else target
         if url is None:
@@ -388,6 +403,7 @@ class ReplicatedAddress:
             handler, link = pending.handler, pending.link
             if pending.link_ptr in handler.links and not link.state & link.REMOTE_CLOSED:
                 self._route(handler, link, url, pending.browse)
+                pending.routed()
         self.node.broker.run_pending()
 
     def recovered(self, queue) -> None:

@@ -342,6 +342,37 @@ def test_a_dead_members_fragment_is_served_by_its_backup_then_handed_back(tmp_pa
     run(play)
 
 
+def test_a_drain_asked_while_the_link_waits_for_the_owner_is_answered_once_it_is_routed(tmp_path):
+    """A receiver's flow with drain set that comes while its link waits (``PendingLink``: the
+    owner not known yet) is answered by what the link becomes. (Found by the real-process
+    fragments test, issue #35: the flow ended the client's whole connection with
+    amqp:internal-error, the waiting link having no room for the drain; a fragment's stealer
+    drains, so a member claiming its fragment lost every link of the peer's connection.)"""
+    async def play():
+        world = World(tmp_path)
+        _, nodes = await etcd_cluster(world)
+        address = "orders.d"  # nobody owns it yet: a link on another node waits a moment
+        other = placement(nodes, address)[1]
+        client = await world.client(other, "drainer")
+        receiver = client.receiver(address)
+        receiver.drain(5)  # at once, while the node reads who owns it
+        await world.until(lambda: receiver.link.state & receiver.link.REMOTE_ACTIVE,
+                          what="attached")
+        await world.until(lambda: receiver.credit == 0 or client.lost, timeout=10,
+                          what="the drain answered")
+        assert not client.lost and not client.connection.state & client.connection.REMOTE_CLOSED
+        assert receiver.closed_with is None and receiver.received == []
+        # the link is a consumer of the queue now: a message sent comes to it
+        receiver.flow(1)
+        sender = (await world.client(other, "producer")).sender(address)
+        await world.until(lambda: sender.credit > 0, what="credit")
+        sender.send("after the drain", message_id="m1")
+        await world.until(lambda: len(receiver.received) == 1, what="delivered")
+        await world.close()
+
+    run(play)
+
+
 def test_a_commit_into_a_replicated_queue_is_answered_once_the_backup_holds_it(tmp_path):
     """A transaction's commit (AMQP 1.0 §4) into a replicated queue waits for the in-sync
     backup, as a plain transfer does: with the backup silent (partitioned) the commit is not
