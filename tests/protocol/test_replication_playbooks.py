@@ -373,6 +373,70 @@ def test_a_drain_asked_while_the_link_waits_for_the_owner_is_answered_once_it_is
     run(play)
 
 
+FRAGMENTED_PATTERN = {**FRAGMENTED, "match": "jobs.*"}
+
+
+def adopter_of(nodes: dict, address: str, member: str) -> str | None:
+    return next((n for n, node in nodes.items() if any(
+        i.get("resource") == f"fragment/{address}/{member}" and i.get("role") == "primary"
+        for i in service(node).describe())), None)
+
+
+def test_a_wildcard_rule_does_not_make_an_adopted_fragment_a_fragmented_queue_of_its_own(tmp_path):
+    """A rule whose pattern also matches ``<address>@<member>`` (``jobs.*``): the name of a
+    dead member's fragment served by its backup is that plain queue, on the adopter, for the
+    stealers of every node, and what they took from it does not come back when the member
+    returns. (Found by the real-process fragments test, issue #35: the name made a fragmented
+    queue of its own, ``jobs.x@a``, whose fragment on the adopter was the adopted queue
+    itself under a second replicated resource; the first one's backups never heard of the
+    deliveries, so the returning member got every consumed message back and served it again.)"""
+    address = "jobs.x"
+
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=FRAGMENTED_PATTERN)
+        sender = (await world.client("a", "producer-a")).sender(address)
+        await world.until(lambda: sender.credit > 0, what="credit")
+        sent = [f"a-{i}" for i in range(30)]
+        for message_id in sent:
+            sender.send(message_id, message_id=message_id)
+        await world.until(lambda: sender.accepted() == 30, what="stored")
+        await world.until(lambda: len(view(nodes["a"], f"{address}@a").get("in_sync", [])) == 1,
+                          what="a's fragment in sync")
+
+        world.network.kill("a")
+        nodes["a"].coordinator.store.partition()
+        consumers = {n: Consumer((await world.client(n, f"consumer-{n}")).receiver(
+            address, credit=CREDIT)) for n in "bc"}
+
+        def received() -> list:
+            for consumer in consumers.values():
+                consumer.step()
+            return [i for c in consumers.values() for i in c.ids()]
+        await world.until(lambda: set(received()) == set(sent), timeout=30, what="every message")
+        adopter = adopter_of(nodes, address, "a")
+        assert adopter in "bc"
+        # the adopted name is a plain queue there, not a fragmented queue of its own
+        assert [g["address"] for g in nodes[adopter].describe_fragments()] == [address]
+        assert not any(i["resource"].startswith(f"fragment/{address}@")
+                       for n in "bc" for i in service(nodes[n]).describe())
+        await world.quiet(1.0)
+        taken = len(received())
+
+        world.network.revive("a")
+        nodes["a"].coordinator.store.heal()
+        await world.until(lambda: view(nodes["a"], f"{address}@a").get("role") == "primary",
+                          timeout=30, what="a serves its fragment again")
+        await world.quiet(2.0)
+        again = received()[taken:]
+        assert again == [], again[:10]  # nothing that was taken came back from a's fragment
+        assert nodes["a"].queues.get(address).depth == 0
+        assert len(received()) - len(set(sent)) <= 2 * CREDIT
+        await world.close()
+
+    run(play)
+
+
 def test_a_commit_into_a_replicated_queue_is_answered_once_the_backup_holds_it(tmp_path):
     """A transaction's commit (AMQP 1.0 §4) into a replicated queue waits for the in-sync
     backup, as a plain transfer does: with the backup silent (partitioned) the commit is not
