@@ -37,6 +37,10 @@ class FragmentReplicas:
             raise RuntimeError("fragments with replicas need the replication service")
         self.service.fragment_listeners[group.address] = lambda: self
         self.pending: set = set()  # PendingLink: attached while the claim is under way
+        # copies made before this group by replication links (a node started again with no
+        # client of the queue yet): this group hears of them from now on
+        for entry in self._entries():
+            entry.listener = self
         self.own = None
         if group.local_key is not None:
             self.own = self.service.fragment(group.address, group.local_key, group.rule, listener=self)
@@ -79,9 +83,16 @@ class FragmentReplicas:
         self.node.broker.run_pending()
 
     def start(self) -> None:
-        """Settle who serves this node's own fragment (a claim on a fresh one)."""
-        if self.own is not None and self.own.primary is None:
-            self.own.resolve()
+        """Settle who serves this node's own fragment (a claim on a fresh one); if this node
+        is its primary already (handed back before the group was made, see ``__init__``),
+        the group serves it now."""
+        own = self.own
+        if own is None:
+            return
+        if own.primary is None:
+            own.resolve()
+        elif not own.primary.fenced and self.group.queue is None:
+            self.group.serve_own(own.primary.queue)
 
     def update(self, rule) -> None:
         for entry in self._entries():

@@ -271,6 +271,13 @@ class MemoryNetwork:
         for address in [a for a in self._killed if a[0] == name]:
             self.listeners[address] = self._killed.pop(address)
 
+    def reboot(self, name: str) -> None:
+        """Host ``name`` is reachable again as a new machine: none of the listeners it had (a
+        node started again there listens anew)."""
+        self.dead.discard(name)
+        for address in [a for a in self._killed if a[0] == name]:
+            del self._killed[address]
+
     def connections(self, a: str, b: str) -> int:
         return sum(1 for p in self.pipes if p.joins(a, b))
 

@@ -437,6 +437,57 @@ def test_a_wildcard_rule_does_not_make_an_adopted_fragment_a_fragmented_queue_of
     run(play)
 
 
+def test_a_member_restarted_with_no_client_of_the_queue_serves_its_fragment_handed_back(tmp_path):
+    """A member started again (a new process) catches up as a backup of its own fragment and
+    gets it back while no client of the queue is on it: it serves it then, to its own
+    producers and to the other members' stealers. (Found by the real-process fragments
+    test, issue #35: the fragment was claimed before the member had the queue's fragment
+    group, which never learned it: every link to the queue there waited for ever.)"""
+    address = "jobs"
+
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=FRAGMENTED)
+        sender = (await world.client("a", "producer-a")).sender(address)
+        await world.until(lambda: sender.credit > 0, what="credit")
+        for i in range(20):
+            sender.send(f"a-{i}", message_id=f"a-{i}")
+        await world.until(lambda: sender.accepted() == 20, what="stored")
+        await world.until(lambda: len(view(nodes["a"], f"{address}@a").get("in_sync", [])) == 1,
+                          what="a's fragment in sync")
+        world.network.kill("a")
+        nodes["a"].coordinator.store.partition()
+        await nodes["a"].stop()
+        consumers = {n: Consumer((await world.client(n, f"consumer-{n}")).receiver(
+            address, credit=CREDIT)) for n in "bc"}
+
+        def received() -> set:
+            for consumer in consumers.values():
+                consumer.step()
+            return {i for c in consumers.values() for i in c.ids()}
+        await world.until(lambda: received() == {f"a-{i}" for i in range(20)}, timeout=30,
+                          what="every message, from a's fragment on its backup")
+
+        world.network.reboot("a")  # a new process in its place: nothing of the old one
+        nodes["a"] = await world.node("a", etcd=etcd, rules=[FRAGMENTED],
+                                      cluster={"etcd": ["http://memory:2379"], "lease_ttl": TTL})
+        await world.until(lambda: view(nodes["a"], f"{address}@a").get("role") == "primary",
+                          timeout=30, what="a's fragment handed back to it")
+        sender = (await world.client("a", "producer-a2")).sender(address)
+        await world.until(lambda: sender.credit > 0, timeout=10, what="credit on a")
+        later = {f"a2-{i}" for i in range(10)}
+        for message_id in sorted(later):
+            sender.send(message_id, message_id=message_id)
+        await world.until(lambda: sender.accepted() == 10, timeout=10, what="stored on a")
+        await world.until(lambda: received() >= later, timeout=30,
+                          what="a's new messages stolen by b and c")
+        assert fragments_view(nodes["a"])["local"] == "a"
+        assert fragments_view(nodes["a"])["enqueued"] == 10  # into its own fragment
+        await world.close()
+
+    run(play)
+
+
 def test_a_commit_into_a_replicated_queue_is_answered_once_the_backup_holds_it(tmp_path):
     """A transaction's commit (AMQP 1.0 §4) into a replicated queue waits for the in-sync
     backup, as a plain transfer does: with the backup silent (partitioned) the commit is not
