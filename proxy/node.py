@@ -74,6 +74,15 @@ FAILURE_MEMORY = 60.0
 FAILURE_ADDRESSES = 10_000  # addresses remembered at most (the oldest go first)
 
 
+# bytes a proxied sender's window may hold for its primary above [queues] credit_window
+# (proxy.links.proxy_producer): this, or a quarter of [limits] max_memory when that is less
+PRODUCER_WINDOW_BYTES = 4 * 1024 * 1024
+
+
+def producer_window_bytes(max_memory: int) -> int:
+    return min(PRODUCER_WINDOW_BYTES, max_memory // 4) if max_memory else PRODUCER_WINDOW_BYTES
+
+
 def build_tls_context(config: Config) -> ssl.SSLContext | None:
     tls = config.tls
     if tls is None:
@@ -186,6 +195,8 @@ class Node:
             queues=self.queues,
             resolve=self.routing.resolve if worker is None else worker.resolver(self.routing.resolve),
             credit_window=defaults.credit_window,
+            producer_window_growth=defaults.producer_window_growth,
+            producer_window_bytes=producer_window_bytes(config.limits.max_memory),
             max_message_size=config.limits.max_message_size,
             max_output_buffer=config.limits.max_output_buffer,
             max_temporary_queues=config.limits.max_temp_queues_per_connection,

@@ -52,6 +52,8 @@ class Broker:
         queues: QueueRegistry,
         resolve: Callable,
         credit_window: int = 1000,
+        producer_window_growth: int = 1,
+        producer_window_bytes: int = 0,
         max_message_size: int = 0,
         max_output_buffer: int = 256 * 1024,
         max_temporary_queues: int = 0,
@@ -74,6 +76,10 @@ class Broker:
         self.queues = queues
         self.resolve = resolve
         self.credit_window = credit_window
+        # a proxied sender's window: grown up to this many times credit_window, and above
+        # credit_window to at most this many bytes (proxy.links.proxy_producer)
+        self.producer_window_growth = producer_window_growth
+        self.producer_window_bytes = producer_window_bytes
         self.max_message_size = max_message_size
         self.max_output_buffer = max_output_buffer or 1 << 62  # per session (ClientHandler.can_send)
         self.max_temporary_queues = max_temporary_queues  # per connection; 0 = no limit

@@ -270,6 +270,9 @@ class QueuesSection:
     auto_create: bool = True
     max_depth: int = 0  # 0 = unlimited
     credit_window: int = 1000
+    # a proxied sender's window (proxy.links.proxy_producer) grows to at most this many
+    # times credit_window while the primary keeps up; 1: fixed at credit_window
+    producer_window_growth: int = 16
     dead_letter: str | None = None
     durable: bool = False  # journal messages sent with header durable=true (proxy.journal)
     max_bytes: int = 0  # 0 = unlimited
@@ -281,6 +284,8 @@ class QueuesSection:
         _check_bytes(key, self.max_bytes, self.overflow)
         if not 1 <= self.credit_window <= 100_000:
             raise ConfigError(f"{key}.credit_window", "between 1 and 100000")
+        if not 1 <= self.producer_window_growth <= 64:
+            raise ConfigError(f"{key}.producer_window_growth", "between 1 and 64")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,15 @@ How this works
 --------------
 ``ProxyProducer`` (client sends; upstream is our Sender):
     The client gets credit only as the primary grants it, and at most a window of
-    ``credit_window`` messages held for the primary (``sync_credit``). Each client delivery
+    messages held for the primary (``sync_credit``). The window starts at
+    ``credit_window`` and adapts (``_epoch_done``): it doubles, up to
+    ``WINDOW_GROWTH`` x ``credit_window``, after a window's worth of outcomes during which
+    the window held the client back while the primary kept up (its credit sufficed,
+    nothing waited to be written to it, and the outcomes came back at least
+    ``1 / EPOCH_SLOWER`` faster per message than before the last growth); it halves, not
+    below ``credit_window``, after one during which the primary did not keep up. Above
+    ``credit_window`` it is also bounded in bytes: at most ``window_bytes`` (the broker's
+    ``producer_window_bytes``) of the largest message seen so far. Each client delivery
     is forwarded and settled with the primary's outcome (end-to-end
     at-least-once). Deliveries in flight when the upstream connection breaks are
     kept and sent again, so the client sees the real outcome rather than a
@@ -25,6 +33,7 @@ the upstream link's lifecycle) is ``proxy.links.proxy_links._ProxyEndpoint``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 
@@ -43,6 +52,8 @@ from proton import Delivery, Link
 from proxy.amqp.engine import (
     RELAY_IN_PYTHON,
     beyond_credit,
+    link_session,
+    session_outgoing_bytes,
     fast_relay,
     fast_relay_kept,
     read_transfer,
@@ -54,6 +65,17 @@ from proxy.amqp.outcomes import TRANSACTIONAL_STATE, copy_outcome, outcome_of
 from proxy.links.proxy_links import _ProxyEndpoint
 
 log = logging.getLogger("fedgate.proxy")
+
+# The producer window (module doc): grown at most to this many times ``credit_window``
+# (RabbitMQ 3.10 grants 65,536 per link; a primary's own credit bounds it too) ...
+WINDOW_GROWTH = 16
+# ... after an epoch (a window's worth of outcomes) at most this much longer than the one
+# before the last growth (doubling the window must buy at least 2 / 1.5 the rate), with
+# EPOCH_SLACK seconds of slack for epochs too short to time ...
+EPOCH_SLOWER = 1.5
+EPOCH_SLACK = 0.0005
+# ... and after a growth that did not pay, this many epochs before the next try.
+HOLD_EPOCHS = 8
 
 
 class ProxyProducer(_ProxyEndpoint):
@@ -72,8 +94,18 @@ class ProxyProducer(_ProxyEndpoint):
         self.inflight: dict = {}  # upstream delivery -> (payload, client delivery | None)
         self.suspects = 0  # deliveries being sent again alone (proxy.upstream.suspects)
         self.received = 0
-        self.window = handler.broker.credit_window  # sync_credit
+        broker = handler.broker
+        self.base = self.window = broker.credit_window  # sync_credit; adapts (_epoch_done)
+        self.most = self.base * getattr(broker, "producer_window_growth", 1)
+        self.window_bytes = getattr(broker, "producer_window_bytes", 0)  # bound above ``base``
         self.refill_every, self.unsynced = max(1, self.window // 4), 0  # settled since the last sync
+        self.largest = 0  # the largest message seen (the byte bound's unit)
+        # the epoch under way: outcomes left in it, when it began, whether the window held the
+        # client back, whether the primary fell behind; the last growth's (window, seconds)
+        self.epoch_left, self.epoch_began = self.window, 0.0
+        self.limited = self.lagging = False
+        self.grown_from = None
+        self.hold = 0
         super().__init__(handler, client_link, upstream, remote_address, capabilities, rule)
 
     def configure_upstream(self, link: Link) -> None:
@@ -129,15 +161,67 @@ class ProxyProducer(_ProxyEndpoint):
         and proton's session held the rest (13 MB in 2 s, 8 senders), walked on every output."""
         if self.closed:
             return
-        self.unsynced = 0
+        settled, self.unsynced = self.unsynced, 0
         up_credit = pn_link_credit(self.up_ptr) if self.up_ptr is not None and self.up_attached else 0
         pending = len(self.pending) + len(self.txn_pending)
-        allowed = min(up_credit - pending,
-                      self.window - pending - len(self.inflight) - len(self.txn_inflight))
-        want = allowed - pn_link_credit(self.link_ptr)
+        window = self.window
+        if window > self.base and self.largest:  # above credit_window: bounded in bytes too
+            window = max(self.base, min(window, self.window_bytes // self.largest))
+        by_window = window - pending - len(self.inflight) - len(self.txn_inflight)
+        client_credit = pn_link_credit(self.link_ptr)
+        if self.most > self.base:
+            if pending or (up_credit and self._behind()):
+                self.lagging = True  # messages wait for the primary's credit, or to be written
+            elif by_window < up_credit and client_credit == 0 and self.up_attached:
+                self.limited = True  # the client waits for credit the window holds back
+            if not self.epoch_began:
+                self.epoch_began = asyncio.get_running_loop().time()
+            elif settled:
+                self.epoch_left -= settled
+                if self.epoch_left <= 0:
+                    self._epoch_done()
+        allowed = min(up_credit - pending, by_window)
+        want = allowed - client_credit
         if want > 0:
             pn_link_flow(self.link_ptr, want)
             self.handler.mark_dirty()
+
+    def _behind(self) -> bool:
+        """More than ``max_output_buffer`` waits to be written to the primary (in proton, or in
+        the connection's write buffer), or the connection stopped taking bytes: it lags."""
+        member = self.member
+        if member is None:
+            return False
+        if not getattr(member, "writable", True):
+            return True
+        waiting = session_outgoing_bytes(link_session(self.up_ptr))
+        transport = getattr(getattr(member, "protocol", None), "transport", None)
+        if transport is not None:
+            waiting += transport.get_write_buffer_size()
+        return waiting > self.handler.broker.max_output_buffer
+
+    def _epoch_done(self) -> None:
+        """A window's worth of outcomes came back: grow, keep or shrink the window."""
+        now = asyncio.get_running_loop().time()
+        took = now - self.epoch_began
+        window = self.window
+        if self.lagging:
+            self.window = max(self.base, window // 2)
+            self.grown_from = None
+        elif self.hold:
+            self.hold -= 1
+        elif self.limited:
+            grown = self.grown_from
+            if grown is not None and grown[0] < window and took > grown[1] * EPOCH_SLOWER + EPOCH_SLACK:
+                self.window = grown[0]  # the last growth bought no rate: back, and wait
+                self.grown_from = None
+                self.hold = HOLD_EPOCHS
+            elif window < self.most and (not self.largest or window * self.largest < self.window_bytes):
+                self.window = min(self.most, window * 2)
+                self.grown_from = (window, took)
+        self.limited = self.lagging = False
+        self.epoch_left, self.epoch_began = self.window, now
+        self.refill_every = max(1, self.window // 4)
 
     def can_send_now(self) -> bool:
         """Whether a message would go to the primary at once (nothing queued before it)."""
@@ -187,6 +271,8 @@ class ProxyProducer(_ProxyEndpoint):
             kept = fast_relay_kept(self.link_ptr, delivery, up, tag, max_size)
             if kept is not RELAY_IN_PYTHON:  # sent upstream; the bytes kept for a replay
                 payload, up_delivery = kept
+                if len(payload) > self.largest:
+                    self.largest = len(payload)
                 self.received += 1
                 self.inflight[up_delivery] = (payload, delivery)
                 member = self.member
@@ -200,6 +286,8 @@ class ProxyProducer(_ProxyEndpoint):
             self.handler.refuse_oversized(self.link)
             return
         self.received += 1
+        if len(payload) > self.largest:
+            self.largest = len(payload)
         if pn_delivery_settled(delivery):  # pre-settled by the client: at-most-once
             pn_delivery_settle(delivery)
             delivery = None

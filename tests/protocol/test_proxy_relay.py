@@ -164,11 +164,13 @@ def test_a_message_over_the_limit_is_refused_by_name_and_others_go_on(tmp_path):
 
 
 def test_a_sender_gets_at_most_a_window_of_the_primarys_credit_and_never_stalls(tmp_path):
-    """The primary grants 1,000; the gateway's window is 10 messages held for it (§2.6.7)."""
+    """The primary grants 1,000; the gateway's window is 10 messages held for it (§2.6.7),
+    fixed here (``producer_window_growth = 1``; its growth: test_producer_window.py)."""
     async def play():
         world = World(tmp_path)
         await world.node("primary")
-        await world.node("gw", rules=[PROXY_RULE], queues={"credit_window": 10})
+        await world.node("gw", rules=[PROXY_RULE], queues={"credit_window": 10,
+                                                           "producer_window_growth": 1})
         producer = await world.client("gw")
         sender = producer.sender("work.window")
         await world.until(lambda: sender.credit > 0, what="credit")
