@@ -7,6 +7,7 @@ Run from the repo root (``make bench-proxy`` installs RabbitMQ and the C clients
                                     [--primaries rabbitmq,artemis,fedgate] [--pairs 1,8]
                                     [--modes concurrent,phased] [--layouts shared,split,node]
                                     [--skip-throughput] [--skip-idle]
+                                    [--latency] [--latency-rate 1000] [--latency-messages 5000]
 
 1. Throughput, for each primary (``rabbitmq``: RabbitMQ 3.10 on 5682, queues
    ``/queue/NAME``; ``artemis``: Artemis on 5673, ANYCAST queue ``NAME``;
@@ -47,6 +48,14 @@ Run from the repo root (``make bench-proxy`` installs RabbitMQ and the C clients
    client, so imports and the upstream connection are not counted), the node's
    upstream TCP connections to RabbitMQ (from /proc), and its idle CPU.
 
+3. ``--latency``: added latency at a fixed rate, for each primary. One paced proton
+   client (``bench/latency_probe.py``: a sender and a receiver on connections of their
+   own, ``--latency-rate`` msgs/s, ``--latency-messages`` per run, the first 10 % left
+   out) on the primary directly and through the node, order alternating over
+   ``--latency-rounds``. Reported per target, over every round's messages: p50 / p99 /
+   max of send -> acceptance and send -> delivery, and ``added`` = proxy - direct
+   (goal: p50 <= 0.3 ms, p99 <= 1 ms); the node's CPU per message at that rate.
+
 Targets (bench/README.md): ratio >= 0.9, <= 30 µs node CPU per message,
 <= 30 KB RSS per idle connection, <= 4 upstream connections. The summary is
 printed and written to bench/results/proxy.json (``--output -`` for none).
@@ -68,6 +77,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
+import latency_probe as lp  # noqa: E402
 from charts import save_bars  # noqa: E402
 from proxy_setup import (  # noqa: E402
     RABBIT_PORT, Primary, ProxyNode, delete_rabbit_queues, log, rss_kb,
@@ -77,6 +87,8 @@ GOAL_RATIO = 0.9
 GOAL_CPU_US = 30.0
 GOAL_RSS_KB = 30.0
 GOAL_UPSTREAMS = 4
+GOAL_ADDED_P50_MS = 0.3
+GOAL_ADDED_P99_MS = 1.0
 CPUS = len(os.sched_getaffinity(0))  # all of them, also while the split layout pins this process
 
 
@@ -315,6 +327,74 @@ def throughput(args) -> dict:
     return {"runs": runs, "cases": cases, "all_ok": all(r["ok"] for r in runs)}
 
 
+# ---------------------------------------------------------------- latency at a fixed rate
+def latency(args) -> dict:
+    """Paced probe on each primary: direct and through a node, side by side (module doc, 3)."""
+    out: dict = {"rate": args.latency_rate, "messages": args.latency_messages,
+                 "rounds": args.latency_rounds, "primaries": {}}
+    skip = args.latency_messages // 10
+    for primary_name in args.primaries:
+        primary = Primary(primary_name, args)
+        node = ProxyNode(args, "rq.*", f"latency-{primary_name}", primary=primary)
+        samples: dict = {"direct": {"accept_ms": [], "deliver_ms": []},
+                         "proxy": {"accept_ms": [], "deliver_ms": []}}
+        runs = []
+        try:
+            # warm-up through the node (its upstream connection, the first attach)
+            warm = lp.run_probe(f"amqp://127.0.0.1:{node.port}", f"amqp://127.0.0.1:{node.port}",
+                                f"rq.bench-lat-{primary_name}-warm", 500, args.latency_rate)
+            primary.queues.append(f"bench-lat-{primary_name}-warm")
+            if warm["errors"]:
+                raise h.BenchError(f"latency warm-up failed: {warm['errors']}")
+            for r in range(1, args.latency_rounds + 1):
+                order = ("proxy", "direct") if r % 2 else ("direct", "proxy")
+                for target in order:
+                    queue = f"bench-lat-{primary_name}-{r}-{target}"
+                    if target == "proxy":
+                        port, address = node.port, f"rq.{queue}"
+                        primary.queues.append(queue)
+                    else:
+                        port, address = primary.port, primary.direct_address(queue)
+                    url = f"amqp://127.0.0.1:{port}"
+                    node_meter = h.CpuMeter(node.pid, tree=False).start()
+                    primary_meter = h.CpuMeter(primary.pid, tree=False).start()
+                    result = lp.run_probe(url, url, address, args.latency_messages, args.latency_rate,
+                                          args.body_bytes)
+                    node_cpu, primary_cpu = node_meter.stop(), primary_meter.stop()
+                    got = lp.latencies(result, skip)
+                    for kind in ("accept_ms", "deliver_ms"):
+                        samples[target][kind] += got[kind]
+                    row = {"round": r, "target": target, "errors": result["errors"],
+                           "node_cpu_us_per_msg": round(node_cpu * 1e6 / args.latency_messages, 2),
+                           "primary_cpu_us_per_msg": round(primary_cpu * 1e6 / args.latency_messages, 2),
+                           **{kind: lp.summary(got[kind]) for kind in ("accept_ms", "deliver_ms")}}
+                    runs.append(row)
+                    log(f"latency {primary_name} round {r} {target:6s} acceptance p50/p99/max "
+                        f"{row['accept_ms']['p50']}/{row['accept_ms']['p99']}/{row['accept_ms']['max']} ms"
+                        f", delivery {row['deliver_ms']['p50']}/{row['deliver_ms']['p99']}/"
+                        f"{row['deliver_ms']['max']} ms, node {row['node_cpu_us_per_msg']} µs/msg"
+                        + (f"  errors {result['errors']}" if result["errors"] else ""))
+        finally:
+            node.stop()
+            primary.stop()
+        figures = {target: {kind: lp.summary(values) for kind, values in kinds.items()}
+                   for target, kinds in samples.items()}
+        added = {kind: {p: (round(figures["proxy"][kind][p] - figures["direct"][kind][p], 3)
+                            if figures["proxy"][kind][p] is not None
+                            and figures["direct"][kind][p] is not None else None)
+                        for p in ("p50", "p99", "max")}
+                 for kind in ("accept_ms", "deliver_ms")}
+        node_cpu = h.median([r["node_cpu_us_per_msg"] for r in runs if r["target"] == "proxy"])
+        out["primaries"][primary_name] = {**figures, "added": added, "runs": runs,
+                                          "proxy_node_cpu_us_per_msg": node_cpu,
+                                          "all_ok": all(not r["errors"] for r in runs)}
+        log(f"latency {primary_name}: added by the proxy at {args.latency_rate:g} msg/s: delivery "
+            f"p50 {added['deliver_ms']['p50']:+} ms, p99 {added['deliver_ms']['p99']:+} ms, max "
+            f"{added['deliver_ms']['max']:+} ms; acceptance p50 {added['accept_ms']['p50']:+} ms, "
+            f"p99 {added['accept_ms']['p99']:+} ms, max {added['accept_ms']['max']:+} ms")
+    return out
+
+
 # ---------------------------------------------------------------- idle connections
 def idle(args) -> dict:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -408,6 +488,9 @@ def main() -> int:
                         help="CPU layouts for the throughput rounds: shared, split, node (comma-separated)")
     parser.add_argument("--primaries", type=lambda v: [x for x in v.split(",") if x], default=["rabbitmq"],
                         help="comma-separated: rabbitmq (3.10 on 5682), artemis (5673), fedgate (a node)")
+    parser.add_argument("--producer-window-growth", type=int, default=None,
+                        help="the node's [queues] producer_window_growth (1: the proxied senders' "
+                             "window fixed at credit_window); default: the node's own")
     parser.add_argument("--pool-size", type=int, default=1,
                         help="the rule's upstream.pool_size: connections per direction to the primary")
     parser.add_argument("--pairs", type=lambda v: [int(x) for x in v.split(",") if x], default=[1],
@@ -424,6 +507,12 @@ def main() -> int:
     parser.add_argument("--etcd", default=None, metavar="URL",
                         help="the proxy node registers in this etcd ([cluster] etcd): the same "
                              "runs with the cluster on etcd, to compare")
+    parser.add_argument("--latency", action="store_true",
+                        help="also measure the latency the proxy adds at a fixed rate (paced probe)")
+    parser.add_argument("--latency-rate", type=float, default=1000.0, help="msgs/s of the probe")
+    parser.add_argument("--latency-messages", type=int, default=5000,
+                        help="messages per latency run (the first 10%% left out)")
+    parser.add_argument("--latency-rounds", type=int, default=3)
     parser.add_argument("--idle", type=int, default=10_000)
     parser.add_argument("--mirror", action="store_true",
                         help="idle clients share one upstream link (rule mirror_auto_delete)")
@@ -448,6 +537,10 @@ def main() -> int:
         if not args.skip_throughput:
             report["throughput"] = throughput(args)
             status = 0 if report["throughput"]["all_ok"] else 1
+        if args.latency:
+            report["latency"] = latency(args)
+            if not all(p["all_ok"] for p in report["latency"]["primaries"].values()):
+                status = 1
         if not args.skip_idle:
             report["idle"] = idle(args)
     except h.BenchError as exc:
@@ -466,10 +559,18 @@ def main() -> int:
             missed.append(f"RSS {report['idle']['rss_kb_per_connection']} KB/connection > {GOAL_RSS_KB}")
         if report["idle"]["upstream_connections"] > GOAL_UPSTREAMS:
             missed.append(f"{report['idle']['upstream_connections']} upstream connections")
+    for name, figures in report.get("latency", {}).get("primaries", {}).items():
+        added = figures["added"]["deliver_ms"]
+        if added["p50"] is None or added["p50"] > GOAL_ADDED_P50_MS:
+            missed.append(f"latency {name}: added p50 {added['p50']} ms > {GOAL_ADDED_P50_MS}")
+        if added["p99"] is None or added["p99"] > GOAL_ADDED_P99_MS:
+            missed.append(f"latency {name}: added p99 {added['p99']} ms > {GOAL_ADDED_P99_MS}")
     report["goals_missed"] = missed
     text = json.dumps(report, indent=2)
-    print(json.dumps({"throughput": summary, "idle": report.get("idle"), "goals_missed": missed},
-                     indent=2))
+    latency_summary = {name: {k: v for k, v in figures.items() if k != "runs"}
+                       for name, figures in report.get("latency", {}).get("primaries", {}).items()}
+    print(json.dumps({"throughput": summary, "latency": latency_summary or None,
+                      "idle": report.get("idle"), "goals_missed": missed}, indent=2))
     if args.output != "-":
         output = Path(args.output)
         output = output if output.is_absolute() else h.REPO_ROOT / output

@@ -100,7 +100,10 @@ class ProxyNode:
             f'[node]\nid = "bench-{name}"\n'
             f'[admin]\ntokens = [{{ token = "{ADMIN_TOKEN}", role = "read" }}]\n'
             f'[limits]\nmax_links_per_connection = 16\n'
-            f'[[rules]]\nname = "px"\nmatch = "{rule_match}"\nkind = "proxy"\n'
+            # --producer-window-growth: the proxied senders' window growth (1: fixed)
+            + (f'[queues]\nproducer_window_growth = {args.producer_window_growth}\n'
+               if getattr(args, "producer_window_growth", None) else "")
+            + f'[[rules]]\nname = "px"\nmatch = "{rule_match}"\nkind = "proxy"\n'
             f'mirror_auto_delete = {"true" if mirror else "false"}\n'
             f'primary = "amqp://127.0.0.1:{port}"\nremote = "{template}"\n'
             # RabbitMQ 4: the rule declares its queues (management node) on first use
