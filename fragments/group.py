@@ -19,7 +19,9 @@ the fragment is an ordinary local queue (``proxy.queues.local``) and:
   The victim is the peer with the largest reported backlog (the flow frame's
   ``available``), else round-robin. A peer that had nothing is skipped until
   a retry timer (50 ms doubling to 1 s) fires, and only while consumers are
-  waiting: an idle group does nothing at all.
+  waiting: an idle group does nothing at all. A stealer whose link the peer
+  refused is made again at that timer (the peer may serve it by then: a
+  backup that takes a dead member's fragment, fragments.replicas).
 * **Serving peers.** A link marked ``fedgate:fragment`` is another node's
   stealer: it is a *peer consumer* of the local fragment, served only when no
   local consumer can take the message, and never re-steals.
@@ -390,8 +392,18 @@ class FragmentGroup:
     def _on_retry(self) -> None:
         self._retry = None
         self.tried.clear()
+        self._forget_refused()
         self.evaluate()
         self.node.broker.run_pending()
+
+    def _forget_refused(self) -> None:
+        """Stealers whose link a peer refused are made again (``_ensure_stealers``), to where
+        ``target`` says now. A backup that took a dead member's fragment refuses its name
+        (not-found) until it has made the queue, and the owner watch may tell this node
+        before: kept refused, such a stealer would never take from it."""
+        for key, stealer in list(self.stealers.items()):
+            if stealer.refused:
+                self.stealers.pop(key).close()
 
     def close(self) -> None:
         if self._retry is not None:

@@ -49,7 +49,7 @@ from proton import Delivery, Link
 from proxy.amqp.engine import read_transfer
 from proxy.amqp.outcomes import copy_outcome
 from proxy.queues.local import StoredMessage
-from proxy.upstream.owner import UpstreamLinkOwner
+from proxy.upstream.owner import UplinkState, UpstreamLinkOwner
 
 from .capability import mark
 
@@ -122,6 +122,12 @@ class Stealer(UpstreamLinkOwner):
     @property
     def ready(self) -> bool:
         return self.up_attached and not self.closed
+
+    @property
+    def refused(self) -> bool:
+        """The peer refused or ended our link: this stealer takes nothing more (the group
+        makes it again on its retry timer)."""
+        return self.up_state is UplinkState.REFUSED
 
     def request(self, count: int) -> None:
         """Ask the peer for up to ``count`` messages, draining the rest (§2.6.7)."""

@@ -488,6 +488,46 @@ def test_a_member_restarted_with_no_client_of_the_queue_serves_its_fragment_hand
     run(play)
 
 
+def test_a_stealer_the_adopter_refused_before_it_made_the_queue_tries_again(tmp_path):
+    """The other members hear from etcd that a backup took a dead member's fragment before the
+    backup has made the queue (its own etcd answer is slower): their stealers are refused
+    (not-found) at first, and try again, so a consumer on a member that did not adopt it gets
+    every message. (Found by the real-process fragments test, issue #35: a refused stealer
+    never attached again, so such a consumer got none of it; with no consumer on the adopter
+    the fragment was stranded until its member came back.)"""
+    address = "jobs"
+
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=FRAGMENTED)
+        sender = (await world.client("a", "producer-a")).sender(address)
+        await world.until(lambda: sender.credit > 0, what="credit")
+        sent = {f"a-{i}" for i in range(20)}
+        for message_id in sorted(sent):
+            sender.send(message_id, message_id=message_id)
+        await world.until(lambda: sender.accepted() == 20, what="stored")
+        await world.until(lambda: len(view(nodes["a"], f"{address}@a").get("in_sync", [])) == 1,
+                          what="a's fragment in sync")
+        backup = view(nodes["a"], f"{address}@a")["in_sync"][0]
+        other = next(n for n in "bc" if n != backup)
+        nodes[backup].coordinator.store.latency = 0.3  # its claim is known elsewhere first
+
+        world.network.kill("a")
+        nodes["a"].coordinator.store.partition()
+        consumer = Consumer((await world.client(other, "consumer")).receiver(address,
+                                                                             credit=CREDIT))
+
+        def received() -> set:
+            consumer.step()
+            return set(consumer.ids())
+        await world.until(lambda: received() == sent, timeout=30,
+                          what=f"every message of a's fragment, stolen by {other} from {backup}")
+        assert adopter_of(nodes, address, "a") == backup
+        await world.close()
+
+    run(play)
+
+
 def test_a_commit_into_a_replicated_queue_is_answered_once_the_backup_holds_it(tmp_path):
     """A transaction's commit (AMQP 1.0 §4) into a replicated queue waits for the in-sync
     backup, as a plain transfer does: with the backup silent (partitioned) the commit is not
