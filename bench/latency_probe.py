@@ -11,7 +11,8 @@ sequence number in an application property. The times are the process's
 ``time.perf_counter()`` taken when the message is handed to proton (send), when its
 ``accepted`` arrives, and when it is received: both ends in one process, one clock.
 Prints one JSON line: ``{"times": [[send, accepted, received], ...], "errors": [...]}``
-(null where a time never came). Used by ``bench/proxy.py --latency``.
+(null where a time never came). Used by ``bench/proxy.py --latency`` and by
+``bench/replication.py`` (``--wall-clock --keep-going`` for its failover runs).
 """
 
 from __future__ import annotations
@@ -36,8 +37,14 @@ def probe_main(argv: list[str]) -> int:
     parser.add_argument("--rate", type=float, required=True)
     parser.add_argument("--body-bytes", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--credit", type=int, default=1000, help="the receiver's window")
+    parser.add_argument("--wall-clock", action="store_true",
+                        help="time.time() stamps, to compare with other processes' (failover)")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="record a link or transport error and go on (a failover's)")
     args = parser.parse_args(argv)
-    clock = time.perf_counter
+    clock = time.time if args.wall_clock else time.perf_counter
+    credit = args.credit
     body = b"x" * args.body_bytes
 
     class Probe(MessagingHandler):
@@ -53,7 +60,7 @@ def probe_main(argv: list[str]) -> int:
             receive = event.container.connect(args.receive_url, reconnect=False)
             send = event.container.connect(args.send_url, reconnect=False)
             self.receiver = event.container.create_receiver(receive, args.address)
-            self.receiver.flow(1000)
+            self.receiver.flow(credit)
             self.sender = event.container.create_sender(send, args.address)
             self.deadline = event.container.schedule(args.timeout, Stop(self))
             event.container.schedule(0.001, self)
@@ -91,18 +98,20 @@ def probe_main(argv: list[str]) -> int:
                 self.times[seq][2] = now
                 self.received += 1
             self.accept(event.delivery)
-            if self.receiver.credit < 500:
-                self.receiver.flow(1000 - self.receiver.credit)
+            if self.receiver.credit < credit // 2:
+                self.receiver.flow(credit - self.receiver.credit)
             if self.received >= args.count:
                 self.stop()
 
         def on_link_error(self, event):
             self.errors.append(f"link: {event.link.remote_condition}")
-            self.stop()
+            if not args.keep_going:
+                self.stop()
 
         def on_transport_error(self, event):
             self.errors.append(f"transport: {event.transport.condition}")
-            self.stop()
+            if not args.keep_going:
+                self.stop()
 
         def stop(self) -> None:
             self.deadline.cancel()  # else the reactor runs until it fires
@@ -123,14 +132,21 @@ def probe_main(argv: list[str]) -> int:
     return 0
 
 
+def start_probe(send_url: str, receive_url: str, address: str, count: int, rate: float,
+                timeout: float, *options: str) -> subprocess.Popen:
+    """The probe in a process of its own, started; ``options``: more of its flags."""
+    return subprocess.Popen([sys.executable, __file__, "--send-url", send_url, "--receive-url",
+                             receive_url, "--address", address, "--count", str(count), "--rate",
+                             str(rate), "--timeout", str(timeout), *options],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def run_probe(send_url: str, receive_url: str, address: str, count: int, rate: float,
               body_bytes: int = 100) -> dict:
     """Run the probe in a process of its own; its parsed JSON, or an error in ``errors``."""
     timeout = count / rate + 30
-    proc = subprocess.Popen([sys.executable, __file__, "--send-url", send_url, "--receive-url",
-                             receive_url, "--address", address, "--count", str(count), "--rate",
-                             str(rate), "--body-bytes", str(body_bytes), "--timeout", str(timeout)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_probe(send_url, receive_url, address, count, rate, timeout,
+                       "--body-bytes", str(body_bytes))
     try:
         out, err = proc.communicate(timeout=timeout + 30)
     except subprocess.TimeoutExpired:

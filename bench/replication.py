@@ -55,6 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
+import latency_probe as lp  # noqa: E402
 
 NAMES = ("n1", "n2", "n3")
 TOKEN = "bench-admin-token-0123456789"
@@ -169,102 +170,13 @@ def etcd_healthy(url: str) -> bool:
         return False
 
 
-# -- the paced proton client (a subprocess: ``replication.py probe ...``) -------------------
-def probe_main(argv: list[str]) -> int:
-    """Sender on --send-url, receiver on --receive-url; prints one JSON line: per message
-    [send, accepted, received] wall-clock times (null: never), and the errors."""
-    from proton import Message
-    from proton.handlers import MessagingHandler
-    from proton.reactor import Container
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--send-url", required=True)
-    parser.add_argument("--receive-url", required=True)
-    parser.add_argument("--address", required=True)
-    parser.add_argument("--count", type=int, required=True)
-    parser.add_argument("--rate", type=float, required=True)
-    parser.add_argument("--timeout", type=float, default=60.0)
-    args = parser.parse_args(argv)
-
-    class Probe(MessagingHandler):
-        def __init__(self) -> None:
-            super().__init__(prefetch=0, auto_accept=False, auto_settle=True)
-            self.times = [[None, None, None] for _ in range(args.count)]
-            self.sent = 0
-            self.received = 0
-            self.errors: list[str] = []
-            self.tags: dict = {}
-
-        def on_start(self, event):
-            self.container = event.container
-            send = event.container.connect(args.send_url, reconnect=False)
-            receive = send if args.receive_url == args.send_url else \
-                event.container.connect(args.receive_url, reconnect=False)
-            self.receiver = event.container.create_receiver(receive, args.address)
-            self.receiver.flow(100)
-            self.sender = event.container.create_sender(send, args.address)
-            self.started = time.monotonic()
-            event.container.schedule(0.002, self)
-            self.deadline = event.container.schedule(args.timeout, Stop(self))
-
-        def on_timer_task(self, event):
-            due = min(args.count, int((time.monotonic() - self.started) * args.rate) + 1)
-            while self.sender.credit and self.sent < due:
-                seq = self.sent
-                delivery = self.sender.send(Message(body=f"m{seq}", properties={"seq": seq}))
-                self.tags[delivery.tag] = seq
-                self.times[seq][0] = time.time()
-                self.sent += 1
-            if self.sent < args.count:
-                event.container.schedule(0.002, self)
-
-        def on_accepted(self, event):
-            seq = self.tags.pop(event.delivery.tag, None)
-            if seq is not None and self.times[seq][1] is None:
-                self.times[seq][1] = time.time()
-
-        def on_message(self, event):
-            seq = (event.message.properties or {}).get("seq")
-            if isinstance(seq, int) and 0 <= seq < args.count and self.times[seq][2] is None:
-                self.times[seq][2] = time.time()
-                self.received += 1
-            self.accept(event.delivery)
-            if self.receiver.credit < 50:
-                self.receiver.flow(100 - self.receiver.credit)
-            if self.received >= args.count:
-                self.stop()
-
-        def on_link_error(self, event):
-            self.errors.append(f"link: {event.link.remote_condition}")
-
-        def on_transport_error(self, event):
-            self.errors.append(f"transport: {event.transport.condition}")
-
-        def stop(self) -> None:
-            self.deadline.cancel()  # else the reactor runs until it fires
-            for connection in {self.sender.connection, self.receiver.connection}:
-                connection.close()
-
-    class Stop:
-        def __init__(self, probe) -> None:
-            self.probe = probe
-
-        def on_timer_task(self, event):
-            self.probe.errors.append("timeout")
-            self.probe.stop()
-
-    probe = Probe()
-    Container(probe).run()
-    print(json.dumps({"times": probe.times, "errors": probe.errors}))
-    return 0
-
-
+# -- the paced proton client (bench/latency_probe.py, a subprocess) ------------------------
 def run_probe(send_url: str, receive_url: str, address: str, count: int, rate: float,
               timeout: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, __file__, "probe", "--send-url", send_url,
-                             "--receive-url", receive_url, "--address", address,
-                             "--count", str(count), "--rate", str(rate), "--timeout", str(timeout)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """bench/latency_probe.py, started: wall-clock stamps (compared with the kill and the
+    nodes' log lines), errors recorded and the run goes on (the links fail over)."""
+    return lp.start_probe(send_url, receive_url, address, count, rate, timeout,
+                          "--credit", "100", "--wall-clock", "--keep-going")
 
 
 def probe_result(proc: subprocess.Popen, timeout: float) -> dict:
@@ -279,11 +191,7 @@ def probe_result(proc: subprocess.Popen, timeout: float) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def percentile(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p * (len(values) - 1))))]
+percentile = lp.percentile
 
 
 # -- the measurements ---------------------------------------------------------------------
@@ -554,6 +462,4 @@ def failover(nodes: dict, args) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "probe":
-        sys.exit(probe_main(sys.argv[2:]))
     sys.exit(main(sys.argv[1:]))
