@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 
+from proxy.replication.address import hold_link, release_links
+
 log = logging.getLogger("fedgate.fragments")
 
 
@@ -57,22 +59,12 @@ class FragmentReplicas:
                 and (own.owner is None or own.owner[0] == self.node.node_id))
 
     def wait(self, client, link) -> None:
-        from proxy.replication.address import PendingLink
-
-        pending = PendingLink(client, link, self, False)
-        client.open_link(link, presettled=link.is_sender
-                         and link.remote_snd_settle_mode == link.SND_SETTLED, address=self.address)
-        client.links[pending.link_ptr] = pending
-        self.pending.add(pending)
+        hold_link(client, link, self, False)
         self.start()
 
     def go_on(self) -> None:
         """Route the links that waited (the group serves its fragment now, or cannot)."""
-        for pending in list(self.pending):
-            self.pending.discard(pending)
-            handler, link = pending.handler, pending.link
-            if pending.link_ptr not in handler.links or link.state & link.REMOTE_CLOSED:
-                continue
+        for pending, handler, link in release_links(self):
             try:
                 self.group.attach(handler, link)
             except Exception as exc:  # LinkRefused and the like: the client is told

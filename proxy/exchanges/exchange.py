@@ -351,11 +351,8 @@ class Exchanges:
         answers released (the anonymous relay, whose credit is not bound to the exchange's
         queues; an exchange's own senders get credit within their room)."""
         stats = exchange.stats
-        stats.received += 1
-        subject = None if exchange.type == "fanout" else read_subject(payload)
-        addresses = exchange.route(subject)
+        subject, addresses = self._route(exchange, payload)
         if not addresses:
-            stats.unroutable += 1
             fanin.remaining = 1
             fanin.done(PN_ACCEPTED)  # RabbitMQ's default: accepted and dropped
             return
@@ -376,16 +373,23 @@ class Exchanges:
         for upstream, address in remote:
             self.destinations.get(upstream, address).send(payload, fanin.done)
 
-    def transaction_queues(self, exchange: Exchange, payload: bytes) -> tuple[tuple, tuple | None]:
-        """A transactional message's local queues (all bound queues, stored together at commit),
-        or a refusal (condition, description): a destination on a primary cannot be part of a
-        transaction on this node."""
+    @staticmethod
+    def _route(exchange: Exchange, payload: bytes) -> tuple:
+        """(subject, the addresses bound for it), counted in the exchange's stats."""
         stats = exchange.stats
         stats.received += 1
         subject = None if exchange.type == "fanout" else read_subject(payload)
         addresses = exchange.route(subject)
         if not addresses:
             stats.unroutable += 1
+        return subject, addresses
+
+    def transaction_queues(self, exchange: Exchange, payload: bytes) -> tuple[tuple, tuple | None]:
+        """A transactional message's local queues (all bound queues, stored together at commit),
+        or a refusal (condition, description): a destination on a primary cannot be part of a
+        transaction on this node."""
+        stats = exchange.stats
+        _, addresses = self._route(exchange, payload)
         queues = []
         for address in addresses:
             kind, target = self.destination(address, "queues cannot be bound to an exchange")

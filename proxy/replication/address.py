@@ -102,6 +102,27 @@ class PendingLink(engine.ClientLinkEndpoint):
         self.entry.pending.discard(self)
 
 
+def hold_link(client, link, entry, browse: bool) -> PendingLink:
+    """Open ``link`` with no credit and keep it in ``entry.pending`` (a set) until ``entry``
+    knows where the queue is served."""
+    pending = PendingLink(client, link, entry, browse)
+    client.open_link(link, presettled=link.is_sender and link.remote_snd_settle_mode == link.SND_SETTLED,
+                     address=entry.address)
+    client.links[pending.link_ptr] = pending
+    entry.pending.add(pending)
+    return pending
+
+
+def release_links(entry):
+    """The links ``entry`` held, each taken out of ``entry.pending``: (pending, handler, link)
+    of those still attached, to be routed now (then ``pending.routed()``)."""
+    for pending in list(entry.pending):
+        entry.pending.discard(pending)
+        handler, link = pending.handler, pending.link
+        if pending.link_ptr in handler.links and not link.state & link.REMOTE_CLOSED:
+            yield pending, handler, link
+
+
 class ReplicatedAddress:
     """One replicated thing: a queue (``queue/<address>``) or one member's fragment of a
     fragmented queue (``fragment/<address>/<member>``, its home member first in placement).
@@ -146,11 +167,7 @@ class ReplicatedAddress:
             link.remote_source.DIST_MODE_COPY
         target = self._target()
         if target is None:
-            pending = PendingLink(client, link, self, browse)
-            client.open_link(link, presettled=link.is_sender
-                             and link.remote_snd_settle_mode == link.SND_SETTLED, address=self.address)
-            client.links[pending.link_ptr] = pending
-            self.pending.add(pending)
+            hold_link(client, link, self, browse)
             self._resolve()
             return
         self._route(client, link, target, browse)
@@ -204,11 +221,7 @@ class ReplicatedAddress:
         target = self._target()
         if target is None:
             return
-        for pending in list(self.pending):
-            self.pending.discard(pending)
-            handler, link = pending.handler, pending.link
-            if pending.link_ptr not in handler.links or link.state & link.REMOTE_CLOSED:
-                continue
+        for pending, handler, link in release_links(self):
             try:
                 self._route(handler, link, target, pending.browse)
             except LinkRefused as refused:
@@ -398,12 +411,9 @@ class ReplicatedAddress:
         url = self.service.url_of(self._preferred())
         if url is None:
             return
-        for pending in list(self.pending):
-            self.pending.discard(pending)
-            handler, link = pending.handler, pending.link
-            if pending.link_ptr in handler.links and not link.state & link.REMOTE_CLOSED:
-                self._route(handler, link, url, pending.browse)
-                pending.routed()
+        for pending, handler, link in release_links(self):
+            self._route(handler, link, url, pending.browse)
+            pending.routed()
         self.node.broker.run_pending()
 
     def recovered(self, queue) -> None:

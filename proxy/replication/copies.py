@@ -173,28 +173,16 @@ class PrimaryCopy:
         self.node.broker.dirty_queues.add(self.queue)  # the batch goes out in this cycle
 
     def _complete(self) -> None:
-        done = self.replica_set.completed()
-        if not done:
-            return
-        last = None
-        producers = None  # beyond the first: usually one producer completes a run
-        for token in done:
+        producers = {}  # each producer's credit is topped up once, after its run (ordered)
+        for token in self.replica_set.completed():
             if callable(token):  # a commit's barrier (proxy.transactions)
                 token()
-                continue
-            producer, delivery = token
-            producer.confirmed(delivery)
-            if producer is not last:
-                if last is not None:
-                    producers = producers or set()
-                    producers.add(last)
-                last = producer
-        if producers:
-            producers.discard(last)
-            for producer in producers:
-                producer.after_confirmed()
-        if last is not None:
-            last.after_confirmed()
+            else:
+                producer, delivery = token
+                producer.confirmed(delivery)
+                producers[producer] = None
+        for producer in producers:
+            producer.after_confirmed()
 
     # -- the in-sync set ------------------------------------------------------------------
     def _propose(self) -> None:
