@@ -160,6 +160,8 @@ def node_info(request: web.Request) -> dict[str, Any]:
             "messages_settled": totals.acknowledged + totals.released + totals.modified + totals.rejected,
             "fragments": len(describe_fragments(node)),
             "connections_output_stalled": len(node.output_stalled()),
+            # handed to the worker that owns their first attach's queue (issue #36)
+            "connections_handed_over": node.placement.handed_over,
             "upstreams": len(describe_upstreams(node)),
         },
         # bytes of messages held by local queues, against [limits] max_memory (0: none)

@@ -120,6 +120,9 @@ def render(node) -> str:
     out.family("fedgate_connections_output_stalled_max_seconds", "gauge",
                "The longest time a client connection's output has waited without moving.",
                [({}, round(max((s for _, s in stalled), default=0.0), 1))])
+    out.family("fedgate_connections_handed_over_total", "counter",
+               "Client connections handed to another worker after their first attach (placement).",
+               [({}, node.placement.handed_over)])
     out.family("fedgate_links", "gauge", "Attached client links by role.", [
         ({"role": "consumer"}, sum(1 for e in endpoints if isinstance(e, QueueConsumer))),
         ({"role": "producer"}, sum(1 for e in endpoints if isinstance(e, QueueProducer))),

@@ -30,6 +30,12 @@ every worker serves one receiver and one sender where pairs allow, as many
 clients spread themselves over the workers in a deployment. Both can run in
 one go (``--placement random,spread``); results are keyed by placement.
 
+Placement by first attach (``--first-attach``, issue #36): with workers, a node
+hands a connection to the worker that owns its first attach's local queue, or
+for a fragmented queue to a worker that lacks its role (``[node]
+place_by_first_attach``, on by default). ``--first-attach on,off`` runs the
+worker counts above 1 both ways in one go; ``off`` is keyed ``<W>w.unplaced``.
+
 Printed as it goes and summarised: msg/s, the ratio to W = 1, the CPU µs per
 message summed over all node processes (supervisor and workers), the primary's
 and the clients'. Results in bench/results/scale.json, a PNG chart beside it.
@@ -56,8 +62,8 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def node_config(path: Path, primary_port: int | None) -> Path:
-    lines = ['[node]', 'id = "bench"', '',
+def node_config(path: Path, primary_port: int | None, place: bool = True) -> Path:
+    lines = ['[node]', 'id = "bench"', f'place_by_first_attach = {str(place).lower()}', '',
              '[[rules]]', 'name = "work"', 'match = "work.#"', 'kind = "fragmented"',
              'fragments = ["bench"]', '']
     if primary_port:
@@ -104,6 +110,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--placement", default="random",
                    help="random, spread, or both (random,spread): see the module note")
+    p.add_argument("--first-attach", default="on",
+                   help="placement by first attach with workers: on, off, or both (on,off); "
+                        "off is keyed <W>w.unplaced")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--body-bytes", type=int, default=h.DEFAULT_BODY_BYTES)
     p.add_argument("--credit", type=int, default=h.DEFAULT_CREDIT_WINDOW)
@@ -123,12 +132,20 @@ def main(argv=None) -> int:
     if bad:
         log(f"unknown placement {bad}: random or spread")
         return 2
+    first_attach = [x for x in args.first_attach.split(",") if x]
+    if set(first_attach) - {"on", "off"}:
+        log(f"--first-attach {args.first_attach!r}: on, off or on,off")
+        return 2
     log(f"{cpus} CPUs: workers {worker_counts}, pairs {pair_counts}, kinds {kinds}, "
-        f"placement {placements}")
+        f"placement {placements}, first attach {first_attach}")
+    # (workers, placement by first attach): one process has nothing to place
+    setups = [(w, place == "on") for w in worker_counts
+              for place in (first_attach if w > 1 else ["on"])]
     runs: dict[str, list[dict]] = {}
     for round_ in range(args.rounds):
-        order = worker_counts if round_ % 2 == 0 else list(reversed(worker_counts))
-        for workers in order:
+        order = setups if round_ % 2 == 0 else list(reversed(setups))
+        for workers, place in order:
+            label = f"{workers}w" + ("" if place else ".unplaced")
             data_dir = Path(tempfile.mkdtemp(prefix="fedgate-bench-scale-"))
             primary = None
             primary_port = h.free_port() if "proxy" in kinds else None
@@ -137,7 +154,7 @@ def main(argv=None) -> int:
                 if primary_port:
                     primary = h.start_fedgate_node(primary_port, data_dir / "primary",
                                                    log_path=data_dir / "primary.log")
-                config = node_config(data_dir / "node.toml", primary_port)
+                config = node_config(data_dir / "node.toml", primary_port, place)
                 proc = h.start_fedgate_node(port, data_dir / "node",
                                             extra_args=["--config", str(config), "--workers", str(workers)],
                                             log_path=data_dir / "node.log")
@@ -150,13 +167,13 @@ def main(argv=None) -> int:
                     for kind in kinds:
                         for pairs in pair_counts:
                             for placement in placements:
-                                key = f"{kind}-{workers}w-{pairs}p" + ("" if placement == "random"
+                                key = f"{kind}-{label}-{pairs}p" + ("" if placement == "random"
                                                                        else f"-{placement}")
                                 run = one_run(port, proc.pid, primary.pid if primary and kind == "proxy" else None,
                                               kind, pairs, args, f"r{round_}{kind[0]}{pairs}{placement[0]}",
                                               placement)
                                 runs.setdefault(key, []).append(run)
-                                log(f"round {round_ + 1}: {kind:10s} {workers} workers, {pairs} pairs, "
+                                log(f"round {round_ + 1}: {kind:10s} {label}, {pairs} pairs, "
                                     f"{placement}: "
                                     + (f"{run['msgs_per_s']} msg/s, node {run['node_cpu_us_per_msg']} µs/msg"
                                        + (f", primary {run['primary_cpu_us_per_msg']} µs/msg"
@@ -183,11 +200,15 @@ def main(argv=None) -> int:
         ref = summary.get(f"{kind}-{base}w-{rest}")
         if ref and ref["median_msgs_per_s"] and s["median_msgs_per_s"]:
             s["ratio_to_1_worker"] = round(s["median_msgs_per_s"] / ref["median_msgs_per_s"], 3)
-    print(f"{'run':<22} {'msg/s':>9} {'vs W=1':>7} {'node µs/msg':>12} {'primary µs/msg':>15} "
-          f"{'clients µs/msg':>15}")
+        if ref and ref["median_node_cpu_us_per_msg"] and s["median_node_cpu_us_per_msg"]:
+            s["cpu_ratio_to_1_worker"] = round(
+                s["median_node_cpu_us_per_msg"] / ref["median_node_cpu_us_per_msg"], 3)
+    print(f"{'run':<31} {'msg/s':>9} {'vs W=1':>7} {'node µs/msg':>12} {'CPU vs W=1':>11} "
+          f"{'primary µs/msg':>15} {'clients µs/msg':>15}")
     for key, s in summary.items():
-        print(f"{key:<22} {s['median_msgs_per_s'] or 0:>9.0f} {s.get('ratio_to_1_worker', 0):>7.2f} "
-              f"{s['median_node_cpu_us_per_msg'] or 0:>12.1f} {s['median_primary_cpu_us_per_msg'] or 0:>15.1f} "
+        print(f"{key:<31} {s['median_msgs_per_s'] or 0:>9.0f} {s.get('ratio_to_1_worker', 0):>7.2f} "
+              f"{s['median_node_cpu_us_per_msg'] or 0:>12.1f} {s.get('cpu_ratio_to_1_worker', 0):>11.2f} "
+              f"{s['median_primary_cpu_us_per_msg'] or 0:>15.1f} "
               f"{s['median_clients_cpu_us_per_msg'] or 0:>15.1f}")
     out = {"bench": "scale", "machine": h.machine_info(), "messages": args.messages,
            "rounds": args.rounds, "body_bytes": args.body_bytes, "kinds": kinds,

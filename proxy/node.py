@@ -56,6 +56,8 @@ from proxy.net.network import Network, TcpNetwork
 from proxy.queues.durable import open_journal, restore
 from proxy.queues.local import QueueRegistry
 from proxy.server import AmqpProtocol
+from proxy.workers.placement import Placement
+from proxy.admission import Admission
 from routing import RoutingTable, RuleSet, RuleValidationError
 
 log = logging.getLogger("fedgate.node")
@@ -65,13 +67,6 @@ SHUTDOWN_GRACE = 2.0  # seconds for close frames to reach clients
 # /metrics: issue #33); connections are checked every OUTPUT_CHECK seconds
 OUTPUT_STALLED = 10.0
 OUTPUT_CHECK = 2.0
-# a failed SASL exchange's outcome waits FAILURE_DELAY * 2**(failures from that address
-# in the last FAILURE_MEMORY seconds - 1), at most FAILURE_DELAY_MAX: password guessing
-# from one address gets slow (with max_connections_per_ip, a bounded number at a time)
-FAILURE_DELAY = 0.1
-FAILURE_DELAY_MAX = 2.0
-FAILURE_MEMORY = 60.0
-FAILURE_ADDRESSES = 10_000  # addresses remembered at most (the oldest go first)
 
 
 # bytes a proxied sender's window may hold for its primary above [queues] credit_window
@@ -248,12 +243,10 @@ class Node:
         self.internal_connections: set[AmqpProtocol] = set()  # from the other workers
         self.connections: set[AmqpProtocol] = set()  # clients
         self._output_timer = None  # _check_output's next run
-        self.handshaking = 0  # TLS handshakes under way (admitted, not yet AMQP connections)
-        self._ip_of: dict[AmqpProtocol, str] = {}  # for the per-IP limit
-        self._user_of: dict[AmqpProtocol, str] = {}  # for the per-user limit
-        self.per_ip: dict[str, int] = {}
-        self.per_user: dict[str, int] = {}
-        self.sasl_failures: dict[str, tuple[int, float]] = {}  # ip -> (failures, last), oldest first
+        self.placement = Placement(self, AmqpProtocol)  # with workers: hand connections on
+        # connection limits, TLS handshakes under way, SASL failures (proxy.admission)
+        self.admission = Admission(config.limits, worker, lambda: len(self.connections),
+                                   closed=self.placement.closed)
         self.views: dict[str, Callable[[], list]] = {}  # add_view (extensions)
         self.server = None  # the listener (proxy.net.network.Listener) once started
         self.address: tuple[str, int] | None = None
@@ -265,87 +258,11 @@ class Node:
         acl = Acl(config.acl)
         return acl.allows if acl.enabled else None
 
-    def admit(self, protocol: AmqpProtocol) -> str | None:
-        """None to accept a new connection, else the reason to refuse it."""
-        if self.worker is not None and self.worker.channel is not None:
-            # the supervisor admitted it (node-wide counts); we tell it when it closes
-            self._ip_of[protocol] = protocol.ip
-            return None
-        limits = self.config.limits
-        if limits.max_connections and len(self.connections) + self.handshaking >= limits.max_connections:
-            return f"connection limit {limits.max_connections} reached"
-        ip = protocol.ip
-        count = self.per_ip.get(ip, 0)
-        if limits.max_connections_per_ip and count >= limits.max_connections_per_ip:
-            return f"{count} connections from {ip} (max_connections_per_ip)"
-        self.per_ip[ip] = count + 1
-        self._ip_of[protocol] = ip
-        return None
-
-    def begin_handshake(self) -> str | None:
-        """A TLS connection accepted: None to start its handshake, else why not."""
-        limit = self.config.limits.max_pending_handshakes
-        if limit and self.handshaking >= limit:
-            return f"{self.handshaking} TLS handshakes under way (max_pending_handshakes)"
-        self.handshaking += 1
-        return None
-
-    def end_handshake(self) -> None:
-        """A TLS handshake begun is over: done, failed or timed out."""
-        self.handshaking = max(0, self.handshaking - 1)
-
-    def admit_user(self, protocol: AmqpProtocol, identity) -> str | None:
-        """Called when SASL succeeds: None to go on, else why the user is refused."""
-        limit = self.config.limits.max_connections_per_user
-        log.info("connection from %s authenticated: user %s (%s)", protocol.peer, identity.user,
-                 identity.mechanism)
-        if identity.mechanism in (None, "ANONYMOUS"):
-            return None  # anonymous clients are bounded per source IP
-        user = identity.user
-        count = self.per_user.get(user, 0)
-        if limit and self.worker is not None and user in self.worker.full_users:
-            log.warning("connection from %s refused: user %s already has %d connections on this "
-                        "node (max_connections_per_user)", protocol.peer, user, limit)
-            return f"user {user!r} already has {limit} connections (max_connections_per_user)"
-        if limit and count >= limit:
-            log.warning("connection from %s refused: user %s already has %d connections "
-                        "(max_connections_per_user)", protocol.peer, user, count)
-            return f"user {user!r} already has {count} connections (max_connections_per_user)"
-        self.per_user[user] = count + 1
-        self._user_of[protocol] = user
-        if self.worker is not None:
-            self.worker.send(b"u", user)
-        return None
-
-    def sasl_failed(self, ip: str, now: float) -> float:
-        """A SASL exchange from ``ip`` failed: how long its outcome waits (seconds)."""
-        count, last = self.sasl_failures.pop(ip, (0, now))
-        count = 1 if now - last > FAILURE_MEMORY else count + 1
-        self.sasl_failures[ip] = (count, now)  # re-inserted: the dict stays oldest first
-        if len(self.sasl_failures) > FAILURE_ADDRESSES:
-            del self.sasl_failures[next(iter(self.sasl_failures))]
-        return min(FAILURE_DELAY_MAX, FAILURE_DELAY * 2 ** min(count - 1, 16))
-
     def release(self, protocol: AmqpProtocol) -> None:
-        """A connection is gone: forget it in the per-IP and per-user counts."""
+        """A connection is gone: out of the node's sets and limits (``admission``)."""
         self.connections.discard(protocol)
         self.internal_connections.discard(protocol)
-        worker = self.worker
-        if worker is not None and worker.channel is not None:
-            ip = self._ip_of.pop(protocol, None)
-            if ip is not None:
-                worker.send(b"c", ip)
-            user = self._user_of.get(protocol)
-            if user is not None:
-                worker.send(b"v", user)
-        for owner, counts in ((self._ip_of, self.per_ip), (self._user_of, self.per_user)):
-            key = owner.pop(protocol, None)
-            if key is not None:
-                left = counts.get(key, 1) - 1
-                if left > 0:
-                    counts[key] = left
-                else:
-                    counts.pop(key, None)
+        self.admission.release(protocol)
 
     # -- extensions (``fedgate.services`` plugins such as fragments) ---------------
     # a declared interface: a service calls these from its constructor; nothing of the
@@ -512,7 +429,7 @@ class Node:
             # the supervisor listens and accepts; it passes us our share of the connections
             self.server = self._adopting_server()
             self.address = (host, port)
-            worker.listen(self._adopt)
+            worker.listen(self._adopt, self.placement.adopt)
             log.info("fedgate node %s worker %d of %d serving %s", self.node_id, worker.index,
                      worker.count, self.url)
         else:

@@ -30,9 +30,9 @@ log = logging.getLogger("fedgate.server")
 
 class AmqpProtocol(EngineProtocol):
     __slots__ = ("node", "broker", "handler", "peer", "ip", "_failed", "_tls", "_early", "internal",
-                 "_ws", "_read_while_blocked", "_sent_seen", "_moved_at")
+                 "_ws", "_read_while_blocked", "_sent_seen", "_moved_at", "_handed")
 
-    def __init__(self, node, *, internal: bool = False) -> None:
+    def __init__(self, node, *, internal: bool = False, handed=None) -> None:
         super().__init__(node.run_pending)  # one bound method for all connections
         self.node = node
         # internal: another worker of this node forwarding its clients' links
@@ -54,6 +54,9 @@ class AmqpProtocol(EngineProtocol):
         # when its output last moved or had nothing waiting
         self._sent_seen = 0
         self._moved_at = 0.0
+        # a connection another worker began and handed to us (Node.hand_over):
+        # (identity, the frames after the client's AMQP header, user counted)
+        self._handed = handed
 
     def connection_made(self, transport) -> None:
         peer = transport.get_extra_info("peername")
@@ -64,9 +67,9 @@ class AmqpProtocol(EngineProtocol):
             return
         if self.node.tls_context is not None and self._tls is None:
             # TLS listener: the limits first, then the handshake (no TLS work for a refused one)
-            refusal = self.node.admit(self)
+            refusal = self.node.admission.admit(self)
             if refusal is None:
-                refusal = self.node.begin_handshake()
+                refusal = self.node.admission.begin_handshake()
                 if refusal is not None:
                     self.node.release(self)  # admitted, but no handshake: forget it again
             if refusal:
@@ -76,7 +79,7 @@ class AmqpProtocol(EngineProtocol):
             transport.pause_reading()  # the ClientHello is for TLS, not for us (start_tls resumes)
             self._tls = self.loop.create_task(self._start_tls(transport))  # held: not collected early
             return
-        refusal = None if self._tls is not None else self.node.admit(self)
+        refusal = None if self._tls is not None else self.node.admission.admit(self)
         self._start(transport, refusal)
 
     async def _start_tls(self, transport) -> None:
@@ -86,11 +89,11 @@ class AmqpProtocol(EngineProtocol):
                                             ssl_handshake_timeout=timeout)
         except Exception as exc:  # handshake failed, timed out, or the client went away
             log.info("connection from %s: TLS handshake failed: %r", self.peer, exc)
-            self.node.end_handshake()
+            self.node.admission.end_handshake()
             transport.abort()
             self.node.release(self)
             return
-        self.node.end_handshake()
+        self.node.admission.end_handshake()
         if self._closed:  # the client went away just after the handshake
             self.node.release(self)
             return
@@ -124,13 +127,22 @@ class AmqpProtocol(EngineProtocol):
             transport.abort()
             return
         (self.node.internal_connections if self.internal else self.node.connections).add(self)
+        handed, self._handed = self._handed, None
+        if handed is not None:
+            identity, frames, counted, balance = handed
+            self.node.placement.adopted(self, identity.user if counted else None, balance)
+            self.conn.resume_handed_over(identity, frames)
+            self.run_pending()
+            self.flush()
+        elif not self.internal and self.node.placement.active:
+            self.conn.placing = True  # hold the first frames for the first attach (_place)
         self._schedule(self.conn.tick(self.loop.time()))
 
     def _admit_user(self, identity):
-        return self.node.admit_user(self, identity)
+        return self.node.admission.admit_user(self, identity)
 
     def _sasl_failed(self) -> float:
-        return self.node.sasl_failed(self.ip, self.loop.time())
+        return self.node.admission.sasl_failed(self.ip, self.loop.time())
 
     def data_received(self, data: bytes) -> None:
         if self.conn is None:  # TLS is up but start_tls has not returned to us yet
@@ -157,8 +169,29 @@ class AmqpProtocol(EngineProtocol):
                     return
         try:
             super().data_received(data)
+            if self.conn is not None and self.conn.first_attach is not None:
+                self._place()
         except Exception:
             self._contain("reading input")
+
+    def _place(self) -> None:
+        """The first attach is read (proxy.amqp.first_attach): hand the connection to the
+        worker that owns its queue, or serve it here."""
+        conn = self.conn
+        attach = conn.first_attach
+        if attach is None:
+            return
+        where = self.node.placement.where(attach)
+        fileno = getattr(self.transport, "fileno", None)
+        if (where is not None and fileno is not None and not self._closed
+                and not self.transport.get_write_buffer_size()
+                and self.node.placement.hand_over(self, where, fileno(), conn.held_frames())):
+            self._closed = True  # nothing more from us: the socket lives on in another worker
+            self.transport.abort()  # our descriptor only; connection_lost tells nobody
+            return
+        conn.serve_here()
+        self.run_pending()
+        self.flush()
 
     def _sniff(self, data: bytes):
         """First input: ``GET`` is a WebSocket upgrade (an AMQP header starts with ``A``)."""
@@ -168,6 +201,7 @@ class AmqpProtocol(EngineProtocol):
         from proxy.net.websocket import WebSocketTransport
 
         self._ws = self.transport = WebSocketTransport(self.transport, self.node.websocket, self.peer)
+        self.conn.placing = False  # its framing lives here: a WebSocket stays where it is
         return self._ws
 
     def _websocket_ended(self, data: bytes) -> None:

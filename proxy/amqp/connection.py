@@ -66,6 +66,7 @@ from cproton import (
 from proton import Condition, Connection, Transport, symbol
 
 from proxy.amqp import engine
+from proxy.amqp.first_attach import sniff
 from proxy.auth.mechanisms import SaslFailure, SaslSuccess
 from proxy.auth.sasl import SASL_HEADER, SaslProtocolError, SaslServer
 
@@ -126,7 +127,7 @@ class ServerConnection:
     # one per client connection: slots keep idle connections small
     __slots__ = ("_first_frame_checked", "_handshake_deadline", "_header_answered", "_held", "_in", "_out",
                  "_refusal", "_sasl", "admit", "failure_delay", "authenticator", "cert_identity", "connection_ptr", "failure", "handler",
-                 "identity", "phase", "pipe", "settings", "transport_ptr")
+                 "identity", "phase", "pipe", "settings", "transport_ptr", "placing", "_placed", "first_attach")
 
     def __init__(self, settings: ConnectionSettings, authenticator, handler, now: float, *,
                  cert_identity: str | None = None, admit=None, failure_delay=None) -> None:
@@ -152,6 +153,12 @@ class ServerConnection:
         self.pipe: engine.ProtonPipe | None = None
         self.transport_ptr = None  # proton's pn_transport_t, released with the pipe
         self.connection_ptr = None  # proton's pn_connection_t, released with the pipe
+        # placement (proxy.amqp.first_attach): hold the first frames back from proton until
+        # the first attach is read; ``first_attach`` then says where it goes, and the owner
+        # of the socket either serves it here (``serve_here``) or hands it on (``held_frames``)
+        self.placing = False
+        self._placed = b""
+        self.first_attach = None
 
     @property
     def transport(self) -> Transport | None:
@@ -264,6 +271,10 @@ class ServerConnection:
             data = self._check_first_frame(data)
             if data is None:
                 return
+        if self.placing:
+            data = self._hold_for_placement(data)
+            if not data:
+                return
         if not self.pipe.push(data) and _lib.pn_transport_capacity(self.transport_ptr) == 0:
             self._abort_amqp("amqp:connection:framing-error", "input not consumed")
 
@@ -295,6 +306,47 @@ class ServerConnection:
             self.failure = f"oversized first frame ({size} bytes)"
             return None
         return buffered
+
+    # -- placement: the first attach read before proton (proxy.amqp.first_attach) ----------
+    def _hold_for_placement(self, data: bytes) -> bytes:
+        """Hold the frames until the first attach is read; what to push to proton now."""
+        if self.first_attach is not None:  # decided, not yet acted on: keep it all
+            self._placed += data
+            return b""
+        held = self._placed + data
+        sniffed = sniff(held)
+        if sniffed.state == "wait":
+            self._placed = held
+            return b""
+        if sniffed.state == "attach":
+            self._placed, self.first_attach = held, sniffed
+            return b""
+        self.placing, self._placed = False, b""
+        return held
+
+    def serve_here(self) -> None:
+        """Placement done, the connection stays: proton reads what was held."""
+        held, self._placed = self._placed, b""
+        self.placing, self.first_attach = False, None
+        if held and self.phase is Phase.AMQP:
+            self._push_amqp(held)
+
+    def held_frames(self) -> bytes:
+        """What the client sent after its AMQP header: for the worker it is handed to."""
+        return self._placed
+
+    def resume_handed_over(self, identity: Identity, frames: bytes) -> None:
+        """Serve a connection another worker of this node began: SASL said ``identity``,
+        our AMQP header went out, ``frames`` followed the client's header."""
+        self.identity = identity
+        self._start_amqp(b"")
+        self.pipe.push(AMQP_HEADER)  # proton answers it again: the client has ours already
+        answer = self.pipe.output()
+        if bytes(answer) != AMQP_HEADER:
+            raise RuntimeError(f"proton answered a handed-over header with {bytes(answer)!r}")
+        self._header_answered = True
+        if frames:
+            self._push_amqp(frames)
 
     def _refuse_after_sasl(self, data: bytes) -> None:
         """Wait for the AMQP header, then answer open + close(refusal); read nothing else."""

@@ -65,6 +65,9 @@ class NodeSection:
     log_level: str = "info"
     # worker processes behind the one listener (proxy.workers): a number, or "auto" (one per core)
     workers: int | str = 1
+    # with workers: a connection whose first attach names a local queue another worker owns
+    # is handed to that worker before its frames are read (proxy.amqp.first_attach)
+    place_by_first_attach: bool = True
 
     def check(self, key: str) -> None:
         parse_hostport(self.listen, f"{key}.listen")

@@ -95,6 +95,10 @@ class SocketTransport:
     def get_write_buffer_size(self) -> int:
         return self._out.waiting
 
+    def fileno(self) -> int:
+        """The socket's descriptor (a worker hands it to another: proxy.workers.worker)."""
+        return self._fd
+
     @property
     def bytes_sent(self) -> int:
         """Bytes the kernel took from this transport, in all."""

@@ -24,6 +24,13 @@ Exceptions to the ring:
   (``fragments.group``: producers enqueue on their own worker, consumers steal
   from the other workers, then from other nodes, when theirs is empty), and on
   any other node every worker reaches the members itself: no forwarding.
+
+Placement (issue #36, ``proxy.amqp.first_attach``): a connection whose first
+attach names a local queue is handed to the queue's owner, so its messages
+cross nothing; one whose first attach names a fragmented queue goes where its
+role is missing (``balanced_worker``): a producer to a worker whose consumers
+of that queue outnumber its producers, a consumer to one with more producers
+than consumers, so a consumer's own fragment is fed and it seldom steals.
 """
 
 from __future__ import annotations
@@ -79,3 +86,23 @@ class QueueOwners:
             return None
         direct = max(1, max_connections // per_worker)
         return None if index < direct else index % direct
+
+
+CONSUMER, PRODUCER = 0, 1  # a placed connection's role on its fragmented queue
+
+
+def balanced_worker(counts: dict[int, list[int]], source: int, role: int, alive: list[int]) -> int:
+    """Where a connection whose first attach is ``role`` on a fragmented queue belongs:
+    the running worker whose placed connections of that queue most lack the role
+    (``counts[worker] = [consumers, producers]``); ``source`` (where it is) unless
+    another lacks it more."""
+    other = PRODUCER if role == CONSUMER else CONSUMER
+
+    def lack(worker: int) -> int:
+        placed = counts.get(worker, (0, 0))
+        return placed[other] - placed[role]
+
+    best = max(alive, key=lack, default=source)
+    if lack(best) <= 0 or (source in alive and lack(source) >= lack(best)):
+        return source
+    return best

@@ -9,7 +9,9 @@ _worker``, each a full ``proxy.node.Node`` told which worker it is, see
 accepts: every connection is checked against the node-wide limits
 (``max_connections``, ``max_connections_per_ip``) and passed, as a file
 descriptor, to the worker that has the fewest connections; refused ones are
-closed at once, as a single-process node does. Workers report closed
+closed at once, as a single-process node does. A worker may hand a connection
+on once it has read its first attach (placement: ``proxy.workers.worker``);
+the supervisor passes it and moves its counts. Workers report closed
 connections and authenticated users back, so the counts are the node's, and
 the supervisor tells every worker when a user reaches or leaves
 ``max_connections_per_user``.
@@ -33,7 +35,11 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
+import orjson
+
 from proxy.config.settings import Config
+from proxy.workers.ownership import balanced_worker
+from proxy.workers.worker import MAX_HANDOVER
 
 log = logging.getLogger("fedgate.supervisor")
 
@@ -67,6 +73,8 @@ class Supervisor:
         self.workers = [WorkerProcess(k) for k in range(count)]
         self.per_ip: dict[str, int] = {}
         self.per_user: dict[str, int] = {}
+        # fragmented queues' placement: group -> worker -> [consumers, producers] placed there
+        self.balance: dict[str, dict[int, list[int]]] = {}
         self.listeners: list[socket.socket] = []
         self.address: tuple[str, int] | None = None
         self.stopping = False
@@ -194,6 +202,11 @@ class Supervisor:
         worker.per_ip.clear()
         worker.per_user.clear()
         worker.connections = 0
+        for group in list(self.balance):
+            counts = self.balance[group]
+            counts.pop(worker.index, None)
+            if not counts:
+                del self.balance[group]
 
     # -- accepting -----------------------------------------------------------------
     def _accept(self, listener: socket.socket) -> None:
@@ -252,14 +265,23 @@ class Supervisor:
         channel = worker.channel
         while channel is not None:
             try:
-                message = channel.recv(1024)
+                message, fds, _, _ = socket.recv_fds(channel, MAX_HANDOVER, 4)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
-                message = b""
+                message, fds = b"", []
             if not message:  # the worker is gone; _watch restarts it
+                for fd in fds:
+                    os.close(fd)
                 self.loop.remove_reader(channel.fileno())
                 return
+            if message[:1] == b"H" and fds:
+                for extra in fds[1:]:
+                    os.close(extra)
+                self._hand_over(worker, message[1:], fds[0])
+                continue
+            for fd in fds:
+                os.close(fd)
             tag, text = message[:1], message[1:].decode("utf-8", "replace")
             if tag == b"R":
                 worker.ready.set()
@@ -272,10 +294,76 @@ class Supervisor:
             elif tag == b"u":
                 self._count(worker.per_user, text, 1)
                 self._user_count(text, 1)
+            elif tag == b"x":
+                try:
+                    group, role = orjson.loads(message[1:])
+                    self._count_balance(str(group), worker.index, int(role), -1)
+                except (orjson.JSONDecodeError, TypeError, ValueError, IndexError) as exc:
+                    log.error("worker %d: a balance message that does not read (%r)", worker.index, exc)
             elif tag == b"v":
                 if worker.per_user.get(text):
                     self._count(worker.per_user, text, -1)
                     self._user_count(text, -1)
+
+    def _hand_over(self, source: WorkerProcess, payload: bytes, fd: int) -> None:
+        """Worker ``source`` hands a connection to another (placement, proxy.workers.worker):
+        its counts move with it; back to ``source`` if the other is not running."""
+        try:
+            head = orjson.loads(payload.partition(b"\0")[0])
+            ip, user, counted = str(head["ip"]), str(head.get("user", "")), bool(head.get("counted"))
+            balance = head.get("balance")
+            if balance is not None:  # a fragmented queue's: the worker that lacks the role
+                group, role = str(balance[0]), int(balance[1])
+                counts = self.balance.setdefault(group, {})
+                alive = [w.index for w in self.workers if w.channel is not None and w.ready.is_set()]
+                target = self.workers[balanced_worker(counts, source.index, role, alive)]
+            else:
+                target = self.workers[int(head["to"])]
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as exc:
+            log.error("worker %d: a hand-over without a valid head (%r); connection closed",
+                      source.index, exc)
+            os.close(fd)
+            return
+        try:
+            if target.channel is None or not target.ready.is_set():
+                target = source
+            for destination in ((target, source) if target is not source else (source,)):
+                try:
+                    socket.send_fds(destination.channel, [b"M" + payload], [fd])
+                except (OSError, AttributeError) as exc:  # AttributeError: its channel is gone
+                    log.error("passing a handed-over connection to worker %d failed (%s)",
+                              destination.index, exc)
+                    continue
+                if balance is not None:
+                    self._count_balance(group, destination.index, role, 1)
+                if destination is not source and source.per_ip.get(ip):
+                    source.connections -= 1
+                    destination.connections += 1
+                    self._count(source.per_ip, ip, -1)
+                    self._count(destination.per_ip, ip, 1)
+                    if counted and source.per_user.get(user):
+                        self._count(source.per_user, user, -1)
+                        self._count(destination.per_user, user, 1)
+                return
+            # nobody took it: the client is disconnected, as when its worker dies
+            if source.per_ip.get(ip):
+                source.connections -= 1
+                self._count(source.per_ip, ip, -1)
+                self._count(self.per_ip, ip, -1)
+            if counted and source.per_user.get(user):
+                self._count(source.per_user, user, -1)
+                self._user_count(user, -1)
+        finally:
+            os.close(fd)
+
+    def _count_balance(self, group: str, worker: int, role: int, delta: int) -> None:
+        counts = self.balance.setdefault(group, {})
+        placed = counts.setdefault(worker, [0, 0])
+        placed[role] = max(0, placed[role] + delta)
+        if placed == [0, 0]:
+            del counts[worker]
+            if not counts:
+                del self.balance[group]
 
     @staticmethod
     def _count(counts: dict[str, int], key: str, delta: int) -> None:

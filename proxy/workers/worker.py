@@ -10,10 +10,26 @@ accepted it (TLS, SASL, ACL, its links). Messages on the channel:
 
 ====================  ======================  ======================================
 supervisor -> worker  ``C<ip>`` + descriptor  a client connection, admitted
+                      ``M<handover>`` + desc.  a connection another worker began (below)
                       ``F<user>`` / ``f<user>``  the user is at / below its connection limit
 worker -> supervisor  ``c<ip>``               that connection closed
                       ``u<user>`` / ``v<user>``  a connection of that user authenticated / closed
+                      ``H<handover>`` + desc.  hand this connection to another worker
+                      ``x[group, role]``      a connection placed by that balance closed
 ====================  ======================  ======================================
+
+Placement (issue #36): a connection whose first attach names a local queue
+another worker owns is handed to that worker before proton reads a frame of
+it (``proxy.amqp.first_attach``), so a client's messages need not cross to the
+owner one by one. ``<handover>`` is a JSON head (the worker it goes ``to``, the
+client's ``ip``, the identity SASL established and whether the user is counted
+against ``max_connections_per_user``), a NUL byte, and the frames the client
+sent after its AMQP header. The supervisor moves the connection's counts from
+one worker to the other and passes it on (back to the sender if the target is
+not running). For a fragmented queue the head says ``balance`` (the group and
+the role, consumer or producer) instead of a worker, and the supervisor picks
+one (``ownership.balanced_worker``), counting the connection there until the
+worker serving it says ``x``.
 
 Per-user limits: the supervisor counts each user's connections over all workers
 and tells every worker when a user reaches ``max_connections_per_user``; a
@@ -44,6 +60,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
+
 from routing import Decision, Rule, UpstreamOptions
 
 from .ownership import QueueOwners
@@ -51,6 +69,7 @@ from .ownership import QueueOwners
 log = logging.getLogger("fedgate.workers")
 
 MAX_MESSAGE = 1024  # a channel message: a tag byte and an address or user name
+MAX_HANDOVER = 64 * 1024  # a hand-over message: its head and the frames held (first_attach.MAX_HELD)
 
 
 def socket_dir(data_dir: Path) -> Path:
@@ -109,18 +128,34 @@ class WorkerContext:
         return resolve_here
 
     # -- the supervisor's channel ------------------------------------------------
-    def listen(self, adopt) -> None:
-        """Serve what the supervisor sends: ``adopt(sock)`` for each connection."""
+    def listen(self, adopt, adopt_handed=None) -> None:
+        """Serve what the supervisor sends: ``adopt(sock)`` for each connection,
+        ``adopt_handed(sock, head, frames)`` for each handed over by another worker."""
         if self.channel is None:
             return
         self.channel.setblocking(False)
         loop = asyncio.get_running_loop()
-        loop.add_reader(self.channel.fileno(), self._read, adopt)
+        loop.add_reader(self.channel.fileno(), self._read, adopt, adopt_handed)
 
-    def _read(self, adopt) -> None:
+    def hand_over(self, fd: int, head: dict, frames: bytes) -> bool:
+        """Ask the supervisor to pass connection ``fd`` to worker ``head["to"]``."""
+        if self.channel is None:
+            return False
+        message = b"H" + orjson.dumps(head) + b"\0" + frames
+        if len(message) > MAX_HANDOVER:
+            return False
+        try:
+            socket.send_fds(self.channel, [message], [fd])
+        except OSError as exc:  # full or gone: the connection stays here
+            log.info("worker %d: handing a connection to worker %s failed (%s)", self.index,
+                     head.get("to"), exc)
+            return False
+        return True
+
+    def _read(self, adopt, adopt_handed) -> None:
         while True:
             try:
-                message, fds, _, _ = socket.recv_fds(self.channel, MAX_MESSAGE, 4)
+                message, fds, _, _ = socket.recv_fds(self.channel, MAX_HANDOVER, 4)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -130,6 +165,9 @@ class WorkerContext:
             if not message and not fds:  # the supervisor is gone: so are we
                 self._orphaned()
                 return
+            if message[:1] == b"M" and fds and adopt_handed is not None:
+                self._adopt_handed(adopt_handed, message[1:], fds)
+                continue
             tag, text = message[:1], message[1:].decode("utf-8", "replace")
             if tag == b"C" and fds:
                 for extra in fds[1:]:
@@ -148,6 +186,39 @@ class WorkerContext:
                     self.full_users.add(text)
                 elif tag == b"f":
                     self.full_users.discard(text)
+
+    def _adopt_handed(self, adopt_handed, payload: bytes, fds: list[int]) -> None:
+        for extra in fds[1:]:
+            os.close(extra)
+        sock = socket.socket(fileno=fds[0])
+        head, _, frames = payload.partition(b"\0")
+        try:
+            info = orjson.loads(head)
+        except orjson.JSONDecodeError:
+            log.error("worker %d: a hand-over message without its head; closing the connection",
+                      self.index)
+            sock.close()
+            return
+        try:
+            adopt_handed(sock, info, frames)
+        except Exception:
+            log.exception("worker %d: serving a handed-over connection failed", self.index)
+            sock.close()
+            self.send(b"c", str(info.get("ip", "")))  # the supervisor counted it here
+            if info.get("counted"):
+                self.send(b"v", str(info.get("user", "")))
+            if info.get("balance"):
+                self.send_balance_left(info["balance"])
+
+    def send_balance_left(self, balance: list) -> None:
+        """A connection placed by a fragmented queue's balance closed: [group, role]."""
+        if self.channel is None:
+            return
+        try:
+            self.channel.send(b"x" + orjson.dumps(balance))
+        except OSError as exc:
+            log.error("worker %d: supervisor channel: balance of %r not told (%s)", self.index,
+                      balance, exc)
 
     def _orphaned(self) -> None:
         loop = asyncio.get_running_loop()

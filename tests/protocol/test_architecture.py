@@ -30,7 +30,7 @@ LAYERS = [
     ["proxy.exchanges"],
     ["proxy.transactions"],
     ["proxy.broker"],
-    ["proxy.server", "proxy.plugins", "proxy.workers"],
+    ["proxy.server", "proxy.plugins", "proxy.workers", "proxy.admission"],
     ["proxy.node"],
     ["proxy.replication"],
     ["fragments"],

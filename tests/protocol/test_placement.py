@@ -1,0 +1,152 @@
+"""Placement by first attach (issue #36): a worker reads a new connection's first attach
+before proton does and may hand the connection, with the frames it held, to the worker
+that owns its queue. Here over in-memory bytes: two brokers stand for two workers."""
+
+from __future__ import annotations
+
+from memory import Harness
+from proton import Connection, Message, Transport
+
+from proxy.amqp.connection import AMQP_HEADER, Identity, ServerConnection
+from proxy.amqp.first_attach import MAX_HELD, sniff
+from proxy.broker.handler import ClientHandler
+from proxy.workers.ownership import CONSUMER, PRODUCER, balanced_worker
+
+
+# -- the frames a client sends, as proton writes them --------------------------------
+def client_frames(*, sender: str | None = None, receiver: str | None = None,
+                  dynamic: bool = False, relay: bool = False, links: bool = True) -> bytes:
+    """What a proton client writes after its AMQP header: open, begin, its attach."""
+    connection, transport = Connection(), Transport()
+    transport.bind(connection)
+    connection.open()
+    if links:
+        session = connection.session()
+        session.open()
+        if sender is not None or relay:
+            link = session.sender("s")
+            link.target.address = sender  # None: the anonymous relay (no target address)
+            link.open()
+        if receiver is not None or dynamic:
+            link = session.receiver("r")
+            if dynamic:
+                link.source.dynamic = True
+            else:
+                link.source.address = receiver
+            link.open()
+    out = bytes(transport.peek(transport.pending()))
+    assert out.startswith(AMQP_HEADER)
+    return out[len(AMQP_HEADER):]
+
+
+def test_the_first_attach_is_read_from_a_sender_and_from_a_receiver():
+    sent = sniff(client_frames(sender="orders"))
+    assert (sent.state, sent.address, sent.receiver) == ("attach", "orders", False)
+    got = sniff(client_frames(receiver="orders"))
+    assert (got.state, got.address, got.receiver) == ("attach", "orders", True)
+
+
+def test_an_incomplete_frame_waits_and_a_boundary_without_attach_serves_here():
+    frames = client_frames(sender="orders")
+    for cut in (1, 7, 12, len(frames) - 1):
+        assert sniff(frames[:cut]).state == "wait", cut
+    # open (and begin) only: a client waiting for our open before it begins (go-amqp, JMS)
+    assert sniff(client_frames(links=False)).state == "serve"
+
+
+def test_what_cannot_be_placed_is_served_here():
+    assert sniff(client_frames(dynamic=True)).state == "serve"  # a dynamic node: no address
+    assert sniff(client_frames(relay=True)).state == "serve"  # the anonymous relay
+    assert sniff(b"\x00\x00\x00\x08\x02\x00\x00\x00" + client_frames(sender="q")).state == "serve"
+    assert sniff(b"\x00" * (MAX_HELD + 1)).state == "serve"
+    assert sniff(b"\x00\x00\x00\x04\x02\x00\x00\x00").state == "serve"  # not a frame we read
+
+
+def test_a_fragmented_queue_places_each_role_where_it_is_missing():
+    # worker 0 has a consumer and no producer: a producer arriving on worker 1 goes there
+    assert balanced_worker({0: [1, 0]}, 1, PRODUCER, [0, 1]) == 0
+    # a consumer with no producer anywhere stays where it landed
+    assert balanced_worker({0: [1, 0]}, 1, CONSUMER, [0, 1]) == 1
+    # both workers lack a producer equally: the one where it landed
+    assert balanced_worker({0: [1, 0], 1: [1, 0]}, 1, PRODUCER, [0, 1]) == 1
+    # producers waiting on worker 1 draw a consumer there
+    assert balanced_worker({1: [0, 2]}, 0, CONSUMER, [0, 1]) == 1
+    # a worker that is not running gets nothing
+    assert balanced_worker({0: [3, 0]}, 1, PRODUCER, [1]) == 1
+
+
+# -- a connection begun on one worker, served by another -----------------------------
+def test_a_connection_handed_over_after_its_first_attach_is_served_by_the_owner():
+    """Worker A holds the client's open, begin and attach back from proton; worker B
+    resumes from them; the client sees one ordinary connection (one AMQP header)."""
+    a, b = Harness(), Harness()
+    producer = _unpumped_client(a)
+    producer.server.placing = True
+    session = producer.connection.session()
+    session.open()
+    link = session.sender("s")
+    link.target.address = "orders"
+    link.open()
+    a.pump()
+    server_a = producer.server
+    attach = server_a.first_attach
+    assert attach is not None and (attach.address, attach.receiver) == ("orders", False)
+    assert not producer.connection.state & Connection.REMOTE_ACTIVE  # nothing but our header yet
+    assert a.broker.queues.get("orders") is None  # worker A never saw the attach
+
+    # hand over: worker B resumes with the identity and the held frames
+    server_b = ServerConnection(b.settings, b.authenticator, handler := ClientHandler(b.broker), 0.0)
+    handler.server_connection = server_b
+    server_b.resume_handed_over(Identity("anonymous", "ANONYMOUS"), server_a.held_frames())
+    server_a.release()
+    a.clients.remove(producer)
+    producer.server, producer.handler = server_b, handler
+    b.clients.append(producer)
+    b.pump()
+    assert producer.connection.state & Connection.REMOTE_ACTIVE
+    assert link.credit > 0, "the owner answered the attach and gave credit"
+    for n in range(20):
+        producer.send(link, Message(id=f"m{n}", body=n))
+    b.pump()
+    consumer = b.client()
+    receiver = consumer.receiver("orders", credit=50)
+    b.pump()
+    got = [r.message.id for r in consumer.received(receiver)]
+    assert got == [f"m{n}" for n in range(20)]
+    assert producer.transport.condition is None, producer.transport.condition
+
+
+def test_a_connection_not_handed_over_is_served_where_it_landed():
+    a = Harness()
+    producer = _unpumped_client(a)
+    producer.server.placing = True
+    session = producer.connection.session()
+    session.open()
+    link = session.sender("s")
+    link.target.address = "orders"
+    link.open()
+    a.pump()
+    assert producer.server.first_attach is not None
+    producer.server.serve_here()
+    a.pump()
+    assert link.credit > 0
+    producer.send(link, Message(id="here", body=1))
+    a.pump()
+    assert a.broker.queues.get("orders").depth == 1
+
+
+def test_a_client_waiting_for_our_open_is_not_held():
+    a = Harness()
+    waiting = _unpumped_client(a)
+    waiting.server.placing = True
+    a.pump()  # open only: served at once
+    assert waiting.connection.state & Connection.REMOTE_ACTIVE
+    assert waiting.server.first_attach is None and not waiting.server.placing
+    link = waiting.sender("orders")
+    assert link.credit > 0
+
+
+def _unpumped_client(harness: Harness):
+    from memory import Client
+
+    return Client(harness)
