@@ -129,9 +129,9 @@ class AmqpProtocol(EngineProtocol):
         (self.node.internal_connections if self.internal else self.node.connections).add(self)
         handed, self._handed = self._handed, None
         if handed is not None:
-            identity, frames, counted, balance = handed
+            identity, frames, answered, counted, balance = handed
             self.node.placement.adopted(self, identity.user if counted else None, balance)
-            self.conn.resume_handed_over(identity, frames)
+            self.conn.resume_handed_over(identity, frames, answered)
             self.run_pending()
             self.flush()
         elif not self.internal and self.node.placement.active:
@@ -183,9 +183,10 @@ class AmqpProtocol(EngineProtocol):
             return
         where = self.node.placement.where(attach)
         fileno = getattr(self.transport, "fileno", None)
-        if (where is not None and fileno is not None and not self._closed
+        handover = conn.handover() if where is not None else None
+        if (handover is not None and fileno is not None and not self._closed
                 and not self.transport.get_write_buffer_size()
-                and self.node.placement.hand_over(self, where, fileno(), conn.held_frames())):
+                and self.node.placement.hand_over(self, where, fileno(), *handover)):
             self._closed = True  # nothing more from us: the socket lives on in another worker
             self.transport.abort()  # our descriptor only; connection_lost tells nobody
             return

@@ -66,7 +66,7 @@ from cproton import (
 from proton import Condition, Connection, Transport, symbol
 
 from proxy.amqp import engine
-from proxy.amqp.first_attach import sniff
+from proxy.amqp.first_attach import MAX_HELD, only_open_and_begin, sniff
 from proxy.auth.mechanisms import SaslFailure, SaslSuccess
 from proxy.auth.sasl import SASL_HEADER, SaslProtocolError, SaslServer
 
@@ -127,7 +127,7 @@ class ServerConnection:
     # one per client connection: slots keep idle connections small
     __slots__ = ("_first_frame_checked", "_handshake_deadline", "_header_answered", "_held", "_in", "_out",
                  "_refusal", "_sasl", "admit", "failure_delay", "authenticator", "cert_identity", "connection_ptr", "failure", "handler",
-                 "identity", "phase", "pipe", "settings", "transport_ptr", "placing", "_placed", "first_attach")
+                 "identity", "phase", "pipe", "settings", "transport_ptr", "placing", "_placed", "_replayed", "_answered", "_unanswered", "first_attach")
 
     def __init__(self, settings: ConnectionSettings, authenticator, handler, now: float, *,
                  cert_identity: str | None = None, admit=None, failure_delay=None) -> None:
@@ -153,11 +153,14 @@ class ServerConnection:
         self.pipe: engine.ProtonPipe | None = None
         self.transport_ptr = None  # proton's pn_transport_t, released with the pipe
         self.connection_ptr = None  # proton's pn_connection_t, released with the pipe
-        # placement (proxy.amqp.first_attach): hold the first frames back from proton until
-        # the first attach is read; ``first_attach`` then says where it goes, and the owner
-        # of the socket either serves it here (``serve_here``) or hands it on (``held_frames``)
+        # placement (proxy.amqp.first_attach): hold the first attach back from proton;
+        # ``first_attach`` then says where it goes, and the owner of the socket either
+        # serves it here (``serve_here``) or hands it on (``handover``)
         self.placing = False
-        self._placed = b""
+        self._placed = b""  # held back: the first attach and what came with it
+        self._replayed = b""  # the client's open and begin frames, which proton read
+        self._answered = b""  # what proton wrote meanwhile (our header, open, begin)
+        self._unanswered = b""  # handed over: output the client already has, to drop
         self.first_attach = None
 
     @property
@@ -309,7 +312,7 @@ class ServerConnection:
 
     # -- placement: the first attach read before proton (proxy.amqp.first_attach) ----------
     def _hold_for_placement(self, data: bytes) -> bytes:
-        """Hold the frames until the first attach is read; what to push to proton now."""
+        """Hold the first attach back from proton; what to push to proton now."""
         if self.first_attach is not None:  # decided, not yet acted on: keep it all
             self._placed += data
             return b""
@@ -321,32 +324,42 @@ class ServerConnection:
         if sniffed.state == "attach":
             self._placed, self.first_attach = held, sniffed
             return b""
-        self.placing, self._placed = False, b""
+        self._placed = b""
+        if sniffed.state == "pass" and len(self._replayed) + len(held) <= MAX_HELD:
+            self._replayed += held  # open and begin: proton answers them (_answered)
+        else:
+            self._stop_placing()
         return held
+
+    def _stop_placing(self) -> None:
+        self.placing, self.first_attach = False, None
+        self._replayed = self._answered = b""
 
     def serve_here(self) -> None:
         """Placement done, the connection stays: proton reads what was held."""
         held, self._placed = self._placed, b""
-        self.placing, self.first_attach = False, None
+        self._stop_placing()
         if held and self.phase is Phase.AMQP:
             self._push_amqp(held)
 
-    def held_frames(self) -> bytes:
-        """What the client sent after its AMQP header: for the worker it is handed to."""
-        return self._placed
+    def handover(self) -> tuple[bytes, bytes] | None:
+        """For the worker this connection is handed to: the client's frames after its
+        AMQP header, and what we answered (our header and proton's answers to its open
+        and begin); None when what we wrote is not only that (a heartbeat went out)."""
+        answered = self._answered
+        if not answered.startswith(AMQP_HEADER) or not only_open_and_begin(answered[len(AMQP_HEADER):]):
+            return None
+        return self._replayed + self._placed, answered
 
-    def resume_handed_over(self, identity: Identity, frames: bytes) -> None:
+    def resume_handed_over(self, identity: Identity, frames: bytes, answered: bytes) -> None:
         """Serve a connection another worker of this node began: SASL said ``identity``,
-        our AMQP header went out, ``frames`` followed the client's header."""
+        the client has ``answered`` (our AMQP header, open, begin), ``frames`` followed its
+        AMQP header. Proton reads the same frames and answers them as the other worker's
+        did; that part of its output is dropped (``take_output``)."""
         self.identity = identity
         self._start_amqp(b"")
-        self.pipe.push(AMQP_HEADER)  # proton answers it again: the client has ours already
-        answer = self.pipe.output()
-        if bytes(answer) != AMQP_HEADER:
-            raise RuntimeError(f"proton answered a handed-over header with {bytes(answer)!r}")
-        self._header_answered = True
-        if frames:
-            self._push_amqp(frames)
+        self._unanswered = answered
+        self._push_amqp(AMQP_HEADER + frames)
 
     def _refuse_after_sasl(self, data: bytes) -> None:
         """Wait for the AMQP header, then answer open + close(refusal); read nothing else."""
@@ -430,10 +443,31 @@ class ServerConnection:
             self._out = b""
         if self.pipe is not None:
             chunk = self.pipe.output()
+            if self.placing or self._unanswered:
+                chunk = self._placement_output(chunk)
             if not out:
                 return chunk
             out += chunk
         return bytes(out)
+
+    def _placement_output(self, chunk) -> bytes:
+        """Placement: keep what we answer while the first attach is awaited; handed over,
+        drop what the client already has from the other worker (it must be the same)."""
+        if self.placing and chunk:
+            self._answered += chunk
+            if len(self._answered) > MAX_HELD:  # a long-lived connection without an attach
+                self._stop_placing()
+            return chunk
+        expected = self._unanswered
+        if not chunk:
+            return chunk
+        taken = bytes(chunk[:len(expected)])
+        if taken != expected[:len(taken)]:
+            self._unanswered = b""  # never seen: the workers' settings are the same
+            raise RuntimeError(f"handed-over connection: proton answered {taken!r} where the "
+                               f"client has {expected[:len(taken)]!r}")
+        self._unanswered = expected[len(taken):]
+        return chunk[len(taken):]
 
     @property
     def finished(self) -> bool:

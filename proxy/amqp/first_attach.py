@@ -19,13 +19,21 @@ answers the client's header on receipt), so the new worker's proton starts
 from the same point: it is given the header again and its own header answer
 is dropped.
 
+A client that waits for our ``open`` (and ``begin``) before it attaches, as
+go-amqp and Qpid JMS do, sends open and begin frames that end on a frame
+boundary (``PASS``): they go to proton, which answers them, and the worker
+keeps both what the client sent and what it answered. At the first attach the
+new worker is given the client's frames from its ``open`` on and the bytes
+already answered: its proton reads the same frames, answers them the same way
+(same settings in every worker), and the answers the client already has are
+dropped from its output (checked byte for byte).
+
 A connection is served where it is, with the frames passed to proton at once,
-when what arrived so far ends on a frame boundary without an attach (a client
-waiting for our ``open`` before it begins, as go-amqp and Qpid JMS do), when a
-frame other than open or begin comes first, when more than ``MAX_HELD`` bytes
-would be held, or when the attach has no address (a dynamic node, the
-anonymous relay) or names anything but a local queue another worker owns.
-This module is the pure part: reading the held frames (§2.3.1 frame layout).
+when a frame other than open or begin comes before the first attach (an empty
+frame too), when more than ``MAX_HELD`` bytes would be held or answered, or
+when the attach has no address (a dynamic node, the anonymous relay) or names
+anything but a local queue another worker owns or a fragmented queue. This
+module is the pure part: reading the frames (§2.3.1 frame layout).
 """
 
 from __future__ import annotations
@@ -44,8 +52,9 @@ SOURCE, TARGET = 0x28, 0x29  # messaging terminus descriptors (§3.5.3, §3.5.4)
 @dataclass(frozen=True, slots=True)
 class Sniffed:
     """What the held frames say. ``state``: ``wait`` (a frame is incomplete: hold on),
-    ``serve`` (serve the connection where it is) or ``attach`` (its first attach, to
-    ``address``; ``receiver`` when the client receives from it)."""
+    ``pass`` (open and begin frames only, all complete: let proton answer them and read
+    on), ``serve`` (serve the connection where it is) or ``attach`` (its first attach,
+    to ``address``; ``receiver`` when the client receives from it)."""
 
     state: str
     address: str = ""
@@ -53,6 +62,7 @@ class Sniffed:
 
 
 WAIT = Sniffed("wait")
+PASS = Sniffed("pass")
 SERVE = Sniffed("serve")
 
 
@@ -91,7 +101,7 @@ def sniff(frames: bytes) -> Sniffed:
     position = 0
     while True:
         if len(frames) - position < 8:
-            return WAIT if position < len(frames) else SERVE
+            return WAIT if position < len(frames) else PASS
         size, doff, frame_type = struct.unpack_from(">IBB", frames, position)
         if size < 8 or doff < 2 or doff * 4 > size or frame_type != 0:
             return SERVE  # not an AMQP frame we read: proton answers it
@@ -106,3 +116,18 @@ def sniff(frames: bytes) -> Sniffed:
         if descriptor not in (OPEN, BEGIN):
             return SERVE
         position += size
+
+
+def only_open_and_begin(frames: bytes) -> bool:
+    """Whether ``frames`` (what we answered) are complete open and begin frames only."""
+    position = 0
+    while position < len(frames):
+        if len(frames) - position < 8:
+            return False
+        size, doff = struct.unpack_from(">IB", frames, position)
+        if size < 8 or doff < 2 or doff * 4 > size or len(frames) - position < size:
+            return False
+        if _descriptor(frames[position + doff * 4:position + size]) not in (OPEN, BEGIN):
+            return False
+        position += size
+    return True

@@ -17,7 +17,8 @@ connection belongs:
 established to the supervisor, which passes them on (``proxy.workers.worker``
 describes the message) and moves the connection's counts; this worker then
 forgets the connection without reporting it closed. The worker that receives it
-``adopt``s it: an ``AmqpProtocol`` that resumes after the AMQP header
+``adopt``s it: an ``AmqpProtocol`` whose proton reads the client's frames from
+its ``open`` on and whose answers the client already has are dropped
 (``ServerConnection.resume_handed_over``). A connection placed by a balance is
 reported when it closes (``closed``), so the supervisor's counts stay true.
 """
@@ -58,12 +59,15 @@ class Placement:
         owner = worker.owners.owner_of_kind(decision.kind, attach.address)
         return None if owner is None or owner == worker.index else {"to": owner}
 
-    def hand_over(self, protocol: "AmqpProtocol", where: dict, fd: int, frames: bytes) -> bool:
-        """Pass a client connection on through the supervisor; True if it went."""
+    def hand_over(self, protocol: "AmqpProtocol", where: dict, fd: int, frames: bytes,
+                  answered: bytes) -> bool:
+        """Pass a client connection on through the supervisor; True if it went. ``frames``:
+        what the client sent after its AMQP header; ``answered``: what we wrote since."""
         node = self.node
         identity = protocol.conn.identity
         head = {**where, "ip": protocol.ip, "user": identity.user, "mechanism": identity.mechanism,
-                "groups": list(identity.groups), "counted": node.admission.user_of(protocol) is not None}
+                "groups": list(identity.groups), "counted": node.admission.user_of(protocol) is not None,
+                "answered": answered.hex()}
         if not node.worker.hand_over(fd, head, frames):
             return False
         log.debug("connection from %s (user %s): first attach to %r, handed on (%s)",
@@ -76,7 +80,8 @@ class Placement:
         """Serve a client connection another worker of this node began."""
         identity = Identity(str(head.get("user", "anonymous")), head.get("mechanism"),
                             tuple(head.get("groups", ())))
-        handed = (identity, frames, bool(head.get("counted")), head.get("balance"))
+        answered = bytes.fromhex(str(head.get("answered", "")))
+        handed = (identity, frames, answered, bool(head.get("counted")), head.get("balance"))
         node = self.node
         node.server.adopt(sock, factory=lambda: self.protocol_class(node, handed=handed))
 

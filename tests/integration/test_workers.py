@@ -99,10 +99,13 @@ def test_competing_consumers_of_three_client_libraries_share_one_queue_across_wo
     assert set(served_by(workers_node)) == set(range(WORKERS))  # clients on both workers
 
 
-def test_what_one_worker_takes_in_another_worker_hands_out(workers_node):
+def test_what_one_worker_takes_in_another_worker_hands_out(start_node):
+    # placement off: every link to a queue the other worker owns is forwarded to it
+    # (with placement a connection is handed to the owner: test_workers_placement.py)
+    node = start_node({"node": {"workers": WORKERS, "place_by_first_attach": False}})
     for queue in (owned_by("n1", 0, "solo"), owned_by("n1", 1, "solo")):
-        producer = BlockingConnection(workers_node.url, timeout=10)  # worker 0
-        consumer = BlockingConnection(workers_node.url, timeout=10)  # worker 1
+        producer = BlockingConnection(node.url, timeout=10)  # worker 0
+        consumer = BlockingConnection(node.url, timeout=10)  # worker 1
         try:
             sender = producer.create_sender(queue)
             for n in range(100):
@@ -332,7 +335,10 @@ FRAGMENTED = {"name": "work", "match": "work.#", "kind": "fragmented", "fragment
 
 def test_a_fragmented_queue_has_a_fragment_on_every_worker_and_steals_between_them(
         start_node, clients):
-    node = start_node({"node": {"workers": WORKERS}, "admin": ADMIN, "rules": [FRAGMENTED]})
+    # placement off: this is about stealing between workers, which placement makes rare
+    # (a producer is handed to a consumer's worker: test_workers_placement.py)
+    node = start_node({"node": {"workers": WORKERS, "place_by_first_attach": False}, "admin": ADMIN,
+                       "rules": [FRAGMENTED]})
     # a consumer on each worker; then producers on each worker: no forwarding anywhere
     consumers = [clients("proton", "receive", node.url, address="work.jobs", count=0, credit=20,
                          idle_ms=4000, timeout_ms=60000) for _ in range(WORKERS)]
@@ -523,7 +529,8 @@ def test_the_admin_api_shows_every_worker_and_closes_a_connection_wherever_it_is
         queues = {w: owned_by("n1", w, "inspect") for w in range(WORKERS)}
         for queue in queues.values():  # each sent from worker 0, held by its owner
             first.create_sender(queue).send(Message(body="x"))
-        receiver = second.create_receiver(queues[0], credit=0)  # a consumer on worker 1
+        # a consumer on worker 1 (its first attach: to worker 1's queue, so it stays there)
+        receiver = second.create_receiver(queues[1], credit=0)
         view = admin(admin_node, "/api/v1/connections")
         assert view["count"] == 2 and view["workers"] == WORKERS and view["workers_unreachable"] == []
         by_worker = {c["worker"]: c for c in view["connections"]}
@@ -532,7 +539,7 @@ def test_the_admin_api_shows_every_worker_and_closes_a_connection_wherever_it_is
         held = {q["name"]: q for q in admin(admin_node, "/api/v1/queues")["queues"]}
         for owner, queue in queues.items():  # each queue once, shown with its owner
             assert held[queue]["worker"] == owner and held[queue]["depth"] == 1
-        assert held[queues[0]]["consumers"] == 1
+        assert held[queues[1]]["consumers"] == 1
         node = admin(admin_node, "/api/v1/node")
         assert node["counters"]["connections"] == 2 and node["counters"]["queues"] >= 2
         metrics = http("GET", admin_node.admin_url + "/metrics")[1]

@@ -106,6 +106,31 @@ def test_jms_request_reply_through_a_temporary_queue(node, jms):
     assert result["reply_to"].startswith("tmp.")
 
 
+def test_jms_on_a_node_with_workers_is_placed_on_the_queues_owner(start_node, jms):
+    """Qpid JMS waits for our open and begin before it attaches: the worker it lands on
+    answers them, reads its first attach, and hands it to the queue's owner, whose proton
+    reads the same frames again (proxy.amqp.first_attach). Request/reply through a
+    temporary queue (a dynamic first attach: served where it landed) works alongside."""
+    from proxy.workers.ownership import QueueOwners
+
+    owners = QueueOwners("n1", 2)
+    queue = next(f"jms.placed-{i}" for i in range(1000) if owners.owner(f"jms.placed-{i}") == 1)
+    node = start_node({"node": {"workers": 2}, "admin": ADMIN})
+    senders = [jms("send", node.url, queue, 300, prefix) for prefix in ("a", "b")]
+    for sender in senders:
+        assert sender.result()["sent"] == 300
+    got = jms("receive", node.url, queue, 0, 2000).result()["ids"]
+    assert set(got) == {f"{p}-{i}" for p in ("a", "b") for i in range(300)}
+    assert duplicates(got) == []
+    assert [i for i in got if i.startswith("a-")] == [f"a-{i}" for i in range(300)]
+    result = jms("rpc", node.url, "jms.service", 5).result()
+    assert result["replies"] == [f"re:q{i}" for i in range(5)]
+    from admin_client import admin
+
+    counters = admin(node, "/api/v1/node")["counters"]
+    assert counters["connections_handed_over"] >= 2, counters  # the senders landing on worker 0
+
+
 def test_jms_request_reply_across_a_gateway(start_node, jms):
     # The requester is on gateway a, its service behind a on the primary p. The
     # reply-to is a's temporary queue (tmp.a.N); p routes tmp.a.# back to a, so

@@ -8,7 +8,7 @@ from memory import Harness
 from proton import Connection, Message, Transport
 
 from proxy.amqp.connection import AMQP_HEADER, Identity, ServerConnection
-from proxy.amqp.first_attach import MAX_HELD, sniff
+from proxy.amqp.first_attach import MAX_HELD, only_open_and_begin, sniff
 from proxy.broker.handler import ClientHandler
 from proxy.workers.ownership import CONSUMER, PRODUCER, balanced_worker
 
@@ -46,12 +46,15 @@ def test_the_first_attach_is_read_from_a_sender_and_from_a_receiver():
     assert (got.state, got.address, got.receiver) == ("attach", "orders", True)
 
 
-def test_an_incomplete_frame_waits_and_a_boundary_without_attach_serves_here():
+def test_an_incomplete_frame_waits_and_open_and_begin_pass_to_proton():
     frames = client_frames(sender="orders")
     for cut in (1, 7, 12, len(frames) - 1):
         assert sniff(frames[:cut]).state == "wait", cut
     # open (and begin) only: a client waiting for our open before it begins (go-amqp, JMS)
-    assert sniff(client_frames(links=False)).state == "serve"
+    assert sniff(client_frames(links=False)).state == "pass"
+    assert only_open_and_begin(client_frames(links=False))
+    assert not only_open_and_begin(client_frames(sender="orders"))  # an attach among them
+    assert not only_open_and_begin(client_frames(links=False) + b"\x00\x00\x00\x08\x02\x00\x00\x00")
 
 
 def test_what_cannot_be_placed_is_served_here():
@@ -97,7 +100,9 @@ def test_a_connection_handed_over_after_its_first_attach_is_served_by_the_owner(
     # hand over: worker B resumes with the identity and the held frames
     server_b = ServerConnection(b.settings, b.authenticator, handler := ClientHandler(b.broker), 0.0)
     handler.server_connection = server_b
-    server_b.resume_handed_over(Identity("anonymous", "ANONYMOUS"), server_a.held_frames())
+    frames, answered = server_a.handover()
+    assert answered == AMQP_HEADER  # nothing but our header was written
+    server_b.resume_handed_over(Identity("anonymous", "ANONYMOUS"), frames, answered)
     server_a.release()
     a.clients.remove(producer)
     producer.server, producer.handler = server_b, handler
@@ -135,15 +140,79 @@ def test_a_connection_not_handed_over_is_served_where_it_landed():
     assert a.broker.queues.get("orders").depth == 1
 
 
-def test_a_client_waiting_for_our_open_is_not_held():
+def test_a_client_that_waits_for_our_open_and_begin_is_handed_over_after_them():
+    """go-amqp and Qpid JMS wait for our open (and begin) before they attach: worker A's
+    proton answers them; worker B reads the same frames, and its answers, which the
+    client has already, are dropped."""
+    a, b = Harness(), Harness()
+    client = _unpumped_client(a)
+    client.server.placing = True
+    a.pump()  # SASL, header, open: answered by A
+    assert client.connection.state & Connection.REMOTE_ACTIVE
+    session = client.connection.session()
+    session.open()
+    a.pump()  # begin: answered by A
+    assert session.state & Connection.REMOTE_ACTIVE
+    assert client.server.placing and client.server.first_attach is None
+    link = session.receiver("r")
+    link.source.address = "orders"
+    link.open()
+    a.pump()
+    server_a = client.server
+    assert (server_a.first_attach.address, server_a.first_attach.receiver) == ("orders", True)
+    frames, answered = server_a.handover()
+    assert answered.startswith(AMQP_HEADER) and len(answered) > len(AMQP_HEADER)
+
+    server_b = ServerConnection(b.settings, b.authenticator, handler := ClientHandler(b.broker), 0.0)
+    handler.server_connection = server_b
+    server_b.resume_handed_over(Identity("anonymous", "ANONYMOUS"), frames, answered)
+    server_a.release()
+    a.clients.remove(client)
+    client.server, client.handler = server_b, handler
+    b.clients.append(client)
+    client.inbox[link] = []
+    link.flow(10)
+    b.pump()
+    assert link.state & Connection.REMOTE_ACTIVE  # B answered the attach
+    producer = b.client()
+    sender = producer.sender("orders")
+    for n in range(5):
+        producer.send(sender, Message(id=f"m{n}", body=n))
+    b.pump()
+    assert [r.message.id for r in client.received(link)] == [f"m{n}" for n in range(5)]
+    assert client.transport.condition is None, client.transport.condition
+
+
+def test_a_heartbeat_written_before_the_attach_keeps_the_connection_where_it_is():
     a = Harness()
-    waiting = _unpumped_client(a)
-    waiting.server.placing = True
-    a.pump()  # open only: served at once
-    assert waiting.connection.state & Connection.REMOTE_ACTIVE
-    assert waiting.server.first_attach is None and not waiting.server.placing
-    link = waiting.sender("orders")
+    client = _unpumped_client(a)
+    client.server.placing = True
+    a.pump()
+    client.server._answered += b"\x00\x00\x00\x08\x02\x00\x00\x00"  # as an idle tick writes
+    session = client.connection.session()
+    session.open()
+    link = session.sender("s")
+    link.target.address = "orders"
+    link.open()
+    a.pump()
+    assert client.server.first_attach is not None
+    assert client.server.handover() is None  # B could not write the same: served here
+    client.server.serve_here()
+    a.pump()
     assert link.credit > 0
+
+
+def test_a_long_wait_for_the_first_attach_stops_holding_within_bounds():
+    a = Harness()
+    client = _unpumped_client(a)
+    client.server.placing = True
+    a.pump()
+    for _ in range(MAX_HELD // 30 + 10):  # sessions begun and ended, never an attach
+        session = client.connection.session()
+        session.open()
+        a.pump()
+    assert not client.server.placing  # an end frame, or the bound, ended it
+    assert client.server._replayed == client.server._answered == b""
 
 
 def _unpumped_client(harness: Harness):
