@@ -159,7 +159,9 @@ class ServerConnection:
         self.placing = False
         self._placed = b""  # held back: the first attach and what came with it
         self._replayed = b""  # the client's open and begin frames, which proton read
-        self._answered = b""  # what proton wrote meanwhile (our header, open, begin)
+        # what proton wrote meanwhile (our header, open, begin); None: something else too,
+        # which another worker would not write the same (a heartbeat): not handed over
+        self._answered: bytes | None = b""
         self._unanswered = b""  # handed over: output the client already has, to drop
         self.first_attach = None
 
@@ -325,7 +327,8 @@ class ServerConnection:
             self._placed, self.first_attach = held, sniffed
             return b""
         self._placed = b""
-        if sniffed.state == "pass" and len(self._replayed) + len(held) <= MAX_HELD:
+        if (sniffed.state == "pass" and self._answered is not None
+                and len(self._replayed) + len(held) <= MAX_HELD):
             self._replayed += held  # open and begin: proton answers them (_answered)
         else:
             self._stop_placing()
@@ -333,7 +336,7 @@ class ServerConnection:
 
     def _stop_placing(self) -> None:
         self.placing, self.first_attach = False, None
-        self._replayed = self._answered = b""
+        self._replayed, self._answered = b"", b""
 
     def serve_here(self) -> None:
         """Placement done, the connection stays: proton reads what was held."""
@@ -346,10 +349,9 @@ class ServerConnection:
         """For the worker this connection is handed to: the client's frames after its
         AMQP header, and what we answered (our header and proton's answers to its open
         and begin); None when what we wrote is not only that (a heartbeat went out)."""
-        answered = self._answered
-        if not answered.startswith(AMQP_HEADER) or not only_open_and_begin(answered[len(AMQP_HEADER):]):
+        if self._answered is None:
             return None
-        return self._replayed + self._placed, answered
+        return self._replayed + self._placed, self._answered
 
     def resume_handed_over(self, identity: Identity, frames: bytes, answered: bytes) -> None:
         """Serve a connection another worker of this node began: SASL said ``identity``,
@@ -453,10 +455,14 @@ class ServerConnection:
     def _placement_output(self, chunk) -> bytes:
         """Placement: keep what we answer while the first attach is awaited; handed over,
         drop what the client already has from the other worker (it must be the same)."""
-        if self.placing and chunk:
-            self._answered += chunk
-            if len(self._answered) > MAX_HELD:  # a long-lived connection without an attach
-                self._stop_placing()
+        if self.placing:
+            if chunk and self._answered is not None:
+                answered = self._answered + chunk
+                if (len(answered) <= MAX_HELD and answered.startswith(AMQP_HEADER)
+                        and only_open_and_begin(answered[len(AMQP_HEADER):])):
+                    self._answered = answered
+                else:  # another worker could not write the same (a heartbeat): not handed over
+                    self._answered, self._replayed = None, b""
             return chunk
         expected = self._unanswered
         if not chunk:

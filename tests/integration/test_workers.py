@@ -91,10 +91,11 @@ def test_competing_consumers_of_three_client_libraries_share_one_queue_across_wo
     assert set(ids) == {f"{p}-{n}" for p in names for n in range(600)}
     assert len(ids) == 1800, f"{len(ids) - len(set(ids))} duplicates"
     for kind, lines in got.items():  # one FIFO: each producer's order holds for each consumer
+        # every consumer competed, wherever it landed (how a producer's bursts split among
+        # consumers with credit 20 is timing: one may see none of a fast producer's)
+        assert len(lines) >= 100, f"{kind} got {len(lines)} messages"
         for producer in names:
             seqs = [line["seq"] for line in lines if line["producer"] == producer]
-            # and every consumer competed for every producer's messages, wherever each landed
-            assert seqs, f"{kind} got none of {producer}'s messages"
             assert seqs == sorted(seqs), f"{kind} got {producer}'s messages out of order"
     assert set(served_by(workers_node)) == set(range(WORKERS))  # clients on both workers
 
