@@ -79,34 +79,56 @@ def test_a_fragmented_queue_places_each_role_where_it_is_missing():
 
 
 # -- a connection begun on one worker, served by another -----------------------------
+def placing_client(harness: Harness):
+    """A client whose server side holds its first attach (as a worker does); not pumped."""
+    from memory import Client
+
+    client = Client(harness)
+    client.server.placing = True
+    return client
+
+
+def open_link(client, *, sender: str | None = None, receiver: str | None = None):
+    session = client.session or client.connection.session()
+    client.session = session
+    session.open()
+    if sender is not None:
+        link = session.sender("s")
+        link.target.address = sender
+    else:
+        link = session.receiver("r")
+        link.source.address = receiver
+        client.inbox[link] = []
+    link.open()
+    return link
+
+
+def hand_over(client, a: Harness, b: Harness) -> None:
+    """What the worker that owns the queue does with the connection worker A held."""
+    server_a = client.server
+    frames, answered = server_a.handover()
+    server_b = ServerConnection(b.settings, b.authenticator, handler := ClientHandler(b.broker), 0.0)
+    handler.server_connection = server_b
+    server_b.resume_handed_over(Identity("anonymous", "ANONYMOUS"), frames, answered)
+    server_a.release()
+    a.clients.remove(client)
+    client.server, client.handler = server_b, handler
+    b.clients.append(client)
+
+
 def test_a_connection_handed_over_after_its_first_attach_is_served_by_the_owner():
     """Worker A holds the client's open, begin and attach back from proton; worker B
     resumes from them; the client sees one ordinary connection (one AMQP header)."""
     a, b = Harness(), Harness()
-    producer = _unpumped_client(a)
-    producer.server.placing = True
-    session = producer.connection.session()
-    session.open()
-    link = session.sender("s")
-    link.target.address = "orders"
-    link.open()
+    producer = placing_client(a)
+    link = open_link(producer, sender="orders")
     a.pump()
-    server_a = producer.server
-    attach = server_a.first_attach
+    attach = producer.server.first_attach
     assert attach is not None and (attach.address, attach.receiver) == ("orders", False)
     assert not producer.connection.state & Connection.REMOTE_ACTIVE  # nothing but our header yet
     assert a.broker.queues.get("orders") is None  # worker A never saw the attach
-
-    # hand over: worker B resumes with the identity and the held frames
-    server_b = ServerConnection(b.settings, b.authenticator, handler := ClientHandler(b.broker), 0.0)
-    handler.server_connection = server_b
-    frames, answered = server_a.handover()
-    assert answered == AMQP_HEADER  # nothing but our header was written
-    server_b.resume_handed_over(Identity("anonymous", "ANONYMOUS"), frames, answered)
-    server_a.release()
-    a.clients.remove(producer)
-    producer.server, producer.handler = server_b, handler
-    b.clients.append(producer)
+    assert producer.server.handover()[1] == AMQP_HEADER  # nothing but our header was written
+    hand_over(producer, a, b)
     b.pump()
     assert producer.connection.state & Connection.REMOTE_ACTIVE
     assert link.credit > 0, "the owner answered the attach and gave credit"
@@ -116,20 +138,14 @@ def test_a_connection_handed_over_after_its_first_attach_is_served_by_the_owner(
     consumer = b.client()
     receiver = consumer.receiver("orders", credit=50)
     b.pump()
-    got = [r.message.id for r in consumer.received(receiver)]
-    assert got == [f"m{n}" for n in range(20)]
+    assert [r.message.id for r in consumer.received(receiver)] == [f"m{n}" for n in range(20)]
     assert producer.transport.condition is None, producer.transport.condition
 
 
 def test_a_connection_not_handed_over_is_served_where_it_landed():
     a = Harness()
-    producer = _unpumped_client(a)
-    producer.server.placing = True
-    session = producer.connection.session()
-    session.open()
-    link = session.sender("s")
-    link.target.address = "orders"
-    link.open()
+    producer = placing_client(a)
+    link = open_link(producer, sender="orders")
     a.pump()
     assert producer.server.first_attach is not None
     producer.server.serve_here()
@@ -145,32 +161,21 @@ def test_a_client_that_waits_for_our_open_and_begin_is_handed_over_after_them():
     proton answers them; worker B reads the same frames, and its answers, which the
     client has already, are dropped."""
     a, b = Harness(), Harness()
-    client = _unpumped_client(a)
-    client.server.placing = True
+    client = placing_client(a)
     a.pump()  # SASL, header, open: answered by A
     assert client.connection.state & Connection.REMOTE_ACTIVE
-    session = client.connection.session()
-    session.open()
+    client.session = client.connection.session()
+    client.session.open()
     a.pump()  # begin: answered by A
-    assert session.state & Connection.REMOTE_ACTIVE
+    assert client.session.state & Connection.REMOTE_ACTIVE
     assert client.server.placing and client.server.first_attach is None
-    link = session.receiver("r")
-    link.source.address = "orders"
-    link.open()
+    link = open_link(client, receiver="orders")
     a.pump()
-    server_a = client.server
-    assert (server_a.first_attach.address, server_a.first_attach.receiver) == ("orders", True)
-    frames, answered = server_a.handover()
+    attach = client.server.first_attach
+    assert (attach.address, attach.receiver) == ("orders", True)
+    frames, answered = client.server.handover()
     assert answered.startswith(AMQP_HEADER) and len(answered) > len(AMQP_HEADER)
-
-    server_b = ServerConnection(b.settings, b.authenticator, handler := ClientHandler(b.broker), 0.0)
-    handler.server_connection = server_b
-    server_b.resume_handed_over(Identity("anonymous", "ANONYMOUS"), frames, answered)
-    server_a.release()
-    a.clients.remove(client)
-    client.server, client.handler = server_b, handler
-    b.clients.append(client)
-    client.inbox[link] = []
+    hand_over(client, a, b)
     link.flow(10)
     b.pump()
     assert link.state & Connection.REMOTE_ACTIVE  # B answered the attach
@@ -185,16 +190,11 @@ def test_a_client_that_waits_for_our_open_and_begin_is_handed_over_after_them():
 
 def test_a_heartbeat_written_before_the_attach_keeps_the_connection_where_it_is():
     a = Harness()
-    client = _unpumped_client(a)
-    client.server.placing = True
+    client = placing_client(a)
     a.pump()
     client.server._placement_output(b"\x00\x00\x00\x08\x02\x00\x00\x00")  # as an idle tick writes
     assert client.server.placing  # still reading for the first attach, but it will stay here
-    session = client.connection.session()
-    session.open()
-    link = session.sender("s")
-    link.target.address = "orders"
-    link.open()
+    link = open_link(client, sender="orders")
     a.pump()
     assert client.server.first_attach is not None
     assert client.server.handover() is None  # B could not write the same: served here
@@ -205,18 +205,11 @@ def test_a_heartbeat_written_before_the_attach_keeps_the_connection_where_it_is(
 
 def test_a_long_wait_for_the_first_attach_stops_holding_within_bounds():
     a = Harness()
-    client = _unpumped_client(a)
-    client.server.placing = True
+    client = placing_client(a)
     a.pump()
-    for _ in range(MAX_HELD // 30 + 10):  # sessions begun and ended, never an attach
+    for _ in range(MAX_HELD // 30 + 10):  # sessions begun, never an attach
         session = client.connection.session()
         session.open()
         a.pump()
-    assert not client.server.placing  # the bound ended it
+    assert not client.server.placing  # the bound (or a refused session's end) ended it
     assert client.server._replayed == client.server._answered == b""
-
-
-def _unpumped_client(harness: Harness):
-    from memory import Client
-
-    return Client(harness)
