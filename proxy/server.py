@@ -54,8 +54,9 @@ class AmqpProtocol(EngineProtocol):
         # when its output last moved or had nothing waiting
         self._sent_seen = 0
         self._moved_at = 0.0
-        # a connection another worker began and handed to us (Node.hand_over):
-        # (identity, the frames after the client's AMQP header, user counted)
+        # a connection another worker began and handed to us (proxy.workers.placement):
+        # (identity, the client's frames after its AMQP header, what it was answered,
+        # whether its user is counted, the fragmented-queue balance it was placed by)
         self._handed = handed
 
     def connection_made(self, transport) -> None:
