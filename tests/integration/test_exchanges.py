@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from exchange_support import receive_ids, send_subjects
+from proton import Message
 
 from proxy.config.errors import ConfigError
 from proxy.config.settings import from_dict
@@ -124,3 +125,36 @@ def test_full_local_queue_holds_back_credit(node):
     assert outcomes.pop("error") == "timeout"  # no credit beyond the queue's room: nothing dropped
     assert sorted(outcomes) == [f"t{i}" for i in range(5)]
     assert sorted(receive_ids(node.url, "small")) == [f"t{i}" for i in range(5)]
+
+
+def test_a_remote_source_fills_its_queue_to_the_depth_limit_and_no_further(start_node):
+    """A source from another fedgate node, which honours our credit, fills its queue to
+    exactly the depth limit: the node grants credit only within the queue's room, in runs
+    of its window (RabbitMQ 3.10 sometimes sends past our credit: the depth then passes
+    the limit by just that, test_exchanges_rabbitmq.py)."""
+    from admin_client import ADMIN, admin_get, wait_for
+    from proton.utils import BlockingConnection
+
+    primary = start_node(name="primary")
+    with_primary = BlockingConnection(primary.url, timeout=10)
+    try:
+        sender = with_primary.create_sender("feed")
+        for n in range(300):
+            sender.send(Message(id=f"m{n}", body=n))
+    finally:
+        with_primary.close()
+    node = start_node({"admin": ADMIN, "queue": [{"name": "audit", "max_depth": 50}],
+                       "bindings": [{"queue": "audit", "source": {"primary": primary.url,
+                                                                  "address": "feed", "window": 20}}]})
+
+    def depth():
+        return next((q["depth"] for q in admin_get(node, "/api/v1/queues")["queues"]
+                     if q["name"] == "audit"), 0)
+
+    wait_for(lambda: depth() >= 50, 20, "the queue to fill")
+    sources = admin_get(node, "/api/v1/exchanges")["sources"]
+    wait_for(lambda: admin_get(node, "/api/v1/exchanges")["sources"][0]["credit"] == 0, 10,
+             "the source's credit to run out")
+    assert depth() == 50, (depth(), sources)
+    got = receive_ids(node.url, "audit", quiet=3.0, timeout=60)
+    assert sorted(got, key=lambda i: int(i[1:])) == [f"m{n}" for n in range(300)]  # all, once

@@ -126,12 +126,18 @@ def test_local_queue_bound_to_a_rabbitmq_exchange(any_rabbit, start_node):
         rabbit.version == 4 and outcomes.pop("other") == ("released", None)
         and set(outcomes.values()) == {("accepted", None)})
 
+    def source():
+        return admin_get(node, "/api/v1/exchanges")["sources"][0]
+
     try:
-        wait_for(lambda: depth() == 50, 20, "the local queue to fill up to its depth limit")
+        # full: 50, or more only by what RabbitMQ sent past our credit (its credit < 0:
+        # 3.10 sometimes sends a few past it when a flow crosses its transfers, §2.6.7)
+        wait_for(lambda: depth() >= 50 and depth() == 50 + max(0, -source()["credit"]), 20,
+                 "the local queue to fill up to its depth limit")
     except AssertionError as exc:  # say where it stopped: the binding's link and credit
-        sources = admin_get(node, "/api/v1/exchanges")["sources"]
-        raise AssertionError(f"{exc}: depth {depth()}, sources {sources}, "
+        raise AssertionError(f"{exc}: depth {depth()}, sources {source()}, "
                              f"bound {rabbit.bound_queues('amq.topic', f'{key}.#')}") from None
-    assert depth() == 50  # credit held back: the other 150 wait on RabbitMQ
+    # credit held back: the rest wait on RabbitMQ (the node grants nothing past the room)
+    assert depth() < 200 and source()["credit"] <= 0, (depth(), source())
     got = receive_ids(node.url, queue, quiet=3.0, timeout=60)
     assert sorted(got) == sorted(f"s{i}" for i in range(200))  # all, once; 'other' not bound
