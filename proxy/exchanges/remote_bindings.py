@@ -33,6 +33,7 @@ from cproton import (
     pn_delivery_update,
     pn_link_credit,
     pn_link_flow,
+    pn_link_queued,
 )
 from proton import Condition, Delivery, Link
 
@@ -69,14 +70,21 @@ class RemoteSubscription(UpstreamLinkOwner):
     # -- credit (same contract as QueueProducer) -------------------------------------
     @property
     def outstanding_credit(self) -> int:
-        return pn_link_credit(self.up_ptr) if self.up_ptr is not None and self.up_attached else 0
+        """The room this source holds in its queue: its credit, and the deliveries proton
+        has received for it and it has not read yet (their credit is spent, they are not
+        in the queue yet: a run of them arrives at once and is read one event at a time,
+        and a top-up between two of them must not grant their room again)."""
+        up = self.up_ptr
+        if up is None or not self.up_attached:
+            return 0
+        # never below 0: a primary that sent past our credit must not make room look larger
+        return max(0, pn_link_credit(up)) + pn_link_queued(up)
 
     def top_up(self) -> None:
         up = self.up_ptr
         if up is None or not self.up_attached or self.closed:
             return
-        credit = pn_link_credit(up)
-        want = self.window - credit - self.waiting
+        want = self.window - self.outstanding_credit - self.waiting
         if want <= 0:
             return
         want = self.queue.credit_within_room(want)
@@ -173,5 +181,6 @@ class RemoteSubscription(UpstreamLinkOwner):
     def describe(self) -> dict:
         return {"queue": self.queue.name, "source": self.remote_address,
                 "primary": self.upstream.target.display, "attached": self.up_attached,
-                "received": self.received, "credit": self.outstanding_credit,
+                "received": self.received,
+                "credit": pn_link_credit(self.up_ptr) if self.up_ptr is not None and self.up_attached else 0,
                 "last_error": self.last_error}
