@@ -46,7 +46,6 @@ from proton import Data, DataException
 MAX_HELD = 16 * 1024  # bytes of a new connection's first frames held back at most
 
 OPEN, BEGIN, ATTACH = 0x10, 0x11, 0x12  # performative descriptors (§2.7)
-SOURCE, TARGET = 0x28, 0x29  # messaging terminus descriptors (§3.5.3, §3.5.4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,14 +119,4 @@ def sniff(frames: bytes) -> Sniffed:
 
 def only_open_and_begin(frames: bytes) -> bool:
     """Whether ``frames`` (what we answered) are complete open and begin frames only."""
-    position = 0
-    while position < len(frames):
-        if len(frames) - position < 8:
-            return False
-        size, doff = struct.unpack_from(">IB", frames, position)
-        if size < 8 or doff < 2 or doff * 4 > size or len(frames) - position < size:
-            return False
-        if _descriptor(frames[position + doff * 4:position + size]) not in (OPEN, BEGIN):
-            return False
-        position += size
-    return True
+    return sniff(frames) is PASS

@@ -314,9 +314,9 @@ class Supervisor:
             balance = head.get("balance")
             if balance is not None:  # a fragmented queue's: the worker that lacks the role
                 group, role = str(balance[0]), int(balance[1])
-                counts = self.balance.setdefault(group, {})
                 alive = [w.index for w in self.workers if w.channel is not None and w.ready.is_set()]
-                target = self.workers[balanced_worker(counts, source.index, role, alive)]
+                target = self.workers[balanced_worker(self.balance.get(group, {}), source.index,
+                                                      role, alive)]
             else:
                 target = self.workers[int(head["to"])]
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as exc:

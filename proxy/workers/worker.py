@@ -22,9 +22,10 @@ Placement (issue #36): a connection whose first attach names a local queue
 another worker owns is handed to that worker before proton reads a frame of
 it (``proxy.amqp.first_attach``), so a client's messages need not cross to the
 owner one by one. ``<handover>`` is a JSON head (the worker it goes ``to``, the
-client's ``ip``, the identity SASL established and whether the user is counted
-against ``max_connections_per_user``), a NUL byte, and the frames the client
-sent after its AMQP header. The supervisor moves the connection's counts from
+client's ``ip``, the identity SASL established, whether the user is counted
+against ``max_connections_per_user``, and in hex what the client was already
+answered: our AMQP header, and our open and begin if it waited for them), a NUL
+byte, and the frames the client sent after its AMQP header. The supervisor moves the connection's counts from
 one worker to the other and passes it on (back to the sender if the target is
 not running). For a fragmented queue the head says ``balance`` (the group and
 the role, consumer or producer) instead of a worker, and the supervisor picks
