@@ -62,6 +62,7 @@ static ssize_t (*link_send)(void *, const char *, size_t);
 static uint64_t (*delivery_remote_state)(void *);
 static void (*delivery_update)(void *, uint64_t);
 static void (*delivery_settle)(void *);
+static void *(*link_current)(void *);
 
 /* cffi's conversions (its _C_API table: the entries _cffi_include.h numbers 10 and 11) */
 static PyObject *(*from_pointer)(char *, PyObject *);
@@ -70,20 +71,21 @@ static char *(*to_pointer)(PyObject *, PyObject *);
 /* python-qpid-proton's ctypes for the pointers we make and read */
 static PyObject *ct_collector, *ct_event, *ct_delivery, *ct_link, *ct_connection;
 static PyObject *partial_sizes;  /* engine._partial_sizes: relay() leaves links listed there to Python */
+static PyObject *late_links;     /* engine.late_links: while not empty, relay() leaves all to Python */
 static PyObject *slow;           /* relay()'s answer when Python must do it */
 static PyObject *on_event_name;  /* "on_event" */
 static char read_buffer[READ_SIZE];
 static bool ready;
 
-#define N_FUNCTIONS 16
+#define N_FUNCTIONS 17
 #define N_CTYPES 5
 
 static PyObject *
 setup(PyObject *self, PyObject *args)
 {
-    PyObject *capsule, *functions, *ctypes, *sizes, *answer;
-    if (!PyArg_ParseTuple(args, "OO!O!O!O", &capsule, &PyTuple_Type, &functions, &PyTuple_Type,
-                          &ctypes, &PyDict_Type, &sizes, &answer))
+    PyObject *capsule, *functions, *ctypes, *sizes, *answer, *late;
+    if (!PyArg_ParseTuple(args, "OO!O!O!OO!", &capsule, &PyTuple_Type, &functions, &PyTuple_Type,
+                          &ctypes, &PyDict_Type, &sizes, &answer, &PyDict_Type, &late))
         return NULL;
     void **exports = PyCapsule_GetPointer(capsule, "cffi");
     if (exports == NULL)
@@ -119,6 +121,7 @@ setup(PyObject *self, PyObject *args)
     delivery_remote_state = addresses[13];
     delivery_update = addresses[14];
     delivery_settle = addresses[15];
+    link_current = addresses[16];
     from_pointer = exports[10];
     to_pointer = exports[11];
     Py_INCREF(ctypes);  /* kept for the process's life, with what it holds */
@@ -129,6 +132,8 @@ setup(PyObject *self, PyObject *args)
     ct_connection = PyTuple_GET_ITEM(ctypes, 4);
     Py_INCREF(sizes);
     partial_sizes = sizes;
+    Py_INCREF(late);
+    late_links = late;
     Py_INCREF(answer);
     slow = answer;
     ready = true;
@@ -254,7 +259,11 @@ pump(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static ssize_t
 take(void *link, void *delivery, long long max_size)
 {
-    if (PyDict_GET_SIZE(partial_sizes))
+    if (PyDict_GET_SIZE(partial_sizes) || PyDict_GET_SIZE(late_links))
+        return -1;
+    /* a delivery event for one that is not current is the peer's disposition (issue #41):
+       reading would take the current delivery's bytes as its own */
+    if (link_current(link) != delivery)
         return -1;
     if (delivery_partial(delivery) || delivery_aborted(delivery))
         return -1;
@@ -402,7 +411,7 @@ roundtrip(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
-     "setup(cffi_capsule, function_addresses, ctypes, partial_sizes, slow)"},
+     "setup(cffi_capsule, function_addresses, ctypes, partial_sizes, slow, late_links)"},
     {"pump", (PyCFunction)(void (*)(void))pump, METH_FASTCALL,
      "pump(collector, links, method, handlers, handler): run a collector's events"},
     {"relay", (PyCFunction)(void (*)(void))relay, METH_FASTCALL,

@@ -65,6 +65,17 @@ from proton import Link
 
 from proxy.amqp import fastpath
 from proxy.amqp.fastpath import RELAY_IN_PYTHON, fastpath_off  # noqa: F401
+from proxy.amqp.partials import (  # noqa: F401  (incomplete transfers; hold is re-exported)
+    _partial_sizes,
+    forget_link,
+    frame_watches,
+    hold,
+    late_links,
+    late_refused as _late_refused,
+    partial_transfers,
+    updated as _updated,
+    watch_partial as _watch_partial,
+)
 
 # the hot byte paths call proton's C functions directly: cproton's Python
 # wrappers copy every buffer once more and check for errors we test ourselves
@@ -97,16 +108,6 @@ def transient(cls, impl):
     wrapper.__dict__["_attrs"] = {}
     wrapper._init()
     return wrapper
-
-
-def hold(ptr):
-    """Our reference to proton object ``ptr``: keeps it allocated while we hold it.
-
-    Same pointer (hashes and compares equal to the raw one, so tables keyed by
-    event pointers find it), no wrapper and no Python state in proton's record.
-    """
-    pn_incref(ptr)
-    return _ffi.gc(ptr, _lib.pn_decref)
 
 
 class ClientLinkEndpoint:
@@ -166,6 +167,7 @@ _delivery_partial = _lib.pn_delivery_partial
 _delivery_pending = _lib.pn_delivery_pending
 _delivery_aborted = _lib.pn_delivery_aborted
 _delivery_settle = _lib.pn_delivery_settle
+_link_current = _lib.pn_link_current
 
 
 _link_queued = _lib.pn_link_queued
@@ -190,12 +192,21 @@ def read_transfer(link, delivery, max_size: int = 0):
     Returns None while it is partial and for an aborted transfer (§2.6.14: it is
     discarded and settled), False if it is larger than ``max_size`` (0: no limit;
     the delivery stays current, for the caller to refuse). Advances past a
-    delivery it returns.
+    delivery it returns. None too for a delivery that is not current: its event is
+    the peer's disposition of a transfer read already, never a transfer (reading
+    would take the current delivery's bytes as its own); a transactional
+    connection hears of it (``proxy.amqp.partials.updated``).
     """
+    if _link_current(link) != delivery:
+        if frame_watches:
+            _updated(link, delivery)
+        return None
     if _delivery_partial(delivery):
         return _partial(link, delivery, max_size)
     if _partial_sizes:
         partial_transfers.done(link)
+    if late_links and _late_refused(link, delivery):
+        return None
     received = _link_recv(link, _read_cbuffer, _READ_SIZE)
     if 0 <= received < _READ_SIZE and not (max_size and received > max_size):
         _link_advance(link)
@@ -205,6 +216,8 @@ def read_transfer(link, delivery, max_size: int = 0):
 
 def _partial(link, delivery, max_size: int):
     """A delivery whose last frame has not come: False if it is already too large, else None."""
+    if frame_watches and link not in late_links:
+        _watch_partial(link, delivery)
     if max_size and _delivery_pending(delivery) > max_size:
         partial_transfers.done(link)
         return False
@@ -214,68 +227,8 @@ def _partial(link, delivery, max_size: int):
     return None if partial_transfers.grew(link, delivery) else False
 
 
-class PartialTransfers:
-    """Bytes of multi-frame transfers not complete yet, over every link of the process (#21).
-
-    A sender may spread a message over many transfer frames (§2.6.14); proton
-    keeps what came until the last one, up to max_message_size per link. Their
-    sum counts with what the queues hold against ``memory`` (the node's
-    ``MemoryUse``: ``[limits] max_memory``); a transfer that would pass it is
-    refused as too large. A link has at most one incomplete delivery (the next
-    starts after its last frame), so sizes are kept per link (held while
-    listed). Client links leave the list when they close (``forget``); others
-    (a primary's) when the sum is checked over the limit, if their link or
-    connection has ended.
-    """
-
-    def __init__(self) -> None:
-        self.sizes: dict = _partial_sizes
-        self.total = 0
-        self.memory = None  # set by the node: an object with ``limit`` and ``used``
-
-    def grew(self, link, delivery) -> bool:
-        """``delivery`` on ``link`` got more bytes: False if the node has no room for them."""
-        size = _delivery_pending(delivery)
-        sizes = self.sizes
-        old = sizes.get(link)
-        if old is None:
-            sizes[hold(link)] = size  # the key holds the link while it is listed
-            old = 0
-        else:
-            sizes[link] = size  # an existing key stays (the held one)
-        self.total += size - old
-        memory = self.memory
-        if self.total + memory.used <= memory.limit:
-            return True
-        self._recount()
-        if self.total + memory.used <= memory.limit:
-            return True
-        self.done(link)
-        return False
-
-    def done(self, link) -> None:
-        self.total -= self.sizes.pop(link, 0)
-
-    forget = done  # a link that closed
-
-    def _recount(self) -> None:
-        ended = _lib.PN_LOCAL_CLOSED | _lib.PN_REMOTE_CLOSED
-        for link in list(self.sizes):
-            connection = _lib.pn_session_connection(_lib.pn_link_session(link))
-            if _lib.pn_link_state(link) & ended or _lib.pn_connection_transport(connection) == _ffi.NULL:
-                self.done(link)
-                continue
-            current = _lib.pn_link_current(link)
-            if current == _ffi.NULL or not _delivery_partial(current):
-                self.done(link)
-
-
-_partial_sizes: dict = {}  # link (held) -> bytes of its incomplete delivery
-partial_transfers = PartialTransfers()
-
-
 # the C fast path when it is built (proxy.amqp.fastpath), else None: the Python here does it all
-_fastpath = fastpath.load(_partial_sizes)
+_fastpath = fastpath.load(_partial_sizes, late_links)
 fastpath_loaded = _fastpath is not None
 
 
@@ -312,10 +265,16 @@ def relay_transfer(link, delivery, target, tag: int, max_size: int = 0):
     case in C.
     """
     tag = str(tag).encode()
+    if _link_current(link) != delivery:  # a disposition's event (read_transfer)
+        if frame_watches:
+            _updated(link, delivery)
+        return None
     if _delivery_partial(delivery):
         return _partial(link, delivery, max_size)
     if _partial_sizes:
         partial_transfers.done(link)
+    if late_links and _late_refused(link, delivery):
+        return None
     received = _link_recv(link, _read_cbuffer, _READ_SIZE)
     if 0 <= received < _READ_SIZE and not (max_size and received > max_size):
         _link_advance(link)

@@ -30,15 +30,17 @@ fastpath_loaded = False
 _FUNCTIONS = ("pn_collector_peek", "pn_collector_pop", "pn_event_delivery", "pn_event_connection",
               "pn_event_type", "pn_delivery_link", "pn_delivery_partial", "pn_delivery_aborted",
               "pn_delivery_pending", "pn_link_recv", "pn_link_advance", "pn_delivery", "pn_link_send",
-              "pn_delivery_remote_state", "pn_delivery_update", "pn_delivery_settle")
+              "pn_delivery_remote_state", "pn_delivery_update", "pn_delivery_settle", "pn_link_current")
 _POINTER_TYPES = ("pn_collector_t", "pn_event_t", "pn_delivery_t", "pn_link_t", "pn_connection_t")
 
 
-def load(partial_sizes: dict):
+def load(partial_sizes: dict, late_links: dict):
     """The set-up C module, or None (not built, or switched off).
 
     ``partial_sizes``: the engine's table of links with a partial transfer being
-    counted; the C relay leaves those links' deliveries to Python.
+    counted; the C relay leaves those links' deliveries to Python. ``late_links``:
+    links whose incomplete delivery's later frames are watched (the engine's
+    ``late_links``); while there is one, the C relay leaves every delivery to Python.
     """
     global fastpath_loaded
     if fastpath_off:
@@ -52,7 +54,8 @@ def load(partial_sizes: dict):
         library = ctypes.CDLL(cproton_ffi.__file__)  # already loaded: the same handle
         addresses = tuple(ctypes.cast(getattr(library, name), ctypes.c_void_p).value for name in _FUNCTIONS)
         pointer_types = tuple(_ffi.typeof(f"{name} *") for name in _POINTER_TYPES)
-        _fastpath.setup(_cffi_backend._C_API, addresses, pointer_types, partial_sizes, RELAY_IN_PYTHON)
+        _fastpath.setup(_cffi_backend._C_API, addresses, pointer_types, partial_sizes, RELAY_IN_PYTHON,
+                        late_links)
         # cffi's conversions as the module expects them, and a pump over an empty collector
         collector = _lib.pn_collector()
         back = _fastpath.roundtrip(collector)

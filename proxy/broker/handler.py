@@ -197,9 +197,9 @@ class ClientHandler:
 
     def release_all(self) -> None:
         """The connection is gone: every link's state goes back to the broker."""
-        if engine.partial_transfers.sizes:  # incomplete transfers end with the connection
+        if engine.partial_transfers.sizes or engine.late_links:  # incomplete transfers end too
             for ptr in self.links:
-                engine.partial_transfers.forget(ptr)
+                engine.forget_link(ptr)
         endpoints = list(self.links.values())
         self.links.clear()
         for endpoint in endpoints:
@@ -462,8 +462,8 @@ class ClientHandler:
 
     def _on_link_close(self, event) -> None:
         ptr = engine.pn_event_link(event)
-        if engine.partial_transfers.sizes:
-            engine.partial_transfers.forget(ptr)
+        if engine.partial_transfers.sizes or engine.late_links:
+            engine.forget_link(ptr)
         endpoint = self.links.pop(ptr, None)
         if endpoint is not None:
             endpoint.detached()

@@ -87,6 +87,7 @@ class ProxyProducer(_ProxyEndpoint):
     # (callables: go(True) sends, go(False) refuses). Shared empty ones until first used.
     txn_inflight: dict = {}
     txn_pending: deque = deque()
+    credited = False  # the client has had credit from us (the declare fence, below)
 
     def __init__(self, handler, client_link, upstream, remote_address,
                  capabilities: tuple[str, ...] = (), rule=None) -> None:
@@ -185,6 +186,20 @@ class ProxyProducer(_ProxyEndpoint):
         if want > 0:
             pn_link_flow(self.link_ptr, want)
             self.handler.mark_dirty()
+            if not self.credited:
+                self._first_credit()
+
+    @property
+    def awaits_first_credit(self) -> bool:
+        """No credit given yet (the primary has not granted any): a transaction declared on this
+        connection is answered after it (proxy.transactions.coordinator's declare fence)."""
+        return not self.credited and not self.closed
+
+    def _first_credit(self) -> None:
+        self.credited = True
+        transactions = self.handler.transactions
+        if transactions is not None and transactions.held_declares:
+            transactions.senders_ready()
 
     def _behind(self) -> bool:
         """More than ``max_output_buffer`` waits to be written to the primary (in proton, or in

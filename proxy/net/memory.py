@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import defaultdict
+from collections import defaultdict, deque
 from time import thread_time
 from typing import Callable
 
@@ -72,6 +72,7 @@ class MemoryTransport(asyncio.Transport):
         self._closing = False
         self._lost = False
         self._paused = False
+        self._delayed: deque = deque()  # written, carried with the pair's latency (in order)
         self._waiting: list[bytes] = []  # arrived while reading was paused
         self._out: WriteBuffer | None = None  # set with the protocol (attach)
         self._in_kernel = 0  # bytes this side sent that the peer has not read yet
@@ -235,6 +236,7 @@ class MemoryNetwork:
         self.dead: set[str] = set()
         self._killed: dict = {}  # listeners of killed hosts, for revive
         self.partitions: set[frozenset] = set()
+        self.latency: dict[frozenset, float] = {}  # a pair of hosts -> seconds each write takes
         self.in_flight = 0  # chunks written, not yet delivered
         self.busy: dict[str, float] = defaultdict(float)  # host -> seconds handling input
         self._ids = itertools.count(1)
@@ -256,6 +258,13 @@ class MemoryNetwork:
 
     def heal(self, a: str, b: str) -> None:
         self.partitions.discard(frozenset((a, b)))
+
+    def slow(self, a: str, b: str, seconds: float) -> None:
+        """Every write between hosts a and b arrives ``seconds`` later (0: at once), in order."""
+        if seconds:
+            self.latency[frozenset((a, b))] = seconds
+        else:
+            self.latency.pop(frozenset((a, b)), None)
 
     def kill(self, name: str) -> None:
         """Host ``name`` is gone: connections reset, listeners removed, connects refused."""
@@ -319,7 +328,15 @@ class MemoryNetwork:
             self._loop().call_soon(sender._taken, len(data))
             return  # dropped on the floor
         self.in_flight += 1
-        self._loop().call_soon(self._deliver, sender.peer, pipe, source, target, data)
+        delay = self.latency.get(frozenset((source, target))) if self.latency else None
+        if delay:  # in order: timers due at the same instant may fire in any order
+            sender._delayed.append(data)
+            self._loop().call_later(delay, self._deliver_delayed, sender, pipe, source, target)
+        else:
+            self._loop().call_soon(self._deliver, sender.peer, pipe, source, target, data)
+
+    def _deliver_delayed(self, sender: MemoryTransport, pipe: Pipe, source: str, target: str) -> None:
+        self._deliver(sender.peer, pipe, source, target, sender._delayed.popleft())
 
     def _deliver(self, receiver: MemoryTransport, pipe: Pipe, source: str, target: str,
                  data: bytes) -> None:

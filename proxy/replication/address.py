@@ -85,6 +85,11 @@ class PendingLink(engine.ClientLinkEndpoint):
     def on_flow(self) -> None:
         pass
 
+    @property
+    def awaits_first_credit(self) -> bool:
+        """A client's sender held with no credit (proxy.transactions.coordinator's declare fence)."""
+        return self.link.is_receiver
+
     def routed(self) -> None:
         """The link was routed: a drain asked for while it waited is now its endpoint's."""
         if not self.drain_requested:

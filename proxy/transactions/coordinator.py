@@ -29,6 +29,19 @@ refused). A declare beyond ``[limits] max_transactions_per_connection`` is
 rejected with ``amqp:resource-limit-exceeded``. An unknown txn-id is
 rejected with ``amqp:transaction:unknown-id``. The transactions of a
 coordinator link that ends, or of a connection that ends, are rolled back.
+
+The declare fence (issue #41). A controller may send a transaction's transfers on a
+link that has no credit yet: its library queues them, and the discharge, on the
+coordinator link that has credit, overtakes them on the wire (proton's
+``Transaction.send`` then ``commit()`` does exactly this). A local queue's producer
+link gets credit with its attach, before a declare can be answered; a proxied one
+only once its primary attached and granted credit. So a declare is answered once no
+sender link of the connection still waits for its first credit (``awaits_first_credit``:
+a proxied producer before its primary's credit, a link held for a replicated queue's
+owner), or after ``DECLARE_FENCE`` seconds: then the client has the credit before it
+learns the txn-id, as with a local queue. Transfers that arrive after their
+transaction was discharged are still refused with ``amqp:transaction:unknown-id``,
+saying the discharge came first (``discharged``: the last ``DISCHARGED_KEPT`` ids).
 """
 
 from __future__ import annotations
@@ -48,6 +61,7 @@ from proton import Link
 from proxy.amqp import engine
 from proxy.amqp.termini import set_capabilities
 from proxy.transactions import forward
+from proxy.transactions.late_state import LateStateWatch
 from proxy.transactions.local import LocalCommit, UnknownOutcome, release_held, rollback_local
 from proxy.transactions.transaction import LOCAL, Retirement, Transaction, TxnState
 from proxy.transactions.wire import (
@@ -75,6 +89,9 @@ RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 DECODE_ERROR = "amqp:decode-error"
 CONTROL_CREDIT = 16  # declares and discharges a controller may have in flight
 MAX_CONTROL_SIZE = 64 * 1024
+DECLARE_FENCE = 5.0  # seconds a declare waits for the connection's senders' first credit
+FENCE_CHECK = 0.01  # how often a held declare looks again (a proxied producer also says so)
+DISCHARGED_KEPT = 64  # ids of discharged transactions remembered per connection (for the reason)
 
 
 class Coordinator(engine.ClientLinkEndpoint):
@@ -142,6 +159,13 @@ class ConnectionTransactions:
         self.keys: dict[bytes, Transaction] = {}  # the encoded state of its transfers -> an open one
         self.memory = handler.broker.queues.memory  # held postings count against max_memory
         self.upstream_coordinators: dict = {}  # (coordinator, member) -> forward.UpstreamCoordinator
+        self.posted: set = set()  # client deliveries forwarded in a transaction, unanswered
+        self.held_declares: list = []  # (delivery, txn, since) waiting for senders' credit
+        self.fence_timer = None
+        self.discharged: dict[bytes, str] = {}  # txn-id -> "committed" / "rolled back", newest last
+        connection = handler.server_connection
+        self.late_watch = (LateStateWatch(self, connection.transport_ptr, connection.connection_ptr)
+                           if connection is not None and connection.transport_ptr is not None else None)
 
     # -- declare and discharge (§4.3) ---------------------------------------------------------
     def declare(self, coordinator: Coordinator, delivery, declare: Declare) -> None:
@@ -161,7 +185,42 @@ class ConnectionTransactions:
         txn.key, txn.answer = posting_key(txn.txn_id), accepted_template(txn.txn_id)
         self.keys[txn.key] = txn  # its transfers find it by their state's encoding
         manager.opened()
+        if self.held_declares or self._senders_waiting():  # the declare fence (module note)
+            self.held_declares.append((engine.hold(delivery), txn, manager.now()))
+            self._arm_fence()
+            return
         answer_declared(delivery, txn.txn_id, txn.key)  # §4.5.4
+
+    def _senders_waiting(self) -> bool:
+        return any(getattr(endpoint, "awaits_first_credit", False)
+                   for endpoint in self.handler.links.values())
+
+    def _arm_fence(self) -> None:
+        if self.fence_timer is None:
+            self.fence_timer = self.manager.call_later(FENCE_CHECK, self.senders_ready)
+
+    def senders_ready(self) -> None:
+        """Answer the held declares once no sender waits for its first credit (or the fence's
+        time is up for them); called by the fence's timer and by a proxied producer's first
+        credit."""
+        if self.fence_timer is not None:
+            self.fence_timer.cancel()
+            self.fence_timer = None
+        if not self.held_declares:
+            return
+        waiting = self._senders_waiting()
+        now = self.manager.now()
+        while self.held_declares:
+            delivery, txn, since = self.held_declares[0]
+            if waiting and now - since < DECLARE_FENCE and txn.coordinator.attached:
+                break
+            self.held_declares.pop(0)
+            if txn.coordinator.attached and txn.open:
+                answer_declared(delivery, txn.txn_id, txn.key)
+        if self.held_declares:
+            self._arm_fence()
+        self.handler.mark_dirty()
+        self.manager.call_later(0, self.handler.broker.run_pending)
 
     def discharge(self, coordinator: Coordinator, delivery, discharge) -> None:
         txn = self.txns.get(discharge.txn_id)
@@ -196,12 +255,17 @@ class ConnectionTransactions:
             forward.commit(self, txn, done)
 
     def _forget(self, txn: Transaction) -> None:
-        self.txns.pop(txn.txn_id, None)
+        if self.txns.pop(txn.txn_id, None) is not None:
+            discharged = self.discharged
+            discharged[txn.txn_id] = "being committed" if txn.state is TxnState.COMMITTING else "rolled back"
+            if len(discharged) > DISCHARGED_KEPT:
+                del discharged[next(iter(discharged))]
         if txn.key is not None:
             self.keys.pop(txn.key, None)
 
     def _committed(self, txn: Transaction, delivery, error) -> None:
         self._forget(txn)
+        self.discharged[txn.txn_id] = "committed" if error is None else "rolled back"
         txn.move(TxnState.COMMITTED if error is None else TxnState.ROLLED_BACK)
         self.manager.closed(txn, "committed" if error is None else
                             "unknown" if isinstance(error, UnknownOutcome) else "rolled_back")
@@ -243,6 +307,12 @@ class ConnectionTransactions:
         forward.coordinator_gone(self, coordinator)
 
     def connection_closed(self) -> None:
+        if self.fence_timer is not None:
+            self.fence_timer.cancel()
+            self.fence_timer = None
+        self.held_declares.clear()
+        if self.late_watch is not None:
+            self.late_watch.close()
         for txn in [t for t in self.txns.values() if t.open]:
             self.rollback(txn)
         forward.close_all(self)
@@ -274,6 +344,12 @@ class ConnectionTransactions:
         state = read_state(delivery)
         txn = self.txns.get(state.txn_id) if state is not None else None
         if txn is None:
+            ended = self.discharged.get(state.txn_id) if state is not None else None
+            if ended is not None:  # the discharge overtook this transfer (module note)
+                return state, None, (UNKNOWN_ID, (
+                    f"transaction {state.txn_id!r} was discharged ({ended}) before this arrived: "
+                    "its discharge was sent ahead of it; wait for a transaction's transfers to be "
+                    "answered before discharging it"))
             what = "no txn-id" if state is None else f"transaction {state.txn_id!r} is not open"
             return state, None, (UNKNOWN_ID, f"{what} on this connection")
         if txn.state is TxnState.COMMITTING:
@@ -342,6 +418,23 @@ class ConnectionTransactions:
         else:
             reject(delivery, *(refusal or (condition, reason)))
         self.handler.mark_dirty()
+
+    def late_state(self, txn_id: bytes, reason: str) -> None:
+        """A transfer's transactional-state came on a later frame (``late_state``): ``txn_id``
+        can only roll back now."""
+        txn = self.txns.get(txn_id)
+        if txn is not None and txn.state is ACTIVE:
+            txn.fail(reason)
+
+    def state_after_transfer(self, delivery) -> None:
+        """A disposition gave ``transactional-state`` to a transfer taken already outside any
+        transaction (its first frame had no state): the transaction can only roll back now,
+        and its commit is refused saying why (it did not hold that message)."""
+        _, txn, _ = self.find(delivery)
+        if txn is not None:
+            txn.fail("a transfer's transactional-state came in a disposition after the transfer, "
+                     "which had gone on outside the transaction: this node takes a transfer into a "
+                     "transaction by the state on its first frame (§4.4.1)")
 
     def retire(self, consumer, delivery, message) -> None:
         """A transactional disposition for ``message`` of a local queue (§4.4.2)."""

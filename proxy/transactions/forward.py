@@ -281,11 +281,13 @@ def post(table, producer, delivery, payload: bytes) -> None:
         return
     held = engine.hold(delivery)
     txn.unanswered += 1
+    table.posted.add(held)  # a disposition re-stating its state is not "too late" (late_state)
     ended = []
 
     def finish() -> None:  # once per posting, whatever became of it
         if not ended:
             ended.append(True)
+            table.posted.discard(held)
             _answered(txn)
 
     def send() -> None:

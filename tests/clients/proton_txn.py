@@ -10,6 +10,10 @@ with --abort) once all of them are answered. Prints {"committed": k} or {"aborte
 discharge is answered, then {"done": true, "committed": c, "aborted": a, "error": null}.
 --hold: after the first transaction's messages are answered, prints {"holding": k} and waits
 with it open (to be killed by a test). --durable sets the header's durable field.
+--eager: proton's own examples' shape (tx_send.py) and a new user's: each transaction's
+messages are sent as soon as it is declared, whether or not the link has credit yet (proton
+queues them), and committed (or aborted) at once, not after their outcomes; the connection
+closes once every outcome came. Prints {"refused": [condition names]} if any was refused.
 receive: one transaction; N messages received and accepted in it (``Transaction.accept``,
 left unsettled until the discharge, as proton does by default), then committed (or aborted).
 Prints {"received": [ids], "delivery_counts": [...], "outcome": "committed" | "aborted"}.
@@ -45,6 +49,8 @@ class Sender(MessagingHandler, TransactionHandler):
         self.answered = 0  # of the current transaction
         self.in_txn = 0
         self.committed = self.aborted = 0
+        self.discharged = self.outcomes = 0  # (--eager) discharges answered, transfers answered
+        self.refused: list = []
         self.code = 0
 
     def on_start(self, event) -> None:
@@ -71,18 +77,28 @@ class Sender(MessagingHandler, TransactionHandler):
         self.fill()
 
     def fill(self) -> None:
-        while (self.txn is not None and self.sender.credit > 0 and self.in_txn < self.batch
-               and self.sent < self.opts.count):
+        while (self.txn is not None and (self.opts.eager or self.sender.credit > 0)
+               and self.in_txn < self.batch and self.sent < self.opts.count):
             message = Message(id=f"t{self.number}-{self.in_txn}", body=f"t{self.number}-{self.in_txn}",
                               properties={"txn": self.number}, durable=self.opts.durable)
             self.txn.send(self.sender, message)
             self.sent += 1
             self.in_txn += 1
+        if self.opts.eager and self.txn is not None and self.in_txn:
+            txn, self.txn = self.txn, None
+            txn.abort() if self.opts.abort else txn.commit()
 
     def on_settled(self, event) -> None:  # a transactional transfer answered
         if event.link.name != self.sender.name:
             return
         state = event.delivery.remote_state
+        if self.opts.eager:
+            self.outcomes += 1
+            if state not in (0x34, event.delivery.ACCEPTED):
+                condition = event.delivery.remote.condition
+                self.refused.append(condition.name if condition else str(state))
+            self.finish_eager(event)
+            return
         if state not in (0x34, event.delivery.ACCEPTED):
             condition = event.delivery.remote.condition
             emit(error=f"message refused: {state} {condition.name if condition else ''}: "
@@ -107,8 +123,23 @@ class Sender(MessagingHandler, TransactionHandler):
         emit(aborted=self.number)
         self.next(event)
 
+    def finish_eager(self, event) -> None:
+        if self.discharged == self.number and self.outcomes == self.sent and self.sent == self.opts.count:
+            if self.refused:
+                emit(refused=self.refused)
+            emit(done=True, committed=self.committed, aborted=self.aborted, error=None)
+            event.connection.close()
+            event.container.stop()
+
     def next(self, event) -> None:
         self.txn = None
+        self.discharged += 1
+        if self.opts.eager:
+            if self.sent < self.opts.count:
+                self.declare(event.container)
+            else:
+                self.finish_eager(event)
+            return
         if self.sent < self.opts.count:
             self.declare(event.container)
         else:
@@ -196,6 +227,7 @@ def main() -> int:
     parser.add_argument("--abort", action="store_true")
     parser.add_argument("--durable", action="store_true")
     parser.add_argument("--hold", action="store_true")
+    parser.add_argument("--eager", action="store_true")
     parser.add_argument("--timeout-ms", type=int, default=30000)
     opts = parser.parse_args()
     handler = Sender(opts) if opts.mode == "send" else Receiver(opts)
