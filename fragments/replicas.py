@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 
-from proxy.replication.address import hold_link, release_links
+from proxy.replication.parked import hold_link, release_links
 
 log = logging.getLogger("fedgate.fragments")
 

@@ -323,6 +323,14 @@ class ProxyProducer(_ProxyEndpoint):
         self.pending.append((payload, delivery))
         self._send_pending()
 
+    def take_over(self, payload: bytes, delivery) -> None:
+        """A transfer another endpoint of this link held (proxy.replication.address.park): sent
+        to the primary after what waits (``delivery`` None: the client pre-settled it)."""
+        self.received += 1
+        self.pending.append((payload, delivery))
+        self._send_pending()
+        self.sync_credit()
+
     def _send_pending(self) -> None:
         up = self.up_ptr
         if up is None or not self.up_attached or self.suspects:

@@ -219,8 +219,18 @@ class QueueProducer(engine.ClientLinkEndpoint):
                 pn_delivery_update(delivery, PN_ACCEPTED)
             pn_delivery_settle(delivery)
             return
-        replica_set.wait(replica_set.ticket, (self, delivery))
+        # the bytes too: a primary fenced before the copies hold it hands them on (take_over)
+        replica_set.wait(replica_set.ticket, (self, delivery, message.payload))
         self.unconfirmed += 1
+
+    def take_over(self, payload: bytes, delivery) -> None:
+        """A transfer another endpoint of this link held (proxy.replication.address.park): as
+        if it arrived now (``delivery`` None: the client pre-settled it)."""
+        self.received += 1
+        if delivery is None:
+            self.handler.broker.enqueue(self.queue, StoredMessage(payload), expiry=self.expiry)
+        else:
+            self._arrived(delivery, payload)
 
     def confirmed(self, delivery) -> None:
         """The in-sync copies hold ``delivery``'s message: accepted now. The caller calls

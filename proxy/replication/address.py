@@ -32,11 +32,11 @@ import json
 import logging
 from dataclasses import dataclass
 
-from proxy.amqp import engine
 from proxy.broker.handler import LinkRefused
 from routing.replication import replicas_of
 
 from .copies import BackupCopy, PrimaryCopy
+from .parked import PendingLink, hold_link, park, release_links  # noqa: F401  (re-exported)
 from .queue import ReplicatedQueue
 from .states import CopyState
 
@@ -64,68 +64,6 @@ class ReplicationSettings:
 
 class PromoteRefused(Exception):
     """A promote request that would lose messages or cannot be done; the message says why."""
-
-
-class PendingLink(engine.ClientLinkEndpoint):
-    """A client's link while the queue's owner is not known: attached, no credit, no messages.
-
-    A drain the client asks for meanwhile (a fragment's stealer drains) is kept, and passed
-    to the endpoint the link becomes (``routed``), which answers it (§2.6.7)."""
-
-    __slots__ = ("handler", "link_ptr", "entry", "browse", "address", "drain_requested")
-
-    def __init__(self, handler, link, entry, browse: bool) -> None:
-        self.handler = handler
-        self.link_ptr = engine.hold(link._impl)
-        self.entry = entry
-        self.browse = browse
-        self.address = entry.address
-        self.drain_requested = False
-
-    def on_flow(self) -> None:
-        pass
-
-    @property
-    def awaits_first_credit(self) -> bool:
-        """A client's sender held with no credit (proxy.transactions.coordinator's declare fence)."""
-        return self.link.is_receiver
-
-    def routed(self) -> None:
-        """The link was routed: a drain asked for while it waited is now its endpoint's."""
-        if not self.drain_requested:
-            return
-        endpoint = self.handler.links.get(self.link_ptr)
-        if endpoint is not None and endpoint is not self:
-            endpoint.drain_requested = True
-            endpoint.on_flow()
-
-    def on_delivery(self, delivery) -> None:
-        # a transfer without credit (§2.6.7): the client is told, as everywhere else
-        self.handler.refuse_beyond_credit(self.link)
-
-    def detached(self) -> None:
-        self.entry.pending.discard(self)
-
-
-def hold_link(client, link, entry, browse: bool) -> PendingLink:
-    """Open ``link`` with no credit and keep it in ``entry.pending`` (a set) until ``entry``
-    knows where the queue is served."""
-    pending = PendingLink(client, link, entry, browse)
-    client.open_link(link, presettled=link.is_sender and link.remote_snd_settle_mode == link.SND_SETTLED,
-                     address=entry.address)
-    client.links[pending.link_ptr] = pending
-    entry.pending.add(pending)
-    return pending
-
-
-def release_links(entry):
-    """The links ``entry`` held, each taken out of ``entry.pending``: (pending, handler, link)
-    of those still attached, to be routed now (then ``pending.routed()``)."""
-    for pending in list(entry.pending):
-        entry.pending.discard(pending)
-        handler, link = pending.handler, pending.link
-        if pending.link_ptr in handler.links and not link.state & link.REMOTE_CLOSED:
-            yield pending, handler, link
 
 
 class ReplicatedAddress:
@@ -170,12 +108,28 @@ class ReplicatedAddress:
     def attach(self, client, link) -> None:
         browse = link.is_sender and link.remote_source.distribution_mode == \
             link.remote_source.DIST_MODE_COPY
-        target = self._target()
+        target = self._target_for(client)
         if target is None:
             hold_link(client, link, self, browse)
             self._resolve()
             return
         self._route(client, link, target, browse)
+
+    def _target_for(self, handler) -> str | None:
+        """``_target`` for a link of ``handler``'s connection. A link from another fedgate node
+        (its proxy) never goes back to that node, and is never relayed on by a node cut off
+        from etcd: it waits here for the owner (two nodes with stale views of the owner would
+        otherwise hand it to each other without end)."""
+        target = self._target()
+        if target is None or target == "local":
+            return target
+        peer = self.service.peer_of(handler)
+        if peer is None:
+            return target
+        service = self.service
+        if target == service.known.get(peer) or (service.automatic and not service.coordinator.acting()):
+            return None
+        return target
 
     def _route(self, client, link, target: str, browse: bool) -> None:
         if target == "local":
@@ -195,6 +149,45 @@ class ReplicatedAddress:
         endpoint.moved = self._proxy_ended
         self.proxies = [p for p in self.proxies if not p.closed]
         self.proxies.append(endpoint)
+
+    def clients_moved(self, queue, description: str, held: dict) -> None:
+        """This node stopped being the primary (fenced, or the queue handed back): its clients'
+        links wait for the new owner and go on there through the proxy path (issue #42), with
+        what producers had not had accepted. A link from another fedgate node (its proxy) is
+        ended with ``amqp:link:detach-forced``: that node finds the new owner itself
+        (``_proxy_ended``). A link still waiting after ``PARKED_LIMIT`` ends its connection
+        (``amqp:connection:forced``): the client's failover list takes it elsewhere."""
+        parked = []
+        for endpoint in [*queue.consumers, *queue.producers, *queue.browsers]:
+            if not getattr(endpoint, "attached", True) or endpoint.link_ptr not in endpoint.handler.links:
+                continue
+            handler = endpoint.handler
+            if self.service.is_peer(handler):
+                handler.close_link(endpoint.link, "amqp:link:detach-forced", description)
+            else:
+                parked.append(park(endpoint, self, held.get(endpoint, [])))
+        if not parked:
+            return
+        log.warning("%s: %d client links wait for the new primary", description, len(parked))
+        limit = self.service.parked_limit()
+
+        def too_long() -> None:
+            for pending in parked:
+                handler = pending.handler
+                endpoint = handler.links.get(pending.link_ptr)
+                stuck = endpoint is pending or (endpoint is not None and not getattr(
+                    endpoint, "up_attached", True))  # no primary, nor a node on the way to it
+                if stuck and handler.server_connection is not None:
+                    log.warning("queue %s: no primary known after %.1f s: closing the connection "
+                                "of a link that waited for it", self.wire, limit)
+                    handler.server_connection.close(
+                        "amqp:connection:forced", f"{description}; no new primary known after "
+                        f"{limit:g} s: connect to another node")
+                    handler.mark_dirty()
+            self.node.broker.run_pending()
+
+        asyncio.get_running_loop().call_later(limit, too_long)
+        self._go_on()
 
     def _proxy_ended(self, condition) -> bool:
         """The primary ended a proxy link made here: if it was fenced (it ends every link with
@@ -219,14 +212,15 @@ class ReplicatedAddress:
             preferred = self._preferred()
             if preferred != self.node_id:
                 return self.service.url_of(preferred)
-        return None
+        # cut off from etcd: another node routes the link on (it waits there for the owner)
+        return self.service.relay_url(self.placement())
 
     def _go_on(self) -> None:
         """The owner is known now: waiting links are routed, proxies follow it."""
         target = self._target()
         if target is None:
             return
-        for pending, handler, link in release_links(self):
+        for pending, handler, link in release_links(self, lambda h: self._target_for(h) != target):
             try:
                 self._route(handler, link, target, pending.browse)
             except LinkRefused as refused:

@@ -178,7 +178,7 @@ class PrimaryCopy:
             if callable(token):  # a commit's barrier (proxy.transactions)
                 token()
             else:
-                producer, delivery = token
+                producer, delivery = token[0], token[1]
                 producer.confirmed(delivery)
                 producers[producer] = None
         for producer in producers:
@@ -211,7 +211,9 @@ class PrimaryCopy:
 
     # -- the end of the reign ---------------------------------------------------------------
     def fence(self, why: str) -> None:
-        """Stop acting at once (docs/replication.md): settle nothing, end clients' links."""
+        """Stop acting at once (docs/replication.md): settle nothing more. Clients' links stay:
+        they wait for the new primary and go on there (``entry.clients_moved``), producers'
+        unconfirmed transfers with them."""
         if self.fenced:
             return
         self.fenced = True
@@ -224,14 +226,20 @@ class PrimaryCopy:
         for pusher in self.pushers.values():
             pusher.drop()
         self.pushers.clear()
+        held: dict = {}  # producer -> [(payload, delivery)] not accepted yet, in order
+        for _, token in self.replica_set.waiting:
+            if isinstance(token, tuple):
+                producer, delivery, payload = token
+                held.setdefault(producer, []).append((payload, delivery))
+        self.replica_set.waiting.clear()
+        for producer in held:
+            producer.unconfirmed = 0
         queue = self.queue
         queue.stop_replicas()
         queue.after_dispatch = None
         queue.commit_barrier = None  # commits waiting here end with their outcome unknown
-        description = f"queue {self.address}: this node is no longer its primary ({why})"
-        for endpoint in [*queue.consumers, *queue.producers, *queue.browsers]:
-            if getattr(endpoint, "attached", True):
-                endpoint.handler.close_link(endpoint.link, "amqp:link:detach-forced", description)
+        self.entry.clients_moved(queue, f"queue {self.address}: this node is no longer its "
+                                        f"primary ({why})", held)
         self.node.broker.run_pending()
 
     def describe(self) -> dict:

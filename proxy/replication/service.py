@@ -52,6 +52,7 @@ class ReplicationService:
         self.node = node
         self.node_id = node.node_id
         self.coordinator = node.coordinator
+        self.known: dict[str, str] = {}  # every member seen: id -> AMQP URL (relay_url)
         self.entries: dict[str, ReplicatedAddress] = {}  # by resource
         self.peer_options = None  # upstream options for node-to-node links (the pools' defaults)
         self._tasks: set[asyncio.Task] = set()
@@ -170,7 +171,20 @@ class ReplicationService:
     # -- placement and members ---------------------------------------------------------------
     def members(self) -> dict[str, str]:
         """Live members: id -> AMQP URL (this node's own too)."""
-        return {m.id: m.amqp for m in self.coordinator.members()}
+        live = {m.id: m.amqp for m in self.coordinator.members()}
+        self.known.update(live)
+        return live
+
+    def relay_url(self, placement: list[str]) -> str | None:
+        """Cut off from etcd (this node may not act, and learns nothing new): the URL of another
+        node, of the replica set first, that knows or will know where the queue is served."""
+        if not self.automatic or self.coordinator.acting():
+            return None
+        self.members()
+        for node in [*placement, *sorted(self.known)]:
+            if node != self.node_id and self.known.get(node):
+                return self.known[node]
+        return None
 
     def placement(self, address: str, settings: ReplicationSettings) -> list[str]:
         """The replica set, preferred primary first: the rule's nodes, else the ketama ring."""
@@ -192,6 +206,25 @@ class ReplicationService:
             return [home]
         ring = HashRing(nodes=others)
         return [home] + [c["nodename"] for c in ring.range(wire, size=settings.replicas - 1)]
+
+    def peer_of(self, handler) -> str | None:
+        """The node id of another fedgate node whose upstream connection ``handler`` serves (its
+        container id is ``<node id>-up-<n>``, proxy.upstream.member), or None: a client."""
+        connection = handler.server_connection
+        container = connection.remote_container if connection is not None else ""
+        node, sep, _ = container.partition("-up-")
+        if not sep or node == self.node_id:
+            return None
+        return node if node in self.known or node in self.members() else None
+
+    def is_peer(self, handler) -> bool:
+        return self.peer_of(handler) is not None
+
+    def parked_limit(self) -> float:
+        """Seconds a client link waits for a queue's new primary before its connection is
+        closed: twice the lease (a new owner is known within about one), 4 s at least."""
+        ttl = getattr(self.coordinator, "lease_ttl", None) or 5.0
+        return max(4.0, 2 * ttl)
 
     def url_of(self, node_id: str) -> str | None:
         return self.members().get(node_id)

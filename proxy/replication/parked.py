@@ -1,0 +1,120 @@
+"""Client links that wait for a replicated queue's owner (``ReplicatedAddress.pending``).
+
+A link attached while nobody knows where the queue is served is held with no
+credit (``hold_link``); a link whose queue this node stopped serving (fenced,
+handed back) is parked with what its producer had not had accepted (``park``,
+issue #42). Once the owner is known they are routed (``release_links``) as a
+new link would be, and what was held goes on through the new endpoint.
+"""
+
+from __future__ import annotations
+
+from cproton import pn_delivery_settle, pn_delivery_settled
+
+from proxy.amqp import engine
+
+
+class PendingLink(engine.ClientLinkEndpoint):
+    """A client's link while the queue's owner is not known: attached, no credit, no messages.
+
+    A drain the client asked for meanwhile (a fragment's stealer drains) is kept, and passed
+    to the endpoint the link becomes (``routed``), which answers it (§2.6.7).
+
+    A link parked when this node stopped being the queue's primary (``park``) may still have
+    credit from before: a client's sender uses it, and those transfers are held here
+    (``held``, with the unconfirmed ones the old primary had), then handed, in order, to the
+    endpoint the link becomes (``take_over``): to the new primary through the proxy path."""
+
+    __slots__ = ("handler", "link_ptr", "entry", "browse", "address", "drain_requested", "held")
+
+    def __init__(self, handler, link, entry, browse: bool, held: list | None = None) -> None:
+        self.handler = handler
+        self.link_ptr = engine.hold(link._impl)
+        self.entry = entry
+        self.browse = browse
+        self.address = entry.address
+        self.drain_requested = False
+        self.held = held  # [(payload, client delivery or None)] for a parked producer
+
+    def on_flow(self) -> None:
+        pass
+
+    @property
+    def awaits_first_credit(self) -> bool:
+        """A client's sender held with no credit (proxy.transactions.coordinator's declare fence)."""
+        return self.link.is_receiver and self.held is None
+
+    def routed(self) -> None:
+        """The link was routed: a drain asked for while it waited is now its endpoint's, and
+        what a parked producer held goes on through it."""
+        endpoint = self.handler.links.get(self.link_ptr)
+        if endpoint is None or endpoint is self:
+            return
+        if self.held:
+            held, self.held = self.held, None
+            for payload, delivery in held:
+                endpoint.take_over(payload, delivery)
+        if self.drain_requested:
+            endpoint.drain_requested = True
+            endpoint.on_flow()
+
+    def on_delivery(self, delivery) -> None:
+        if self.held is None or engine.beyond_credit(self.link_ptr):
+            # a transfer without credit (§2.6.7): the client is told, as everywhere else
+            self.handler.refuse_beyond_credit(self.link)
+            return
+        payload = engine.read_transfer(self.link_ptr, delivery, self.handler.broker.max_message_size)
+        if payload is False:
+            self.handler.refuse_oversized(self.link)
+        elif payload is not None:  # on credit given before: held for the new primary
+            settled = pn_delivery_settled(delivery)
+            if settled:
+                pn_delivery_settle(delivery)
+            self.held.append((payload, None if settled else delivery))
+
+    def detached(self) -> None:
+        self.entry.pending.discard(self)
+        self.held = None
+
+
+def hold_link(client, link, entry, browse: bool) -> PendingLink:
+    """Open ``link`` with no credit and keep it in ``entry.pending`` (a set) until ``entry``
+    knows where the queue is served."""
+    pending = PendingLink(client, link, entry, browse)
+    client.open_link(link, presettled=link.is_sender and link.remote_snd_settle_mode == link.SND_SETTLED,
+                     address=entry.address)
+    client.links[pending.link_ptr] = pending
+    entry.pending.add(pending)
+    return pending
+
+
+def park(endpoint, entry, held: list) -> PendingLink:
+    """``endpoint`` (a local queue's consumer, browser or producer) loses its queue: its client
+    link stays attached and waits in ``entry.pending`` for the new owner, as a new link would.
+    A consumer's unsettled deliveries are settled here (the new primary sends those messages
+    again, delivery-count + 1); a producer's ``held`` transfers go on with the link."""
+    handler, link = endpoint.handler, endpoint.link
+    unsettled = list(getattr(endpoint, "unsettled", None) or ())
+    handler.links.pop(endpoint.link_ptr, None)
+    endpoint.detached()
+    for delivery in unsettled:
+        pn_delivery_settle(delivery)
+    browse = link.is_sender and link.remote_source.distribution_mode == link.remote_source.DIST_MODE_COPY
+    pending = PendingLink(handler, link, entry, browse, held if link.is_receiver else None)
+    handler.links[pending.link_ptr] = pending
+    entry.pending.add(pending)
+    handler.mark_dirty()
+    return pending
+
+
+def release_links(entry, keep=None):
+    """The links ``entry`` held, each taken out of ``entry.pending``: (pending, handler, link)
+    of those still attached, to be routed now (then ``pending.routed()``); those whose handler
+    ``keep(handler)`` is true stay held."""
+    for pending in list(entry.pending):
+        if keep is not None and keep(pending.handler):
+            continue
+        entry.pending.discard(pending)
+        handler, link = pending.handler, pending.link
+        if pending.link_ptr in handler.links and not link.state & link.REMOTE_CLOSED:
+            yield pending, handler, link

@@ -1,0 +1,102 @@
+"""A fenced primary's clients go on without repairing anything (issue #42), on a virtual clock.
+
+Before: a node that stopped being a queue's primary (cut off from etcd, paused past its lease,
+a higher epoch seen) ended its clients' links with ``amqp:link:detach-forced``; client
+libraries reconnect a dropped connection but do not attach a link again that the server
+ended, so producers and consumers stopped for good on a live connection. Now the links stay
+attached: they wait for the new primary, as a link attached meanwhile would, and go on there
+through the proxy path; a producer's transfers that had no outcome are sent on, a consumer's
+unsettled messages come again from the new primary. Where no new primary can be known (the
+node is cut off from etcd and from its peers), the client's *connection* is closed with
+``amqp:connection:forced`` after ``parked_limit`` so its failover list takes it elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import pytest
+
+from playbook import World, run
+from test_replication_playbooks import CREDIT, TTL, Consumer, etcd_cluster, make_primary, view
+
+pytestmark = pytest.mark.timeout(60)
+ADDRESS = "orders.x"
+
+
+def new_primary(nodes, old: str) -> str | None:
+    return next((n for n in nodes if n != old and view(nodes[n], ADDRESS).get("role") == "primary"), None)
+
+
+def test_producer_and_consumer_on_a_fenced_primary_keep_their_links_and_lose_nothing(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world)
+        primary = await make_primary(world, nodes, ADDRESS)
+        client = await world.client(primary, "app")
+        sender = client.sender(ADDRESS)
+        consumer = Consumer(client.receiver(ADDRESS, credit=CREDIT))
+        await world.until(lambda: sender.credit > 0, what="credit")
+        sent = 0
+
+        def pump(total: int) -> bool:
+            nonlocal sent
+            while sent < total and sender.credit > 0:
+                sender.send(f"m{sent}", message_id=sent)
+                sent += 1
+            consumer.step()
+            return sender.accepted() == total and len(set(consumer.ids())) == total
+
+        await world.until(lambda: pump(40), what="40 through the primary")
+        unsettled_before = sum(1 for _, d in consumer.link.received if not d.settled)
+        nodes[primary].coordinator.store.partition()  # fenced before its lease can expire
+        for i in range(40, 60):  # on the fenced node: they wait, then go to the new one
+            pump(i + 1)
+            await world.quiet(0.05)
+        await world.until(lambda: new_primary(nodes, primary) is not None, timeout=TTL + 3,
+                          what="a new primary")
+        try:
+            await world.until(lambda: pump(120), timeout=20, what="every message, through the new one")
+        except AssertionError:
+            print("sent", sent, "accepted", sender.accepted(), "received", len(set(consumer.ids())),
+                  "credit", sender.credit, consumer.link.credit, sender.closed_with, sender.link.remote_condition and sender.link.remote_condition.description,
+                  {n: view(nodes[n], ADDRESS).get("role") for n in nodes}, view(nodes[primary], ADDRESS))
+            raise
+        assert sender.closed_with is None and consumer.link.closed_with is None
+        assert not client.lost
+        counts = collections.Counter(consumer.ids())
+        assert set(counts) == set(range(120))  # every accepted id received
+        duplicates = sum(c - 1 for c in counts.values())
+        assert duplicates <= unsettled_before + CREDIT + 20, duplicates  # in flight at the fault
+        await world.close()
+
+    run(play)
+
+
+def test_a_node_cut_off_from_etcd_and_its_peers_closes_the_connection_for_the_clients_failover(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world)
+        primary = await make_primary(world, nodes, ADDRESS)
+        client = await world.client(primary, "app")
+        sender = client.sender(ADDRESS)
+        await world.until(lambda: sender.credit > 0, what="credit")
+        sender.send("before", message_id=0)
+        await world.until(lambda: sender.accepted() == 1, what="accepted")
+        nodes[primary].coordinator.store.partition()
+        for other in nodes:
+            if other != primary:
+                world.network.partition(primary, other)
+        loop = asyncio.get_running_loop()
+        cut = loop.time()
+        limit = max(4.0, 2 * TTL)
+        await world.until(lambda: client.connection.remote_condition is not None, timeout=limit + TTL + 2,
+                          what="the connection closed")
+        assert client.connection.remote_condition.name == "amqp:connection:forced"
+        assert "connect to another node" in client.connection.remote_condition.description
+        assert loop.time() - cut <= limit + TTL + 1
+        assert sender.closed_with is None  # never a dead link on a live connection
+        await world.close()
+
+    run(play)
