@@ -73,4 +73,4 @@ def build_coordinator(config: Config, *, worker_index: int = 0, worker_count: in
     return EtcdCoordinator(name=cluster.name, store=store, endpoints=list(cluster.etcd),
                            lease_ttl=cluster.lease_ttl, clock_drift=cluster.clock_drift,
                            start_timeout=cluster.start_timeout, register=worker_index == 0,
-                           **common)
+                           reach=dict(cluster.reach), **common)

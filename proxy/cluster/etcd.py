@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from collections.abc import Callable
 
 from .lease import Backoff, LeaseKeeper, LeaseState
@@ -70,8 +71,10 @@ class EtcdCoordinator:
     def __init__(self, *, name: str, node_id: str, amqp: str, admin: str | None, workers: int,
                  version: str, store: Store, endpoints: list[str], lease_ttl: float = 3.0,
                  clock_drift: float = 0.1, start_timeout: float = 10.0, register: bool = True,
-                 wall: Callable[[], float] = time.time, backoff: Backoff | None = None) -> None:
+                 wall: Callable[[], float] = time.time, backoff: Backoff | None = None,
+                 reach: dict[str, str] | None = None) -> None:
         self.name = name
+        self.reach = dict(reach or {})  # node id -> how this node reaches it ([cluster] reach)
         self.node_id = node_id
         self.local = Member(node_id, amqp, admin, workers, version, None)
         self.store = store
@@ -152,7 +155,10 @@ class EtcdCoordinator:
         self.healthy = False
 
     def members(self) -> list[Member]:
-        return self.view.members(self.wall())
+        members = self.view.members(self.wall())
+        if self.reach:  # [cluster] reach: how this node reaches some of them
+            members = [replace(m, amqp=self.reach.get(m.id, m.amqp)) for m in members]
+        return members
 
     def on_members(self, callback: Callable[[list[Member]], None]) -> None:
         self._members.add(callback)

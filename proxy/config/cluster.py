@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from proxy.config.errors import ConfigError
@@ -37,6 +37,9 @@ class ClusterSection:
     # how other nodes and clients reach this node (default: from [node] listen / [admin] listen)
     advertise: str | None = None
     advertise_admin: str | None = None
+    # how this node reaches other nodes, by id, where that is not their advertised URL (a NAT,
+    # a proxy in between; the fault tests put a Toxiproxy per pair of nodes): node id -> URL
+    reach: dict[str, str] = field(default_factory=dict)
     # the clock-rate allowance: the node acts for at most ttl * (1 - clock_drift) - margin
     # after it sent its last successful renewal (docs/cluster.md, "Fencing")
     clock_drift: float = 0.1
@@ -76,6 +79,8 @@ class ClusterSection:
             _check_url(self.advertise, f"{key}.advertise", ("amqp", "amqps"))
         if self.advertise_admin is not None:
             _check_url(self.advertise_admin, f"{key}.advertise_admin", ("http", "https"))
+        for node, url in self.reach.items():
+            _check_url(url, f"{key}.reach.{node}", ("amqp", "amqps"))
 
     @property
     def tls(self) -> bool:

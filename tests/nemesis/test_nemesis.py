@@ -1,0 +1,91 @@
+"""The nemesis (issue #42): replicated queues and fragments under seeded faults, checked as
+Jepsen checks a queue (``harness.py``, ``checker.py``, docs/nemesis.md).
+
+``make test`` runs one short seed per mode: ``single`` (one fault at a time, drawn from
+every kind), ``combined`` (faults chosen to overlap: a backup paused while the primary is
+killed, latency on every link with a kill, etcd paused, power loss of every node, a rolling
+restart), and the control run (a plain local queue, which a kill -9 is allowed to lose: the
+checker must say so, or it proves nothing). ``make nemesis`` runs 20 seeds or more of each
+(``NEMESIS_SEED``, ``NEMESIS_SEEDS``, ``NEMESIS_SECONDS``).
+
+Pass: 0 lost and 0 unexpected, no client left with a link the server ended
+(``link-closed``), and for every single fault the longest time without an acceptance stays
+within lease_ttl + 2 s of the fault's start and end (a fault's own length excepted where the
+fault stops the whole cluster: etcd paused, every node killed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from etcd_servers import cluster_name  # noqa: F401 (fixture)
+from toxi import toxi, toxiproxy_server  # noqa: F401 (fixtures)
+
+import harness
+
+SEED = int(os.environ.get("NEMESIS_SEED", "1"))
+SECONDS = float(os.environ.get("NEMESIS_SECONDS", "45"))
+GAP_LIMIT = harness.LEASE_TTL + 2.0
+# faults during which nothing can be accepted anywhere, by design: the gap is their length too
+WHOLE_CLUSTER = ("etcd-pause", "power-loss")
+
+
+def report_line(name: str, result: dict) -> str:
+    keys = ("seed", "attempted", "accepted", "lost", "unexpected", "duplicated", "recovered",
+            "unknown", "link_closed")
+    return f"nemesis {name}: " + json.dumps({k: result[k] for k in keys})
+
+
+def check_episodes(result: dict) -> list[str]:
+    problems = []
+    for episode in result["episodes"]:
+        allowed = GAP_LIMIT + (episode["end"] - episode["start"]
+                               if episode["fault"] in WHOLE_CLUSTER else 0.0)
+        if episode["longest_gap_s"] is not None and episode["longest_gap_s"] > allowed + 0.0:
+            problems.append(f"{episode['fault']} on {episode['node']}: {episode['longest_gap_s']} s "
+                            f"without an acceptance (allowed {allowed:.1f})")
+    return problems
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["single", "combined"])
+def test_nemesis(tmp_path, start_node, toxi, cluster_name, mode):  # noqa: F811
+    cluster = harness.NemesisCluster(tmp_path, start_node, toxi, cluster_name)
+    try:
+        kinds = harness.SINGLE if mode == "single" else harness.COMBINED
+        episodes = harness.schedule(SEED, SECONDS, kinds=kinds)
+        print(f"nemesis {mode} seed {SEED}: {episodes}")
+        result = harness.Run(cluster, tmp_path, seed=SEED, run_id=f"{mode}{SEED}").run(episodes)
+    finally:
+        cluster.stop()
+    print(report_line(mode, result))
+    for episode in result["episodes"]:
+        print(f"  {episode['fault']:>26} {episode['target']:>8} {episode['node']:>3}: first ok "
+              f"{episode['first_ok_s']} s, longest gap {episode['longest_gap_s']} s, "
+              f"p50 {episode['latency_p50_s']} s, p99 {episode['latency_p99_s']} s")
+    assert result["accepted"] > 0
+    assert result["lost"] == 0, result["lost_values"]
+    assert result["unexpected"] == 0, result["unexpected_values"]
+    assert result["link_closed"] == 0, "a client was left with a link the server ended"
+    if mode == "single":
+        assert not check_episodes(result), check_episodes(result)
+
+
+@pytest.mark.timeout(300)
+def test_the_control_run_reports_loss(tmp_path, start_node, toxi, cluster_name):  # noqa: F811
+    """A plain local queue (one node, no copies): the same checker must report what kill -9 lost."""
+    rule = {"name": "ctl", "match": "ctl.local", "kind": "local"}
+    cluster = harness.NemesisCluster(tmp_path, start_node, toxi, cluster_name,
+                                     queues={"ctl.local": rule})
+    try:
+        run = harness.Run(cluster, tmp_path, seed=SEED, run_id=f"ctl{SEED}", rate=40.0,
+                          addresses=["ctl.local"], consumers=False)
+        episodes = [{"fault": "kill", "target": "n1", "at": 6.0, "length": 3.0}]
+        result = run.run(episodes, drain_timeout=10.0)
+    finally:
+        cluster.stop()
+    print(report_line("control", result))
+    assert result["accepted"] > 0
+    assert result["lost"] > 0  # held by the killed node only, accepted, gone
