@@ -9,9 +9,10 @@ the plug-in services (``fedgate.services``: fragments, the admin API), and
 its upstream pools and exchanges, the journal of durable queues, each
 service), so nothing is patched on later. ``start`` recovers durable queues,
 binds the listener (TLS-only when ``[tls]`` is configured) and starts the
-services; ``stop`` stops the services, then closes every client
-connection with ``amqp:connection:forced`` (§2.8.15), waits a bounded time
-for the close frames to go out, and aborts what is left. ``admit`` applies the
+services; ``stop`` stops the services, then ends every client connection
+(``amqp:connection:forced``, §2.8.15, as a TCP reset: clients fail over on a
+broken connection, and python-qpid-proton's Container does not after a close
+frame, ``AmqpProtocol.close``), waits a bounded time, and aborts what is left. ``admit`` applies the
 connection-count limits (total, per source IP) before a connection gets any
 state; ``admit_user`` applies the per-user limit when SASL succeeds;
 ``release`` forgets a closed connection. ``[[acl]]`` becomes the broker's
@@ -473,7 +474,7 @@ class Node:
         if self.internal_server is not None:
             self.internal_server.close()
         for protocol in [*self.connections, *self.internal_connections]:
-            protocol.close("amqp:connection:forced", "node shutting down")
+            protocol.close("amqp:connection:forced", "node shutting down", reset=True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SHUTDOWN_GRACE
         while (self.connections or self.internal_connections) and loop.time() < deadline:

@@ -13,7 +13,10 @@ or timers is logged with its traceback and closes only that connection, with
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
+import struct
 import sys
 
 from proxy.amqp import engine
@@ -24,6 +27,7 @@ from proxy.broker.handler import ClientHandler
 from proxy.net.engine_protocol import EngineProtocol
 
 INTERNAL_ERROR = "amqp:internal-error"
+FORCED = "amqp:connection:forced"
 
 log = logging.getLogger("fedgate.server")
 
@@ -346,9 +350,34 @@ class AmqpProtocol(EngineProtocol):
             # what a full session held went out: its consumers go on, after others had a turn
             self.loop.call_soon(self._resume_output)
 
-    def close(self, condition: str | None = None, description: str | None = None) -> None:
-        """Node-initiated close (shutdown, admin)."""
+    def close(self, condition: str | None = None, description: str | None = None, *,
+              reset: bool = False) -> None:
+        """Node-initiated close (shutdown, admin).
+
+        ``reset`` with ``amqp:connection:forced`` (go to another node: this one stops, or can
+        no longer serve the client) resets the socket instead of sending a close frame: after
+        a close frame python-qpid-proton's Container (0.40) stops reading and waits for good,
+        even for ``amqp:connection:forced`` and a reset after it, so it never fails over;
+        every client (proton, Qpid JMS, rhea) fails over on a broken connection (issue #42).
+        An administrator's close keeps the frame: the client learns why."""
         if self._closed:
+            return
+        if condition == FORCED and reset:
+            log.info("connection %s from %s: reset (%s): the client fails over",
+                     self.handler.connection_id, self.peer, description)
+            self.reset()
             return
         self.conn.close(condition, description)
         self.flush()
+
+    def reset(self) -> None:
+        """Abort with a TCP reset (SO_LINGER 0): the peer sees the connection broken."""
+        fileno = getattr(self.transport, "fileno", None)
+        if fileno is not None:
+            with contextlib.suppress(OSError, ValueError):
+                sock = socket.socket(fileno=fileno())
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                finally:
+                    sock.detach()
+        self.abort()

@@ -155,8 +155,8 @@ class ReplicatedAddress:
         links wait for the new owner and go on there through the proxy path (issue #42), with
         what producers had not had accepted. A link from another fedgate node (its proxy) is
         ended with ``amqp:link:detach-forced``: that node finds the new owner itself
-        (``_proxy_ended``). A link still waiting after ``PARKED_LIMIT`` ends its connection
-        (``amqp:connection:forced``): the client's failover list takes it elsewhere."""
+        (``_proxy_ended``). A link still waiting after ``parked_limit`` ends its connection
+        (``amqp:connection:forced``: a reset) and the client's failover list takes it elsewhere."""
         parked = []
         for endpoint in [*queue.consumers, *queue.producers, *queue.browsers]:
             if not getattr(endpoint, "attached", True) or endpoint.link_ptr not in endpoint.handler.links:
@@ -177,13 +177,12 @@ class ReplicatedAddress:
                 endpoint = handler.links.get(pending.link_ptr)
                 stuck = endpoint is pending or (endpoint is not None and not getattr(
                     endpoint, "up_attached", True))  # no primary, nor a node on the way to it
-                if stuck and handler.server_connection is not None:
+                if stuck and getattr(handler.output, "close", None) is not None:
                     log.warning("queue %s: no primary known after %.1f s: closing the connection "
                                 "of a link that waited for it", self.wire, limit)
-                    handler.server_connection.close(
-                        "amqp:connection:forced", f"{description}; no new primary known after "
-                        f"{limit:g} s: connect to another node")
-                    handler.mark_dirty()
+                    # a reset, not a close frame, for Container clients (AmqpProtocol.close)
+                    handler.output.close("amqp:connection:forced", f"{description}; no new "
+                                         f"primary known after {limit:g} s", reset=True)
             self.node.broker.run_pending()
 
         asyncio.get_running_loop().call_later(limit, too_long)

@@ -128,10 +128,20 @@ def test_presettled_sends_and_receives(node, clients):
         conn.close()
 
 
-def test_node_closes_clients_with_connection_forced_on_sigterm(node, clients):
+def test_node_ends_clients_connections_on_sigterm_so_they_fail_over(start_node, clients):
+    """SIGTERM: every client connection is reset (issue #42: a close frame, even with
+    amqp:connection:forced, leaves python-qpid-proton's Container waiting for good); rhea sees
+    its connection broken, a proton Container client with a URL list goes on at the next node."""
+    node, other = start_node(name="n1"), start_node(name="n2")
     waiting = clients("rhea", "receive", node.url, address="idle", count=1, timeout_ms=20000,
                       announce=True)
     assert waiting.readline() == {"attached": "idle"}  # the receiver is in place
+    sender = clients("python", "send", f"{node.url},{other.url}", address="q", count=400, rate=100,
+                     failover=True, report_accepted=True)
+    assert "accepted_id" in sender.readline()  # sending through n1
     assert node.stop() == 0
     lines = waiting.finish()
-    assert lines[-1]["error"]["condition"] == "amqp:connection:forced"
+    assert lines[-1]["error"] is not None  # the connection broke
+    done = sender.finish()
+    assert {"event": "disconnected", "url": node.url} in done
+    assert done[-1]["accepted"] == 400 and done[-1]["error"] is None

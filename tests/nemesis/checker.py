@@ -62,29 +62,57 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def episodes(history: list[dict], faults: list[dict], *, after: float = 10.0) -> list[dict]:
-    oks = sorted(op["time"] for op in history if op.get("f") == "enqueue" and op.get("type") == "ok")
-    invokes = {}
-    latency = []  # (invoke time, seconds to ok)
+def _queue(op: dict) -> str:
+    """The queue an operation is on: its process is ``<p|c>-<address>-<node>``."""
+    return op.get("process", "").split("-", 1)[-1].rsplit("-", 1)[0]
+
+
+def episodes(history: list[dict], faults: list[dict], *, after: float = 10.0,
+             consumer_credit: int = 50) -> list[dict]:
+    """Per fault: first acceptance after its start, and the longest time without one from its
+    start to ``after`` seconds past its end (the worst queue's, each queue on its own);
+    p50/p99 invoke -> ok latency of enqueues invoked during it; duplicates (dequeues of a value
+    seen before) from its start to ``after`` past its end, against what was in flight at its
+    start: enqueues invoked without an outcome yet, plus every consumer's credit."""
+    oks: dict = {}
+    invokes, outcome_at, latency = {}, {}, []
+    consumers = set()
+    seen, repeats = set(), []
     for op in history:
-        if op.get("f") != "enqueue":
-            continue
-        if op.get("type") == "invoke":
-            invokes[op["value"]] = op["time"]
-        elif op.get("type") == "ok" and op["value"] in invokes:
-            latency.append((invokes[op["value"]], op["time"] - invokes[op["value"]]))
+        f, kind = op.get("f"), op.get("type")
+        if f == "enqueue":
+            if kind == "invoke":
+                invokes.setdefault(op["value"], op["time"])
+            elif kind in ("ok", "fail", "info"):
+                outcome_at.setdefault(op["value"], op["time"])
+                if kind == "ok":
+                    oks.setdefault(_queue(op), []).append(op["time"])
+                    if op["value"] in invokes:
+                        latency.append((invokes[op["value"]], op["time"] - invokes[op["value"]]))
+        elif f == "dequeue" and kind == "ok":
+            consumers.add(op.get("process"))
+            if op["value"] in seen:
+                repeats.append(op["time"])
+            seen.add(op["value"])
     out = []
     for fault in faults:
         start, end = fault["start"], fault["end"]
-        first = next((t for t in oks if t >= start), None)
-        window = [start] + [t for t in oks if start <= t <= end + after] + [min(end + after, oks[-1] if oks else end)]
-        gap = max((b - a for a, b in zip(window, window[1:])), default=None)
+        first = min((t for times in oks.values() for t in times if t >= start), default=None)
+        worst, worst_queue = None, None
+        for queue, times in oks.items():
+            window = [start] + [t for t in times if start <= t <= end + after] + [end + after]
+            gap = max(b - a for a, b in zip(window, window[1:]))
+            if worst is None or gap > worst:
+                worst, worst_queue = gap, queue
         during = [s for t, s in latency if start <= t <= end]
+        in_flight = sum(1 for v, t in invokes.items() if t <= start and outcome_at.get(v, 1e18) > start)
         out.append({**fault,
                     "first_ok_s": None if first is None else round(first - start, 3),
-                    "longest_gap_s": None if gap is None else round(gap, 3),
+                    "longest_gap_s": _round(worst), "gap_queue": worst_queue,
                     "latency_p50_s": _round(_percentile(during, 0.5)),
-                    "latency_p99_s": _round(_percentile(during, 0.99))})
+                    "latency_p99_s": _round(_percentile(during, 0.99)),
+                    "duplicated": sum(1 for t in repeats if start <= t <= end + after),
+                    "in_flight": in_flight + consumer_credit * len(consumers)})
     return out
 
 

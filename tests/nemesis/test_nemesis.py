@@ -64,18 +64,22 @@ def test_nemesis(tmp_path, start_node, toxi, cluster_name, mode):  # noqa: F811
     for episode in result["episodes"]:
         print(f"  {episode['fault']:>26} {episode['target']:>8} {episode['node']:>3}: first ok "
               f"{episode['first_ok_s']} s, longest gap {episode['longest_gap_s']} s, "
-              f"p50 {episode['latency_p50_s']} s, p99 {episode['latency_p99_s']} s")
+              f"({episode['gap_queue']}), p50 {episode['latency_p50_s']} s, p99 "
+              f"{episode['latency_p99_s']} s, duplicated {episode['duplicated']} of "
+              f"{episode['in_flight']} in flight")
     assert result["accepted"] > 0
     assert result["lost"] == 0, result["lost_values"]
     assert result["unexpected"] == 0, result["unexpected_values"]
     assert result["link_closed"] == 0, "a client was left with a link the server ended"
     if mode == "single":
         assert not check_episodes(result), check_episodes(result)
+    # duplicates within what was in flight at each fault (issue #42)
+    assert all(e["duplicated"] <= e["in_flight"] for e in result["episodes"]), result["episodes"]
 
 
 @pytest.mark.timeout(300)
 def test_the_control_run_reports_loss(tmp_path, start_node, toxi, cluster_name):  # noqa: F811
-    """A plain local queue (one node, no copies): the same checker must report what kill -9 lost."""
+    """A plain local queue on each node (no copies): the same checker must report what kill -9 lost."""
     rule = {"name": "ctl", "match": "ctl.local", "kind": "local"}
     cluster = harness.NemesisCluster(tmp_path, start_node, toxi, cluster_name,
                                      queues={"ctl.local": rule})
