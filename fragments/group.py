@@ -191,6 +191,8 @@ class FragmentGroup:
             raise LinkRefused("amqp:not-found", f"no fragment of {self.address!r} on this node")
         key = self._elsewhere(self._nearest(self._identity(client, link)), client, link)
         url, address, _ = self.target(key)
+        if url is None and self._wait_for_location(client, link):
+            return
         client.attach_proxy_consumer(link, self.upstream_for(key), address)
 
     def _attach_producer(self, client, link, marked: bool) -> None:
@@ -203,10 +205,21 @@ class FragmentGroup:
         key = self._elsewhere(self.ring.get_node(self._identity(client, link)), client, link)
         if key is None or key == self.local_key:
             raise LinkRefused("amqp:resource-limit-exceeded", f"no fragment of {self.address!r} accepts messages")
-        _, address, peer = self.target(key)
+        url, address, peer = self.target(key)
+        if url is None and self._wait_for_location(client, link):
+            return
         self.stats.forwarded += 1
         client.attach_proxy_producer(link, self.upstream_for(key), address,
                                      capabilities=(FRAGMENT,) if peer else ())
+
+    def _wait_for_location(self, client, link) -> bool:
+        """A member whose fragment is served nobody knows where yet (it died, its backup has
+        not claimed it): the link waits, as while this node's own fragment is claimed (issue
+        #42: it was refused with an internal error). False: nothing to wait for."""
+        if self.replicas is None:
+            return False
+        self.replicas.wait(client, link)
+        return True
 
     def _elsewhere(self, key, client, link):
         """``key``, unless it is this node, which does not serve its fragment now (replicas):

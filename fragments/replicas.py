@@ -119,18 +119,27 @@ class FragmentReplicas:
             log.warning("fragment %s of %s: served here now (%s)", entry.home, self.group.address,
                         entry.address)
             self.group.fragment_moved(entry.home)
+            self._located()
 
     def copy_fenced(self, entry) -> None:
         if entry is self.own:
             self.group.lose_own()
         else:
             self.group.fragment_moved(entry.home)
+            self._located()
 
     def copy_moved(self, entry) -> None:
         if entry is not self.own:
             self.group.fragment_moved(entry.home)
+            self._located()
         elif not self.claiming():
             self.go_on()  # another member serves this node's fragment: links go there
+
+    def _located(self) -> None:
+        """Another member's fragment has a known place again: links that waited for it go on
+        (the group's attach makes them wait again if it is still nowhere)."""
+        if self.pending and not self.claiming():
+            self.go_on()
 
     def describe(self) -> dict:
         return {key: (f"{loc[1]} at {loc[0]}" if (loc := self.location(key)) else "home")
