@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= deploy/examples/standalone.toml
 PYTEST_ARGS ?=
 
-.PHONY: run test venv system npm brokers bench bench-deps bench-durable bench-fragments bench-proxy bench-replication bench-transactions fuzz fuzz-large soak replication-long load-demo clean
+.PHONY: run test venv system npm brokers nemesis bench bench-deps bench-durable bench-fragments bench-proxy bench-replication bench-transactions fuzz fuzz-large soak replication-long load-demo clean
 
 $(STAMP): pyproject.toml proxy/amqp/_fastpath.c
 	bash .ci/install/system.sh
@@ -70,6 +70,23 @@ replication-long: venv
 	bash .ci/install/etcd.sh start
 	FEDGATE_REPLICATION_CYCLES=$(FEDGATE_REPLICATION_CYCLES) $(PY) -m pytest -s -o timeout=900 \
 		tests/faults/test_replication_faults.py -k repeated
+
+# the nemesis (issue #42, opt-in): seeded fault schedules against replicated queues and
+# fragments, every link through a Toxiproxy, Jepsen's total-queue check (docs/nemesis.md);
+# NEMESIS_SEEDS seeds from NEMESIS_SEED, NEMESIS_SECONDS of faults each, both modes and the
+# control run; the table of every run at the end (var/nemesis/results.jsonl)
+NEMESIS_SEEDS ?= 20
+NEMESIS_SEED ?= 1
+NEMESIS_SECONDS ?= 300
+nemesis: venv
+	bash .ci/install/etcd.sh
+	bash .ci/install/toxiproxy.sh
+	mkdir -p var/nemesis
+	for seed in $$(seq $(NEMESIS_SEED) $$(( $(NEMESIS_SEED) + $(NEMESIS_SEEDS) - 1 ))); do \
+		NEMESIS_SEED=$$seed NEMESIS_SECONDS=$(NEMESIS_SECONDS) NEMESIS_RESULTS=var/nemesis/results.jsonl \
+			$(PY) -m pytest -q -s tests/nemesis || exit 1; \
+	done
+	$(PY) tests/nemesis/summary.py var/nemesis/results.jsonl
 
 bench-deps: venv
 	bash .ci/install/rabbitmq.sh

@@ -29,6 +29,7 @@ queue by hand; backups learn the primary from its replication link.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -80,6 +81,43 @@ class ReplicationService:
         self.coordinator.on_fenced(self._fenced)
         self.coordinator.on_members(self._members_changed)
         self._adopt_recovered()
+        if self.automatic:
+            self.spawn(self._leave_stale_records())
+
+    async def _leave_stale_records(self) -> None:
+        """Started again without a copy (not durable, or nothing in the journal): this node steps
+        out of every ISR record that names it and that no address here settles by itself (an
+        adopted fragment of another member, a queue no client asked for here yet). Left in, it
+        would keep the queue from anyone (only a named copy may claim, and this node holds
+        none) until a client here happened to ask for it (issue #42: a fragment stuck after a
+        rolling restart)."""
+        for attempt in range(20):
+            try:
+                records = await self.coordinator.get_state(STATE)
+                break
+            except Exception as exc:  # etcd not reached yet: again in a moment
+                log.debug("replication: records not read yet: %s", exc)
+                await asyncio.sleep(0.5)
+        else:
+            return
+        for key, stored in records.items():
+            resource = key[len(STATE):] if key.startswith(STATE) else key
+            if resource in self.entries or self._journal_holds(resource):
+                continue  # its address settles its own record (ReplicatedAddress._resolve_owner)
+            try:
+                record = json.loads(stored)
+            except ValueError:
+                continue
+            if record.get("primary") != self.node_id and self.node_id not in record.get("isr", ()):
+                continue
+            changed = dict(record)
+            if changed.get("primary") == self.node_id:
+                changed["primary"] = None
+            changed["isr"] = [n for n in changed.get("isr", ()) if n != self.node_id]
+            with contextlib.suppress(Exception):
+                if await self.coordinator.swap_state(STATE + resource, stored,
+                                                     json.dumps(changed).encode()):
+                    log.warning("%s: started without a copy; out of its record (%s)", resource, changed)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -156,6 +194,16 @@ class ReplicationService:
                 return self.fragment(address, home, decision.rule,
                                      listener() if listener is not None else None)
         return None
+
+    def _journal_holds(self, resource: str) -> bool:
+        """Whether this node's journal brought messages back for ``resource``'s queue (a queue's
+        address; a fragment's: the address itself at home, ``address@member`` adopted)."""
+        kind, _, rest = resource.partition("/")
+        names = [rest]
+        if kind == "fragment":
+            address, _, member = rest.rpartition("/")
+            names = [address, f"{address}@{member}"]
+        return any((q := self.node.queues.get(n)) is not None and q.messages for n in names)
 
     def _adopt_recovered(self) -> None:
         """Durable messages this node's journal brought back for replicated addresses: a copy

@@ -171,6 +171,24 @@ class NemesisCluster:
                 wait_for(lambda a=address: self.primary_of(a) is not None, timeout=timeout,
                          interval=0.2, what=f"a primary of {address}")
 
+    def all_in_sync(self) -> bool:
+        """Every replicated queue and fragment served, each primary with its whole replica set
+        in sync (what an operator checks before restarting the next node)."""
+        served = set()
+        for node in self.nodes.values():
+            if not node.alive():
+                return False
+            with suppress(Exception):
+                status, body = http("GET", node.admin_url + "/api/v1/queues", timeout=1.0)
+                for q in body["queues"] if status == 200 else ():
+                    r = q.get("replication") or {}
+                    if r.get("role") != "primary":
+                        continue
+                    if len(r.get("in_sync") or []) < len(r.get("placement") or []) - 1:
+                        return False
+                    served.add(q["name"])
+        return all(a in served for a, rule in self.queues.items() if rule["kind"] == "replicated")
+
     def stop(self) -> None:
         for node in self.nodes.values():
             with suppress(Exception):
@@ -262,11 +280,15 @@ def f_power_loss(c, t, rng, length):
 
 
 def f_rolling_restart(c, t, rng, length):
+    """SIGTERM and start again, node by node, as an upgrade is done: the next one only once
+    every copy is in sync again (bounded: 30 s, then on all the same)."""
     for name in NAMES:
         node = c.nodes[name]
         node.stop(timeout=10.0)
         c.restart(name)
         wait_members(node, list(NAMES), 20.0)
+        with suppress(AssertionError, TimeoutError):
+            wait_for(c.all_in_sync, timeout=30.0, interval=0.3, what="every copy in sync")
     return lambda: None
 
 

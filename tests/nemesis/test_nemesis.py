@@ -49,7 +49,15 @@ def check_episodes(result: dict) -> list[str]:
     return problems
 
 
-@pytest.mark.timeout(600)
+def record(mode: str, result: dict) -> None:
+    """``NEMESIS_RESULTS``: a JSON-lines file every run's report is appended to (summary.py)."""
+    path = os.environ.get("NEMESIS_RESULTS")
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps({"mode": mode, **result}) + "\n")
+
+
+@pytest.mark.timeout(int(SECONDS * 3 + 400))
 @pytest.mark.parametrize("mode", ["single", "combined"])
 def test_nemesis(tmp_path, start_node, toxi, cluster_name, mode):  # noqa: F811
     cluster = harness.NemesisCluster(tmp_path, start_node, toxi, cluster_name)
@@ -61,6 +69,7 @@ def test_nemesis(tmp_path, start_node, toxi, cluster_name, mode):  # noqa: F811
     finally:
         cluster.stop()
     print(report_line(mode, result))
+    record(mode, result)
     for episode in result["episodes"]:
         print(f"  {episode['fault']:>26} {episode['target']:>8} {episode['node']:>3}: first ok "
               f"{episode['first_ok_s']} s, longest gap {episode['longest_gap_s']} s, "
@@ -91,5 +100,6 @@ def test_the_control_run_reports_loss(tmp_path, start_node, toxi, cluster_name):
     finally:
         cluster.stop()
     print(report_line("control", result))
+    record("control", result)
     assert result["accepted"] > 0
     assert result["lost"] > 0  # held by the killed node only, accepted, gone
