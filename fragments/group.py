@@ -62,6 +62,7 @@ from .capability import FRAGMENT, is_marked
 from .replicas import FragmentReplicas
 from .steal import Stealer
 
+MOVED_RETRY = 0.5  # seconds before a forwarded link whose fragment moved looks for it again
 log = logging.getLogger("fedgate.fragments")
 
 RETRY_FIRST = 0.05
@@ -193,7 +194,8 @@ class FragmentGroup:
         url, address, _ = self.target(key)
         if url is None and self._wait_for_location(client, link):
             return
-        client.attach_proxy_consumer(link, self.upstream_for(key), address)
+        endpoint = client.attach_proxy_consumer(link, self.upstream_for(key), address)
+        self._follow(endpoint, lambda: self._nearest(self._identity(client, link)))
 
     def _attach_producer(self, client, link, marked: bool) -> None:
         if self.queue is not None and (marked or not self.draining_here):
@@ -209,8 +211,42 @@ class FragmentGroup:
         if url is None and self._wait_for_location(client, link):
             return
         self.stats.forwarded += 1
-        client.attach_proxy_producer(link, self.upstream_for(key), address,
-                                     capabilities=(FRAGMENT,) if peer else ())
+        endpoint = client.attach_proxy_producer(link, self.upstream_for(key), address,
+                                                capabilities=(FRAGMENT,) if peer else ())
+        self._follow(endpoint, lambda: self.ring.get_node(self._identity(client, link)))
+
+    def _follow(self, endpoint, choose) -> None:
+        """A link forwarded to another member's fragment follows it when it moves: that member
+        refuses or ends it because its fragment is served elsewhere now (it died and came back,
+        or lost it: a backup serves it), and the link goes on where the fragment is, or at
+        another member; the client's link stays (issue #42: it was ended with the member's
+        condition, and the client never attached it again)."""
+        if self.replicas is None:
+            return
+
+        def moved(condition) -> bool:
+            description = (condition.description or "") if condition is not None else ""
+            name = condition.name if condition is not None else ""
+            if "served by another member" not in description and "(it moved)" not in description \
+                    and name not in ("amqp:link:detach-forced", "fedgate:stale-epoch"):
+                return False
+            asyncio.get_running_loop().call_later(MOVED_RETRY, follow)
+            return True
+
+        def follow() -> None:
+            if endpoint.closed:
+                return
+            key = self._elsewhere(choose(), endpoint.handler, endpoint.link)
+            url, address, _ = self.target(key) if key is not None and key != self.local_key \
+                else (None, None, None)
+            if url is None:  # nowhere known yet: look again
+                asyncio.get_running_loop().call_later(MOVED_RETRY, follow)
+                return
+            endpoint.remote_address = endpoint.address = address
+            endpoint.rehome(self.upstream_for(key))
+            self.node.broker.run_pending()
+
+        endpoint.moved = moved
 
     def _wait_for_location(self, client, link) -> bool:
         """A member whose fragment is served nobody knows where yet (it died, its backup has

@@ -38,6 +38,13 @@ CHANNEL_OPTIONS = {
     "grpc.initial_reconnect_backoff_ms": 100,
     "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 1000,
+    # a silent (blackholed) connection is found by HTTP/2 pings even while only a watch is open
+    # (issue #42); etcd refuses pings more often than every 5 s (--grpc-keepalive-min-time).
+    # Whether this node may act is the lease's clock's to say (LeaseKeeper), never the socket's.
+    "grpc.keepalive_time_ms": 5000,
+    "grpc.keepalive_timeout_ms": 2000,
+    "grpc.keepalive_permit_without_calls": 1,
+    "grpc.http2.max_pings_without_data": 0,
 }
 
 
