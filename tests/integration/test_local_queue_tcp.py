@@ -145,3 +145,34 @@ def test_node_ends_clients_connections_on_sigterm_so_they_fail_over(start_node, 
     done = sender.finish()
     assert {"event": "disconnected", "url": node.url} in done
     assert done[-1]["accepted"] == 400 and done[-1]["error"] is None
+
+
+def test_a_proton_container_client_fails_over_when_its_node_stops(start_node, tmp_path):
+    """python-qpid-proton's own Container with reconnect and a URL list (no failover code of
+    its own: tests/nemesis/client.py): SIGTERM of its node breaks the connection (issue #42:
+    after a close frame, even amqp:connection:forced, the Container waited for good) and it
+    goes on at the next URL; every message it was told was accepted is on one node or the
+    other, and nothing is left without an outcome."""
+    import json
+    import subprocess
+    import time
+
+    from conftest import PYTHON, TESTS
+
+    n1, n2 = start_node(name="n1"), start_node(name="n2")
+    out = tmp_path / "history.jsonl"
+    producer = subprocess.Popen(
+        [PYTHON, str(TESTS / "nemesis" / "client.py"), "produce", "--urls", f"{n1.url},{n2.url}",
+         "--address", "q", "--process", "p", "--rate", "50", "--seconds", "4", "--grace", "4"],
+        stdout=open(out, "wb"))
+    time.sleep(1.5)
+    assert n1.stop() == 0
+    producer.wait(timeout=20)
+    ops = [json.loads(line) for line in out.read_text().splitlines()]
+    events = [op["event"] for op in ops if "event" in op]
+    assert events[:1] == ["reconnected"] and "disconnected" in events and events[-1] == "reconnected"
+    accepted = [op for op in ops if op.get("type") == "ok"]
+    after = [op for op in accepted if op["time"] > ops[[op.get("event") for op in ops].index(
+        "disconnected")]["time"]]
+    assert len(after) > 50  # it went on at n2
+    assert not [op for op in ops if op.get("type") == "info"]  # every message had an outcome
