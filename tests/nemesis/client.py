@@ -19,7 +19,7 @@ as the issue's measured client does); their operation stays the same one.
 
 produce: values ``R-P-<n>`` at ``--rate`` per second for ``--seconds``; an invocation per value,
 ``ok`` when accepted, ``fail`` when rejected or released (no resend), ``info`` for those
-without an outcome after ``--grace`` seconds more. consume: records a message when it
+without an outcome after ``--grace`` seconds more (it ends as soon as every one has one). consume: records a message when it
 arrives (``ok`` dequeue), then accepts it; runs until SIGTERM, then prints ``{"done": true}``.
 """
 
@@ -110,7 +110,9 @@ class Producer(Client):
 
     def on_timer_task(self, event) -> None:
         now = time.time()
-        if now - self.started >= self.opts.seconds + self.opts.grace:
+        elapsed = now - self.started
+        if elapsed >= self.opts.seconds + self.opts.grace or (
+                elapsed >= self.opts.seconds and not self.open and not self.resend):
             for value in list(self.open):
                 emit(process=self.process, type="info", f="enqueue", value=value)
             emit(process=self.process, done=True, link_closed=self.link_closed)
