@@ -25,7 +25,7 @@ from toxi import toxi, toxiproxy_server  # noqa: F401 (fixtures)
 
 import harness
 
-SEED = int(os.environ.get("NEMESIS_SEED", "1"))
+SEED = int(os.environ.get("NEMESIS_SEED", "5"))  # make test: a seed whose schedules cover the most
 SECONDS = float(os.environ.get("NEMESIS_SECONDS", "45"))
 GAP_LIMIT = harness.LEASE_TTL + 2.0
 # faults during which nothing can be accepted anywhere, by design: the gap is their length too
