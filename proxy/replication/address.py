@@ -347,8 +347,11 @@ class ReplicatedAddress:
                 # again, empty (docs/replication.md: every copy lost)
                 record_bytes, record = await self._step_out(record_bytes, record)
             if not self._eligible(record):
-                if record is None and self._preferred() != self.node_id:
-                    self.owner = None  # a new queue: its preferred node makes it on our attach
+                nobody = record is None or (not record.get("primary") and not record.get("isr"))
+                if nobody and self._preferred() != self.node_id:
+                    # a new queue, or every copy named is gone: its preferred node makes it
+                    # (again, empty) on our attach
+                    self.owner = None
                     self._proxy_to_preferred()
                 elif self.pending or self._preferred() == self.node_id:
                     # an eligible copy claims it (the watch tells us), or the copies named

@@ -94,3 +94,41 @@ def test_a_node_cut_off_from_etcd_and_its_peers_closes_the_connection_for_the_cl
         await world.close()
 
     run(play)
+
+
+def test_a_primary_started_again_without_its_copy_steps_out_and_the_queue_is_served_again(tmp_path):
+    """The primary was the only copy in sync (its backup dropped out) when it died, and comes
+    back as a new process with no copy and no client of the queue. Named in the ISR record, it
+    alone could claim the queue, and it never tried: the queue was nobody's for good (found by
+    the nemesis: a fragment stuck after a rolling restart). Now it steps out of the record at
+    start, and a client elsewhere gets the queue served again (empty: what only the dead copy
+    held is gone, as docs/replication.md says of min_in_sync = 1)."""
+    rule = {"name": "orders", "match": "orders.*", "kind": "replicated", "replicas": 2,
+            "nodes": ["a", "b"], "catchup_timeout": 2.0}
+
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=rule)
+        primary = await make_primary(world, nodes, ADDRESS)
+        assert primary == "a"
+        world.network.kill("b")  # the backup goes: the primary goes on alone (ISR [])
+        nodes["b"].coordinator.store.partition()
+        await nodes["b"].stop()
+        await world.until(lambda: view(nodes["a"], ADDRESS).get("in_sync") == [], timeout=15,
+                          what="the primary alone in sync")
+        world.network.kill("a")  # now the primary dies too
+        nodes["a"].coordinator.store.partition()
+        await nodes["a"].stop()
+        await world.quiet(TTL + 2)
+        world.network.reboot("a")  # a new process, no copy (not durable), no client of the queue
+        nodes["a"] = await world.node("a", etcd=etcd, rules=[rule],
+                                      cluster={"etcd": ["http://memory:2379"], "lease_ttl": TTL})
+        client = await world.client("c", "late-producer")
+        sender = client.sender(ADDRESS)
+        await world.until(lambda: sender.credit > 0, timeout=20, what="the queue served again")
+        sender.send("after", message_id="after")
+        await world.until(lambda: sender.accepted() == 1, timeout=10, what="accepted")
+        assert view(nodes["a"], ADDRESS).get("role") == "primary"
+        await world.close()
+
+    run(play)
