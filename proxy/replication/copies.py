@@ -74,6 +74,7 @@ class PrimaryCopy:
         # a transaction's commit into the queue is answered once the in-sync copies hold it
         queue.commit_barrier = self._commit_barrier
         self._timer = loop.call_later(LAG_CHECK, self._check_lag)
+        self._stuck_since, self._stuck_at = None, -1  # since when nothing was accepted (_starved)
 
     # -- backups ----------------------------------------------------------------------
     def set_backups(self, backups: dict[str, str]) -> None:
@@ -147,6 +148,8 @@ class PrimaryCopy:
         self._timer = None
         if self.fenced:
             return
+        if self._starved():
+            return
         for node, why in self.replica_set.lagging(self.loop.time()):
             log.warning("queue %s: backup %s dropped from the in-sync set: %s", self.address, node, why)
             self.replica_set.detach(node, why)
@@ -156,6 +159,31 @@ class PrimaryCopy:
                 self._retry_later(node)
         self._propose()
         self._timer = self.loop.call_later(LAG_CHECK, self._check_lag)
+
+    def _starved(self) -> bool:
+        """Producers wait here for copies this primary cannot reach: with ``min_in_sync`` > 1 and
+        nothing accepted for longer than a lease, while the backups of the in-sync set stay in
+        it (they hold everything accepted), this primary steps down (fenced, its claim
+        released) so that one of them, which may reach the others, serves the queue (issue #42:
+        a primary cut off from its peers but not from etcd held the queue, accepting nothing,
+        for as long as the cut lasted). Only with etcd: a static cluster has nobody to take over."""
+        replica_set = self.replica_set
+        if replica_set.min_in_sync < 2 or not self.service.automatic:
+            self._stuck_since = None
+            return False
+        if not replica_set.waiting or not replica_set.isr:
+            self._stuck_since = None
+            return False
+        now = self.loop.time()
+        if replica_set.accepted != self._stuck_at:
+            self._stuck_since, self._stuck_at = now, replica_set.accepted
+            return False
+        if now - self._stuck_since < self.service.lease_ttl():
+            return False
+        self.service.stale(self.entry, f"nothing accepted for {now - self._stuck_since:.1f} s: the "
+                                       f"in-sync backups ({', '.join(sorted(replica_set.isr))}) do "
+                                       "not answer; one of them takes over")
+        return True
 
     # -- the queue's cycle ---------------------------------------------------------------
     def _changed(self, queue) -> None:

@@ -92,9 +92,17 @@ def park(endpoint, entry, held: list) -> PendingLink:
     """``endpoint`` (a local queue's consumer, browser or producer) loses its queue: its client
     link stays attached and waits in ``entry.pending`` for the new owner, as a new link would.
     A consumer's unsettled deliveries are settled here (the new primary sends those messages
-    again, delivery-count + 1); a producer's ``held`` transfers go on with the link."""
+    again, delivery-count + 1); a producer's ``held`` transfers go on with the link, and so do
+    those a durable queue's producer still held for the disk (issue #42: their deliveries were
+    dropped with the old endpoint, and the clients never had an outcome)."""
     handler, link = endpoint.handler, endpoint.link
     unsettled = list(getattr(endpoint, "unsettled", None) or ())
+    awaiting = getattr(endpoint, "awaiting", None)
+    if awaiting:  # a durable queue's transfers still waiting for the disk: they go on too
+        held = list(held) + [(message.payload, delivery) for _, delivery, message in awaiting
+                             if delivery is not None]
+        endpoint.queue.incoming -= len(awaiting)
+        awaiting.clear()
     handler.links.pop(endpoint.link_ptr, None)
     endpoint.detached()
     for delivery in unsettled:

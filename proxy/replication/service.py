@@ -268,11 +268,13 @@ class ReplicationService:
     def is_peer(self, handler) -> bool:
         return self.peer_of(handler) is not None
 
+    def lease_ttl(self) -> float:
+        return getattr(self.coordinator, "lease_ttl", None) or 5.0
+
     def parked_limit(self) -> float:
         """Seconds a client link waits for a queue's new primary before its connection is
         closed: twice the lease (a new owner is known within about one), 4 s at least."""
-        ttl = getattr(self.coordinator, "lease_ttl", None) or 5.0
-        return max(4.0, 2 * ttl)
+        return max(4.0, 2 * self.lease_ttl())
 
     def url_of(self, node_id: str) -> str | None:
         return self.members().get(node_id)

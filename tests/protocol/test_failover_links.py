@@ -132,3 +132,54 @@ def test_a_primary_started_again_without_its_copy_steps_out_and_the_queue_is_ser
         await world.close()
 
     run(play)
+
+
+def test_a_primary_cut_off_from_its_backups_with_min_in_sync_2_steps_down(tmp_path):
+    """min_in_sync = 2 and the primary cut off from both backups, not from etcd: it can accept
+    nothing. It held the queue for as long as the cut lasted (found by the nemesis: 6.2 s
+    without an acceptance for a 6 s cut); now, once nothing was accepted for a lease, it steps
+    down and a backup of the in-sync set, which reaches the other, serves: a producer on
+    another node goes on within lease_ttl + 2 s, nothing accepted is lost. (A producer on the
+    primary itself is what shows it that nothing can be accepted.)"""
+    rule = {"name": "orders", "match": "orders.*", "kind": "replicated", "replicas": 3,
+            "min_in_sync": 2}
+
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=rule)
+        primary = await make_primary(world, nodes, ADDRESS)
+        other = next(n for n in nodes if n != primary)
+        client = await world.client(other, "producer")
+        sender = client.sender(ADDRESS)
+        await world.until(lambda: sender.credit > 0, what="credit")
+        sent = 0
+
+        def pump(total: int) -> bool:
+            nonlocal sent
+            while sent < total and sender.credit > 0:
+                sender.send(f"m{sent}", message_id=sent)
+                sent += 1
+            return sender.accepted() == total
+
+        await world.until(lambda: pump(20), what="20 accepted")
+        local = (await world.client(primary, "local-producer")).sender(ADDRESS)
+        await world.until(lambda: local.credit > 0, what="local credit")
+        loop = asyncio.get_running_loop()
+        cut = loop.time()
+        for node in nodes:
+            if node != primary:
+                world.network.partition(primary, node)
+        local.send("local", message_id="local")  # waits on the primary: no copy can take it
+        await world.until(lambda: pump(21) and new_primary(nodes, primary) is not None,
+                          timeout=TTL + 2, what="accepted again, by a new primary")
+        assert loop.time() - cut <= TTL + 2
+        await world.until(lambda: pump(40), timeout=10, what="40 accepted")
+        reader = Consumer((await world.client(other, "reader")).receiver(ADDRESS, credit=CREDIT))
+
+        def received() -> set:
+            reader.step()
+            return set(reader.ids())
+        await world.until(lambda: received() >= set(range(40)), timeout=10, what="every accepted id")
+        await world.close()
+
+    run(play)
