@@ -150,7 +150,8 @@ class PrimaryCopy:
             return
         if self._starved():
             return
-        for node, why in self.replica_set.lagging(self.loop.time()):
+        silent_after = self.service.lease_ttl() if self.service.automatic else None
+        for node, why in self.replica_set.lagging(self.loop.time(), silent_after):
             log.warning("queue %s: backup %s dropped from the in-sync set: %s", self.address, node, why)
             self.replica_set.detach(node, why)
             pusher = self.pushers.get(node)

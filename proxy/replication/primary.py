@@ -278,15 +278,23 @@ class ReplicaSet:
             stream.catchup_acked = stream.catchup_acked or batch.ends_catchup
         stream.acked_at = now
 
-    def lagging(self, now: float) -> list[tuple[str, str]]:
-        """Backups to drop now: (node, why)."""
+    def lagging(self, now: float, silent_after: float | None = None) -> list[tuple[str, str]]:
+        """Backups to drop now: (node, why). ``silent_after``: an in-sync backup that has not
+        acknowledged a batch sent that long ago (it answers nothing: paused, cut off) is
+        dropped then, not after ``catchup_timeout``, while the copies left still make
+        ``min_in_sync`` (issue #42; with fewer the primary steps down instead, copies.py)."""
         out = []
+        left = 1 + len(self.isr)
         for node, stream in self.streams.items():
             since = stream.behind_since()
             if since is not None and now - since > self.catchup_timeout:
                 out.append((node, f"{now - since:.1f}s behind (catchup_timeout {self.catchup_timeout:g}s)"))
             elif stream.pending_bytes > MAX_STREAM_BYTES:
                 out.append((node, f"{stream.pending_bytes} bytes waiting for it"))
+            elif (silent_after is not None and node in self.isr and stream.unacked
+                  and now - stream.unacked[0].sent_at > silent_after and left - 1 >= self.min_in_sync):
+                left -= 1
+                out.append((node, f"no acknowledgement for {now - stream.unacked[0].sent_at:.1f}s"))
         return out
 
     # -- the in-sync set ----------------------------------------------------------------
