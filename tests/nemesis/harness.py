@@ -57,12 +57,12 @@ QUEUES = {
 }
 
 
-def blackhole(proxy, streams=("upstream", "downstream")):
-    """Every byte dropped, in ``streams``; connections stay open and silent. Returns the heal."""
+def _toxics(proxy, kind: str, attributes: dict, streams):
+    """Toxics of ``kind`` on ``streams`` of ``proxy``; returns the heal (removes them)."""
     names = []
     for stream in streams:
-        name = f"hole_{stream}_{time.monotonic_ns()}"
-        proxy.proxy.add_toxic(name=name, type="timeout", stream=stream, attributes={"timeout": 0})
+        name = f"{kind}_{stream}_{time.monotonic_ns()}"
+        proxy.proxy.add_toxic(name=name, type=kind, stream=stream, attributes=attributes)
         names.append(name)
 
     def heal() -> None:
@@ -70,21 +70,15 @@ def blackhole(proxy, streams=("upstream", "downstream")):
             with suppress(Exception):
                 proxy.proxy.destroy_toxic(name)
     return heal
+
+
+def blackhole(proxy, streams=("upstream", "downstream")):
+    """Every byte dropped, in ``streams``; connections stay open and silent. Returns the heal."""
+    return _toxics(proxy, "timeout", {"timeout": 0}, streams)
 
 
 def latency(proxy, ms: int = 100, jitter: int = 50):
-    names = []
-    for stream in ("upstream", "downstream"):
-        name = f"lat_{stream}_{time.monotonic_ns()}"
-        proxy.proxy.add_toxic(name=name, type="latency", stream=stream,
-                              attributes={"latency": ms, "jitter": jitter})
-        names.append(name)
-
-    def heal() -> None:
-        for name in names:
-            with suppress(Exception):
-                proxy.proxy.destroy_toxic(name)
-    return heal
+    return _toxics(proxy, "latency", {"latency": ms, "jitter": jitter}, ("upstream", "downstream"))
 
 
 class NemesisCluster:

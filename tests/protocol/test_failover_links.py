@@ -26,6 +26,23 @@ pytestmark = pytest.mark.timeout(60)
 ADDRESS = "orders.x"
 
 
+class Numbered:
+    """A sender of messages 0, 1, 2, ... as credit allows; ``upto(n)``: true once n are accepted
+    (and, with a consumer, n distinct ids received)."""
+
+    def __init__(self, sender, consumer=None) -> None:
+        self.sender, self.consumer, self.sent = sender, consumer, 0
+
+    def upto(self, total: int) -> bool:
+        while self.sent < total and self.sender.credit > 0:
+            self.sender.send(f"m{self.sent}", message_id=self.sent)
+            self.sent += 1
+        if self.consumer is None:
+            return self.sender.accepted() == total
+        self.consumer.step()
+        return self.sender.accepted() == total and len(set(self.consumer.ids())) == total
+
+
 def new_primary(nodes, old: str) -> str | None:
     return next((n for n in nodes if n != old and view(nodes[n], ADDRESS).get("role") == "primary"), None)
 
@@ -39,15 +56,7 @@ def test_producer_and_consumer_on_a_fenced_primary_keep_their_links_and_lose_not
         sender = client.sender(ADDRESS)
         consumer = Consumer(client.receiver(ADDRESS, credit=CREDIT))
         await world.until(lambda: sender.credit > 0, what="credit")
-        sent = 0
-
-        def pump(total: int) -> bool:
-            nonlocal sent
-            while sent < total and sender.credit > 0:
-                sender.send(f"m{sent}", message_id=sent)
-                sent += 1
-            consumer.step()
-            return sender.accepted() == total and len(set(consumer.ids())) == total
+        pump = Numbered(sender, consumer).upto
 
         await world.until(lambda: pump(40), what="40 through the primary")
         unsettled_before = sum(1 for _, d in consumer.link.received if not d.settled)
@@ -152,14 +161,7 @@ def test_a_primary_cut_off_from_its_backups_with_min_in_sync_2_steps_down(tmp_pa
         client = await world.client(other, "producer")
         sender = client.sender(ADDRESS)
         await world.until(lambda: sender.credit > 0, what="credit")
-        sent = 0
-
-        def pump(total: int) -> bool:
-            nonlocal sent
-            while sent < total and sender.credit > 0:
-                sender.send(f"m{sent}", message_id=sent)
-                sent += 1
-            return sender.accepted() == total
+        pump = Numbered(sender).upto
 
         await world.until(lambda: pump(20), what="20 accepted")
         local = (await world.client(primary, "local-producer")).sender(ADDRESS)
