@@ -72,8 +72,8 @@ def episodes(history: list[dict], faults: list[dict], *, after: float = 10.0,
     """Per fault: first acceptance after its start, and the longest time without one from its
     start to ``after`` seconds past its end (the worst queue's, each queue on its own);
     p50/p99 invoke -> ok latency of enqueues invoked during it; duplicates (dequeues of a value
-    seen before) from its start to ``after`` past its end, against what was in flight at its
-    start: enqueues invoked without an outcome yet, plus every consumer's credit."""
+    seen before) from its start to ``after`` past its end, against what was in flight during
+    it: the most enqueues without an outcome at any moment of it, plus every consumer's credit."""
     oks: dict = {}
     invokes, outcome_at, latency = {}, {}, []
     consumers = set()
@@ -105,7 +105,7 @@ def episodes(history: list[dict], faults: list[dict], *, after: float = 10.0,
             if worst is None or gap > worst:
                 worst, worst_queue = gap, queue
         during = [s for t, s in latency if start <= t <= end]
-        in_flight = sum(1 for v, t in invokes.items() if t <= start and outcome_at.get(v, 1e18) > start)
+        in_flight = _most_open(invokes, outcome_at, start, end)
         out.append({**fault,
                     "first_ok_s": None if first is None else round(first - start, 3),
                     "longest_gap_s": _round(worst), "gap_queue": worst_queue,
@@ -114,6 +114,22 @@ def episodes(history: list[dict], faults: list[dict], *, after: float = 10.0,
                     "duplicated": sum(1 for t in repeats if start <= t <= end + after),
                     "in_flight": in_flight + consumer_credit * len(consumers)})
     return out
+
+
+def _most_open(invokes: dict, outcome_at: dict, start: float, end: float) -> int:
+    """The most enqueues without an outcome at any moment from ``start`` to ``end``: what was
+    in flight during the fault (a message sent during it and answered only after counts)."""
+    changes = []
+    for value, at in invokes.items():
+        done = outcome_at.get(value, 1e18)
+        if at <= end and done > start:
+            changes.append((max(at, start), 1))
+            changes.append((done, -1))
+    most = open_now = 0
+    for _, step in sorted(changes):
+        open_now += step
+        most = max(most, open_now)
+    return most
 
 
 def _round(value):
