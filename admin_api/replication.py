@@ -123,7 +123,9 @@ def peer_admins(node) -> dict[str, str]:
 def _callers_token(request: web.Request) -> str | None:
     """The caller's own token: what a node presents to the others when it has no node-to-node
     token (``[admin] cluster_token``, or an admin token in ``tokens``: a first-run node)."""
-    header = request.headers.get("Authorization", "")
+    # forwarded by worker 0 to the worker that keeps the queue (admin_api.workers): the
+    # caller's own, not the workers' token
+    header = request.headers.get("X-Fedgate-Caller") or request.headers.get("Authorization", "")
     return header.partition(" ")[2].strip() or None
 
 

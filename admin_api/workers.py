@@ -35,6 +35,7 @@ from aiohttp import web
 
 from .cluster import PUSH_PATH
 from .errors import ApiError, json_response
+from .keys import NODE
 
 log = logging.getLogger("fedgate.admin.workers")
 
@@ -183,9 +184,11 @@ class WorkerPeers:
                     if await self._push(worker, record):
                         known[worker] = record.version
 
-    async def ask(self, worker: int, method: str, path_qs: str) -> tuple[int, bytes] | None:
+    async def ask(self, worker: int, method: str, path_qs: str, *, body: bytes | None = None,
+                  headers: dict | None = None) -> tuple[int, bytes] | None:
         try:
-            async with self.sessions[worker].request(method, BASE + path_qs) as response:
+            async with self.sessions[worker].request(method, BASE + path_qs, data=body,
+                                                     headers=headers) as response:
                 return response.status, await response.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             log.warning("worker %d's admin did not answer %s %s: %r", worker, method, path_qs, exc)
@@ -242,6 +245,8 @@ async def aggregate_middleware(request: web.Request, handler):
                 lines += label_metrics(answer[1].decode(), worker, keep_comments=False)
         return web.Response(body=("\n".join(lines) + "\n").encode(),
                             headers={"Content-Type": response.headers.get("Content-Type", "text/plain")})
+    if request.method == "POST" and (owner := await _owner_worker(request)):
+        return await _to_owner(request, peers, owner)
     if request.method == "DELETE" and path.startswith("/api/v1/connections/"):
         try:
             return await handler(request)
@@ -253,3 +258,38 @@ async def aggregate_middleware(request: web.Request, handler):
                     return web.Response(body=answer[1], status=200, content_type="application/json")
             raise
     return await handler(request)
+
+
+CALLER = "X-Fedgate-Caller"  # the caller's Authorization, for a worker that asks other nodes
+PROMOTE = re.compile(r"^/api/v1/queues/([^/]+)/promote$")
+
+
+async def _owner_worker(request: web.Request) -> int:
+    """The worker that keeps the replicated queue a POST is about (its promote, or another
+    node telling its new primary; issue #45); 0: this one, or not such a request."""
+    worker = getattr(request.app[NODE], "worker", None)
+    if worker is None or worker.count < 2:
+        return 0
+    match = PROMOTE.match(request.path)
+    if match is not None:
+        return worker.owners.owner(request.match_info.get("name") or match.group(1))
+    if request.path == "/api/v1/replication/owner":
+        try:
+            address = orjson.loads(await request.read()).get("address")
+        except (orjson.JSONDecodeError, AttributeError):
+            return 0  # the handler says what is wrong with it
+        return worker.owners.owner(address) if isinstance(address, str) and address else 0
+    return 0
+
+
+async def _to_owner(request: web.Request, peers: WorkerPeers, owner: int) -> web.Response:
+    headers = {"Content-Type": "application/json", CALLER: request.headers.get("Authorization", "")}
+    for name in ("X-Fedgate-Forwarded-By",):
+        if name in request.headers:
+            headers[name] = request.headers[name]
+    answer = await peers.ask(owner, "POST", request.path_qs, body=await request.read(),
+                             headers=headers)
+    if answer is None:
+        raise ApiError(502, "worker_unreachable", f"worker {owner} of this node, which keeps the "
+                       "queue, did not answer", field="name")
+    return web.Response(body=answer[1], status=answer[0], content_type="application/json")

@@ -7,6 +7,7 @@ CI (``CI=true``): CI must never pass by skipping.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -67,6 +68,26 @@ def to_toml(config: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (from /proc): a node's workers."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 class NodeProcess:
     """A `fedgate serve` process; ``url`` once it says it listens."""
 
@@ -110,9 +131,24 @@ class NodeProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
+        """kill -9 of the node: with workers, of every process of it at once (the supervisor
+        held still first, so it restarts none of them), as a machine's crash would."""
         if self.alive():
+            workers = descendants(self.proc.pid)
+            if workers:
+                self.proc.send_signal(signal.SIGSTOP)
+            for pid in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+
+    def signal_all(self, signum: int) -> None:
+        """A signal to the node's every process (SIGSTOP / SIGCONT: a pause of the machine)."""
+        if self.alive():
+            for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
 
     def stop(self, timeout: float = 10.0) -> int | None:
         if self.proc is None:

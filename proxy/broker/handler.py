@@ -393,10 +393,11 @@ class ClientHandler:
         return endpoint
 
     def attach_proxy_producer(self, link: Link, upstream, remote_address: str,
-                              capabilities: tuple[str, ...] = (), rule=None) -> ProxyProducer:
+                              capabilities: tuple[str, ...] = (), rule=None,
+                              properties: dict | None = None) -> ProxyProducer:
         self._open_client_link(link, False)
         endpoint = ProxyProducer(self, link, upstream, remote_address, capabilities=capabilities,
-                                 rule=rule)
+                                 rule=rule, properties=properties)
         self.links[endpoint.link_ptr] = endpoint
         return endpoint
 

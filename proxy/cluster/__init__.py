@@ -52,15 +52,18 @@ def advertised_urls(config: Config) -> tuple[str, str | None]:
 
 
 def build_coordinator(config: Config, *, worker_index: int = 0, worker_count: int = 1) -> Coordinator:
-    """Static without ``[cluster] etcd``; else on etcd, where only worker 0 registers the node
-    (the other workers of a node watch)."""
+    """Static without ``[cluster] etcd``; else on etcd, where only worker 0 registers the node;
+    with workers, each one holds a lease of its own for the replicated queues it owns (issue #45)."""
     amqp, admin = advertised_urls(config)
     common = dict(node_id=config.node.id, amqp=amqp, admin=admin, workers=worker_count,
                   version=fedgate_version())
     cluster = config.cluster
     if not cluster.enabled:
+        data_dir = Path(config.node.data_dir)
+        if worker_count > 1:  # each worker claims its own queues: epochs kept apart (issue #45)
+            data_dir = data_dir / "workers" / str(worker_index)
         return StaticCoordinator(peers=dict(config.peers), peer_admins=dict(config.admin.cluster),
-                                 data_dir=Path(config.node.data_dir), **common)
+                                 data_dir=data_dir, **common)
     from .etcd import EtcdCoordinator
     from .etcd_store import AetcdStore
 
@@ -73,4 +76,5 @@ def build_coordinator(config: Config, *, worker_index: int = 0, worker_count: in
     return EtcdCoordinator(name=cluster.name, store=store, endpoints=list(cluster.etcd),
                            lease_ttl=cluster.lease_ttl, clock_drift=cluster.clock_drift,
                            start_timeout=cluster.start_timeout, register=worker_index == 0,
+                           worker=worker_index if worker_count > 1 else None,
                            reach=dict(cluster.reach), **common)

@@ -48,7 +48,9 @@ watch (``admin_api.rules_manager`` validates and applies it).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from dataclasses import replace
 from collections.abc import Callable
@@ -72,7 +74,7 @@ class EtcdCoordinator:
                  version: str, store: Store, endpoints: list[str], lease_ttl: float = 3.0,
                  clock_drift: float = 0.1, start_timeout: float = 10.0, register: bool = True,
                  wall: Callable[[], float] = time.time, backoff: Backoff | None = None,
-                 reach: dict[str, str] | None = None) -> None:
+                 reach: dict[str, str] | None = None, worker: int | None = None) -> None:
         self.name = name
         self.reach = dict(reach or {})  # node id -> how this node reaches it ([cluster] reach)
         self.node_id = node_id
@@ -81,9 +83,16 @@ class EtcdCoordinator:
         self.endpoints = list(endpoints)
         self.lease_ttl = lease_ttl
         self.start_timeout = start_timeout
-        self.register = register  # False: a worker other than 0 only watches
-        self.wall = wall
+        self.register = register  # the node's member record (False: a worker other than 0)
+        # a lease of its own: every process that may claim (a node, each worker of a node with
+        # workers: replicated queues are claimed by the worker that owns them, issue #45)
+        self.leased = register or worker is not None
+        self.worker = worker
         self.keys = Keys(name)
+        # the key this process puts under its lease: the member record, or a worker's own
+        self.lease_key = (self.keys.member(node_id) if register
+                          else f"{self.keys.prefix}workers/{node_id}/w{worker}")
+        self.wall = wall
         self.view = ClusterView(self.keys)
         self.keeper = LeaseKeeper(ttl=lease_ttl, clock_drift=clock_drift)
         self.backoff = backoff or Backoff()  # reconnects: 0.1 s doubling to 2 s, with jitter
@@ -144,7 +153,7 @@ class EtcdCoordinator:
             await watch.cancel()
         lease = self.keeper.lease_id
         self.keeper.stop(loop.time())
-        if self.register and lease is not None and self.healthy:
+        if self.leased and lease is not None and self.healthy:
             try:
                 await self.store.revoke(lease)
                 log.info("cluster %s: lease %x revoked, %s left", self.name, lease, self.node_id)
@@ -164,7 +173,7 @@ class EtcdCoordinator:
         self._members.add(callback)
 
     def acting(self) -> bool:
-        if not self.register or self.fatal is not None:
+        if not self.leased or self.fatal is not None:
             return False
         return self.keeper.acting(asyncio.get_running_loop().time())
 
@@ -305,8 +314,8 @@ class EtcdCoordinator:
             "healthy": self.healthy,
             "revision": self.revision,
             "acting": self.acting(),
-            "fenced": self.register and not self.acting(),
-            "lease": self.keeper.describe(now) if self.register else None,
+            "fenced": self.leased and not self.acting(),
+            "lease": self.keeper.describe(now) if self.leased else None,
             "last_error": self.last_error,
             "reconnects": self.reconnects,
             "error": str(self.fatal) if self.fatal else None,
@@ -319,7 +328,7 @@ class EtcdCoordinator:
             try:
                 await self.store.connect()
                 await self._sync()
-                if self.register and self.keeper.needs_lease():
+                if self.leased and self.keeper.needs_lease():
                     await self._register()
                 self._set_healthy(True)
                 backoff.reset()
@@ -392,7 +401,7 @@ class EtcdCoordinator:
             if self._watch_error is not None:
                 raise StoreUnavailable(f"watch: {self._watch_error}")
             now = loop.time()
-            if self.register:
+            if self.leased:
                 if self.keeper.needs_lease():
                     await self._register()
                 elif self.keeper.renewal_due(now):
@@ -435,7 +444,7 @@ class EtcdCoordinator:
 
     async def _register(self) -> None:
         loop = asyncio.get_running_loop()
-        key = self.keys.member(self.node_id)
+        key = self.lease_key
         if self._first_registration:  # an earlier process of ours may still be registered
             give_up = loop.time() + self.lease_ttl + DUPLICATE_GRACE
             while True:
@@ -453,6 +462,8 @@ class EtcdCoordinator:
                         ttl, self.lease_ttl)
         self._registered_at = self.wall()
         value = member_value(self._registration(), registered_at=self._registered_at)
+        if not self.register:  # a worker's lease: its own key, no member record
+            value = json.dumps({"worker": self.worker, "pid": os.getpid()}).encode()
         result = await self.store.txn([Compare(key, "create", 0)], [Put(key, value, lease)],
                                       [Get(key)])
         if not result.succeeded:
@@ -469,6 +480,10 @@ class EtcdCoordinator:
         self._check_fencing()
 
     def _duplicate(self, kv: KV | None) -> DuplicateNode:
+        if not self.register:
+            return DuplicateNode(
+                f"worker {self.worker} of node {self.node_id!r} still holds a live lease in etcd "
+                f"cluster {self.name!r}: another process runs as this worker of this node")
         other = parse_member(kv.value, now=self.wall()) if kv is not None else None
         where = (f"{other.amqp}, admin {other.admin or '-'}, registered {other.lease_age_s:.0f} s ago"
                  if other else "unknown")

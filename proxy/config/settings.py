@@ -491,10 +491,11 @@ def _check_across_sections(config: Config) -> None:
     if config.cluster.enabled and config.cluster.advertise is None and config.listen[1] == 0:
         raise ConfigError("cluster.advertise", "with etcd, [node] listen needs a fixed port "
                           "(other nodes find this one by it), or set advertise")
-    replicated = [r.get("name") for r in config.rules if r.get("kind") == "replicated"
-                  or (r.get("kind") == "fragmented" and (r.get("replicas") or 1) > 1)]
+    # replicated queues run with any number of workers (issue #45); replicated fragments not yet
+    replicated = [r.get("name") for r in config.rules
+                  if r.get("kind") == "fragmented" and (r.get("replicas") or 1) > 1]
     if replicated and config.node.workers != 1:
-        raise ConfigError("node.workers", f"replicated queues (rules {', '.join(map(str, replicated))}) "
+        raise ConfigError("node.workers", f"replicated fragments (rules {', '.join(map(str, replicated))}) "
                           "need workers = 1 for now (docs/replication.md)")
     mechanisms = config.sasl.mechanisms
     if "EXTERNAL" in mechanisms and (config.tls is None or not config.tls.ca):

@@ -47,12 +47,13 @@ from cproton import (
     pn_link_get_drain,
     pn_link_set_drain,
 )
-from proton import Link, Terminus
+from proton import Data, Link, Terminus
 
 from proxy.amqp.drain import answer_drain
 from proxy.amqp.engine import (
     RELAY_IN_PYTHON,
     ClientLinkEndpoint,
+    _lib,
     fast_relay,
     hold,
     link_session,
@@ -118,6 +119,8 @@ class _ProxyEndpoint(ClientLinkEndpoint, UpstreamLinkOwner):
     sender_upstream = False  # role of our upstream link
 
     rule_name = None  # the proxy rule that routed the client here (messages name it)
+    properties = None  # link properties for the upstream attach (a replication link forwarded
+    # to the worker that owns its queue carries the primary's: proxy.replication.service)
 
     def __init__(self, handler, client_link: Link, upstream, remote_address: str,
                  capabilities: tuple[str, ...] = (), rule=None) -> None:
@@ -142,6 +145,10 @@ class _ProxyEndpoint(ClientLinkEndpoint, UpstreamLinkOwner):
     def configure_link(self, link: Link) -> None:
         """Termini and settle modes of our upstream link (also the suspect sender's)."""
         self.configure_upstream(link)
+        if self.properties:
+            data = Data(_lib.pn_link_properties(link._impl))
+            data.clear()
+            data.put_object(self.properties)
         if self.capabilities:
             set_capabilities(link.target if self.sender_upstream else link.source, self.capabilities)
 

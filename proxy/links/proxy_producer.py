@@ -90,7 +90,8 @@ class ProxyProducer(_ProxyEndpoint):
     credited = False  # the client has had credit from us (the declare fence, below)
 
     def __init__(self, handler, client_link, upstream, remote_address,
-                 capabilities: tuple[str, ...] = (), rule=None) -> None:
+                 capabilities: tuple[str, ...] = (), rule=None, properties: dict | None = None) -> None:
+        self.properties = properties  # the upstream attach's link properties (configure_link)
         self.pending: deque = deque()  # (payload, client delivery | None) not yet sent upstream
         self.inflight: dict = {}  # upstream delivery -> (payload, client delivery | None)
         self.suspects = 0  # deliveries being sent again alone (proxy.upstream.suspects)

@@ -102,6 +102,8 @@ class ReplicationService:
             return
         for key, stored in records.items():
             resource = key[len(STATE):] if key.startswith(STATE) else key
+            if not self.mine(resource):
+                continue  # another worker of this node keeps it, and settles its record
             if resource in self.entries or self._journal_holds(resource):
                 continue  # its address settles its own record (ReplicatedAddress._resolve_owner)
             try:
@@ -133,11 +135,20 @@ class ReplicationService:
 
     # -- the kind handler ------------------------------------------------------------------
     def attach(self, client, link, decision) -> None:
-        worker = self.node.worker
-        if worker is not None and worker.count > 1:  # rules changed at run time; see settings
-            raise LinkRefused("amqp:not-implemented", f"{decision.address!r}: replicated queues "
-                              f"need workers = 1 (this node runs {worker.count})")
         self.entry(decision.address, decision.rule).attach(client, link)
+
+    def owner_worker(self, resource: str) -> int | None:
+        """With workers (issue #45): the worker of this node that keeps ``resource`` (a queue's:
+        its owner on the ring, as for a local queue), when it is another; None: this process."""
+        worker = self.node.worker
+        if worker is None or worker.count < 2:
+            return None
+        kind, _, rest = resource.partition("/")
+        owner = worker.owners.owner(rest) if kind == "queue" else 0
+        return None if owner == worker.index else owner
+
+    def mine(self, resource: str) -> bool:
+        return self.owner_worker(resource) is None
 
     def entry(self, address: str, rule) -> ReplicatedAddress:
         resource = "queue/" + address
@@ -176,10 +187,26 @@ class ReplicationService:
         primary, epoch, resource = link_properties(link)
         if not primary or not epoch or not resource:
             raise LinkRefused(NOT_ALLOWED, "a replication link says its primary, epoch and resource")
+        owner = self.owner_worker(resource)
+        if owner is not None:  # another worker of this node keeps it: the link goes on there
+            self._forward(client, link, owner, resource)
+            return
         entry = self.entries.get(resource) or self._entry_for(resource)
         if entry is None:
             raise LinkRefused("amqp:not-found", f"{resource}: no replicated rule here for it")
         entry.replication_link(client, link, primary, epoch)
+
+    def _forward(self, client, link, owner: int, resource: str) -> None:
+        """A replication link that landed on a worker that does not keep its queue (a
+        connection placed by another link's first attach): forwarded to the owner, as a
+        client's link to a local queue is, its properties and capability with it."""
+        address = link.remote_target.address
+        decision = self.node.worker.forward(owner, address, f"{resource} on worker {owner}")
+        upstream = self.node.broker.upstreams.for_decision(decision)
+        log.info("%s: replication link forwarded to worker %d of this node, which keeps it",
+                 resource, owner)
+        client.attach_proxy_producer(link, upstream, address, rule=decision.rule,
+                                     properties=dict(link.remote_properties or {}))
 
     def _entry_for(self, resource: str) -> ReplicatedAddress | None:
         kind, _, rest = resource.partition("/")
@@ -211,7 +238,7 @@ class ReplicationService:
         which it tries at once: clients elsewhere may be waiting for it."""
         for name, queue in list(self.node.queues.queues.items()):
             decision = self.node.routing.resolve(name)
-            if decision.kind == "replicated" and queue.messages:
+            if decision.kind == "replicated" and queue.messages and self.mine("queue/" + name):
                 entry = self.entry(name, decision.rule)
                 entry.recovered(queue)
                 entry.resolve()
@@ -293,6 +320,8 @@ class ReplicationService:
 
     # -- ownership -------------------------------------------------------------------------
     def _owner_changed(self, resource: str, claim) -> None:
+        if not self.mine(resource):
+            return  # another worker of this node follows it
         entry = self.entries.get(resource)
         if entry is None:
             if claim is None or claim.owner == self.node_id:
@@ -367,7 +396,7 @@ class ReplicationService:
         by hand in a static cluster): this node's proxies go there. False when ignored: not a
         replicated queue, this node itself, or an epoch lower than the one known here."""
         decision = self.node.routing.resolve(address)
-        if decision.kind != "replicated" or owner == self.node_id:
+        if decision.kind != "replicated" or owner == self.node_id or not self.mine("queue/" + address):
             return False
         entry = self.entry(address, decision.rule)
         if entry.owner is not None and entry.owner[1] > epoch:

@@ -20,6 +20,9 @@ Exceptions to the ring:
 * proxy rules: every worker has its own upstream connections, unless the rule's
   ``upstream.max_connections`` caps them for the node: then only the first
   workers connect, and the others' links go through them;
+* replicated queues (issue #45) are owned as local queues are: the owner holds
+  the copy, claims the queue in etcd under a lease of its own, pushes to the
+  backups (as primary) or takes the primary's replication link (as backup);
 * fragmented queues: on a member node every worker has a fragment
   (``fragments.group``: producers enqueue on their own worker, consumers steal
   from the other workers, then from other nodes, when theirs is empty), and on
@@ -70,10 +73,12 @@ class QueueOwners:
         return int(self._ring.get_node(address)[1:])
 
     def owner_of_kind(self, kind: str, address: str) -> int | None:
-        """The worker that serves an address routed as ``kind``; None: any worker (its own
+        """The worker that serves an address routed as ``kind`` (a local or a replicated queue:
+        its owner, issue #45: each copy of a replicated queue on this node, its claim in etcd
+        and its replication links are that worker's); None: any worker (its own
         links: proxy rules have upstream connections in every worker, fragmented queues a
         fragment or their own links to the members)."""
-        if kind == "local":
+        if kind in ("local", "replicated"):
             return self.owner(address)
         return None
 

@@ -120,13 +120,16 @@ class WorkerContext:
                                               upstream.connections_per_worker)
             if owner is None or owner == me:
                 return decision
-            url = self.url(owner)
-            return Decision(kind="proxy", rule=self._rule(owner), address=address,
-                            remote_address=address, primary=f"worker-{owner}", primary_url=url,
-                            reason=f"{decision.kind} queue on worker {owner} of this node "
-                                   f"({decision.reason})")
+            return self.forward(owner, address, f"{decision.kind} queue on worker {owner} of "
+                                                f"this node ({decision.reason})")
 
         return resolve_here
+
+    def forward(self, owner: int, address: str, reason: str) -> Decision:
+        """A proxy decision to worker ``owner`` of this node (its Unix socket)."""
+        return Decision(kind="proxy", rule=self._rule(owner), address=address,
+                        remote_address=address, primary=f"worker-{owner}",
+                        primary_url=self.url(owner), reason=reason)
 
     # -- the supervisor's channel ------------------------------------------------
     def listen(self, adopt, adopt_handed=None) -> None:

@@ -53,15 +53,17 @@ def replicated_rule(name: str = "orders", match: str = "orders.*", replicas: int
 
 def replicated_nodes(start_node, etcd: list[str], cluster_name: str, rule: dict,
                      names=NAMES, lease_ttl: float = LEASE_TTL, per_node: dict | None = None,
-                     **sections) -> dict:
+                     workers: int = 1, **sections) -> dict:
     """``names`` -> NodeProcess, every one a live member seen by every other. ``per_node``:
-    name -> {"node": {...}, "cluster": {...}, "etcd": [...]} for that node only."""
+    name -> {"node": {...}, "cluster": {...}, "etcd": [...]} for that node only. ``workers``:
+    each node's ``[node] workers`` (issue #45: replication on every core)."""
     nodes = {}
     for name in names:
         own = (per_node or {}).get(name, {})
         nodes[name] = etcd_node(start_node, name, own.get("etcd", etcd), cluster_name,
                                 rules=[rule], lease_ttl=lease_ttl, cluster=own.get("cluster"),
-                                node={"log_level": "info", **own.get("node", {})}, **sections)
+                                node={"log_level": "info", "workers": workers,
+                                      **own.get("node", {})}, **sections)
     for item in nodes.values():
         wait_members(item, list(names), 10.0)
     return nodes
@@ -183,7 +185,8 @@ def wait_isr(etcd_url: str, cluster_name: str, address: str, isr, timeout: float
                     what=f"in-sync set {wanted} of {address} in etcd")
 
 
-LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) (\w+) ([\w.]+): (.*)$")
+# a worker's lines name it ("INFO w1 fedgate.replication: ...")
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) (\w+) (?:w\d+ )?([\w.]+): (.*)$")
 
 
 def log_events(node, contains: str) -> list[tuple[float, str]]:
