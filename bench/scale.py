@@ -19,7 +19,13 @@ C senders run at once, N/K messages per pair, timed until all exit:
   node: a fragment on every worker, consumers steal between workers, nothing is
   forwarded;
 * ``proxy``: pair i on ``px.qi``, a proxy rule to a one-process fedgate primary;
-  every worker has its own upstream connection.
+  every worker has its own upstream connection;
+* ``replicated`` (issue #45): pair i on its own replicated queue (``replicas = 2``,
+  ``min_in_sync = 1``, not durable: the rule's defaults) kept by this node and a second
+  one of as many workers (a static cluster, ``[peers]``); even pairs' queues have this
+  node as primary, odd pairs' the other (``nodes`` pinned), and each pair's clients
+  connect to its queue's primary, so both nodes serve clients and keep backups. The node
+  CPU is both nodes' (``peer_cpu_us_per_msg``: the second node's share).
 
 Placement (``--placement``): ``random`` starts every client at once, so which
 worker each lands on is the order their connections arrive in (with 1 pair the
@@ -55,17 +61,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from charts import save_bars  # noqa: E402
 
-KINDS = ("local", "fragmented", "proxy")
+KINDS = ("local", "fragmented", "proxy")  # and "replicated" when asked for (two nodes)
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def node_config(path: Path, primary_port: int | None, place: bool = True) -> Path:
-    lines = ['[node]', 'id = "bench"', f'place_by_first_attach = {str(place).lower()}', '',
+def node_config(path: Path, primary_port: int | None, place: bool = True,
+                node_id: str = "bench", peer: tuple[str, int] | None = None) -> Path:
+    lines = ['[node]', f'id = "{node_id}"', f'place_by_first_attach = {str(place).lower()}', '',
              '[[rules]]', 'name = "work"', 'match = "work.#"', 'kind = "fragmented"',
-             'fragments = ["bench"]', '']
+             f'fragments = ["{node_id}"]', '']
+    if peer is not None:  # replicated queues kept by both nodes, primaries half here, half there
+        ids = sorted([node_id, peer[0]])
+        for half, nodes in (("a", ids), ("b", ids[::-1])):
+            lines += ['[[rules]]', f'name = "rep-{half}"', f'match = "rep.{half}.*"',
+                      'kind = "replicated"', 'replicas = 2',
+                      f'nodes = [{", ".join(repr(n).replace(chr(39), chr(34)) for n in nodes)}]', '']
+        lines += ['[peers]', f'{peer[0]} = "amqp://127.0.0.1:{peer[1]}"', '']
     if primary_port:
         lines += ['[[rules]]', 'name = "px"', 'match = "px.*"', 'kind = "proxy"',
                   f'primary = "amqp://127.0.0.1:{primary_port}"', 'remote = "{1}"', '']
@@ -76,27 +90,37 @@ def node_config(path: Path, primary_port: int | None, place: bool = True) -> Pat
 def addresses(kind: str, pairs: int, tag: str) -> list[str]:
     if kind == "fragmented":
         return [f"work.{tag}"] * pairs
+    if kind == "replicated":  # "rep.a.*": the first node is primary, "rep.b.*": the second
+        return [f"rep.{'ab'[i % 2]}.{tag}-q{i}" for i in range(pairs)]
     prefix = "px." if kind == "proxy" else ""
     return [f"{prefix}{tag}-q{i}" for i in range(pairs)]
 
 
 def one_run(port: int, pid: int, primary_pid: int | None, kind: str, pairs: int, args,
-            tag: str, placement: str = "random") -> dict:
+            tag: str, placement: str = "random", peer: tuple[int, int] | None = None) -> dict:
+    """``peer``: (port, pid) of the second node of replicated queues (``rep.b.*`` are its)."""
     per_pair = args.messages // pairs
     targets = addresses(kind, pairs, tag)
-    cmds = [h.receiver_cmd("127.0.0.1", port, a, per_pair, args.credit) for a in targets]
-    cmds += [h.sender_cmd("127.0.0.1", port, a, per_pair, args.body_bytes) for a in targets]
+
+    def port_of(address: str) -> int:
+        return peer[0] if peer is not None and address.startswith("rep.b.") else port
+    cmds = [h.receiver_cmd("127.0.0.1", port_of(a), a, per_pair, args.credit) for a in targets]
+    cmds += [h.sender_cmd("127.0.0.1", port_of(a), a, per_pair, args.body_bytes) for a in targets]
     meter = h.CpuMeter(pid).start()  # the supervisor and its workers
     primary = h.CpuMeter(primary_pid).start() if primary_pid else None
+    second = h.CpuMeter(peer[1]).start() if peer is not None and kind == "replicated" else None
     result = h.run_concurrently(cmds, timeout=args.timeout,
                                 lead=pairs if placement == "spread" else 0)
     cpu = meter.stop()
     primary_cpu = primary.stop() if primary else 0.0
+    peer_cpu = second.stop() if second else None
     n = per_pair * pairs
     if not result.ok:
         return {"ok": False, "error": result.describe_failure()}
     return {"ok": True, "messages": n, "elapsed_s": round(result.elapsed, 3),
-            "msgs_per_s": round(n / result.elapsed), "node_cpu_us_per_msg": round(cpu * 1e6 / n, 2),
+            "msgs_per_s": round(n / result.elapsed),
+            "node_cpu_us_per_msg": round((cpu + (peer_cpu or 0.0)) * 1e6 / n, 2),
+            "peer_cpu_us_per_msg": round(peer_cpu * 1e6 / n, 2) if peer_cpu is not None else None,
             "primary_cpu_us_per_msg": round(primary_cpu * 1e6 / n, 2) if primary else None,
             "clients_cpu_us_per_msg": round(result.clients_cpu * 1e6 / n, 2)}
 
@@ -147,23 +171,33 @@ def main(argv=None) -> int:
         for workers, place in order:
             label = f"{workers}w" + ("" if place else ".unplaced")
             data_dir = Path(tempfile.mkdtemp(prefix="fedgate-bench-scale-"))
-            primary = None
+            primary = second = None
             primary_port = h.free_port() if "proxy" in kinds else None
             port = h.free_port()
+            peer_port = h.free_port() if "replicated" in kinds else None
             try:
                 if primary_port:
                     primary = h.start_fedgate_node(primary_port, data_dir / "primary",
                                                    log_path=data_dir / "primary.log")
-                config = node_config(data_dir / "node.toml", primary_port, place)
+                if peer_port:  # the second node of the replicated queues, as many workers
+                    config = node_config(data_dir / "peer.toml", None, place, "bench2",
+                                         ("bench", port))
+                    second = h.start_fedgate_node(
+                        peer_port, data_dir / "peer", log_path=data_dir / "peer.log",
+                        extra_args=["--config", str(config), "--workers", str(workers)])
+                config = node_config(data_dir / "node.toml", primary_port, place,
+                                     peer=("bench2", peer_port) if peer_port else None)
                 proc = h.start_fedgate_node(port, data_dir / "node",
                                             extra_args=["--config", str(config), "--workers", str(workers)],
                                             log_path=data_dir / "node.log")
+                peer = (peer_port, second.pid) if second else None
                 try:
                     # warm up: workers start in the background (imports: about 0.5 s of CPU
                     # each), and first connections make the upstream and inter-worker links
                     warm = argparse.Namespace(**{**vars(args), "messages": 2000 * workers})
                     for kind in kinds:
-                        one_run(port, proc.pid, None, kind, workers, warm, f"warm{round_}{kind[0]}")
+                        one_run(port, proc.pid, None, kind, max(workers, 2 if peer else 1), warm,
+                                f"warm{round_}{kind[0]}", peer=peer)
                     for kind in kinds:
                         for pairs in pair_counts:
                             for placement in placements:
@@ -171,18 +205,21 @@ def main(argv=None) -> int:
                                                                        else f"-{placement}")
                                 run = one_run(port, proc.pid, primary.pid if primary and kind == "proxy" else None,
                                               kind, pairs, args, f"r{round_}{kind[0]}{pairs}{placement[0]}",
-                                              placement)
+                                              placement, peer=peer)
                                 runs.setdefault(key, []).append(run)
                                 log(f"round {round_ + 1}: {kind:10s} {label}, {pairs} pairs, "
                                     f"{placement}: "
                                     + (f"{run['msgs_per_s']} msg/s, node {run['node_cpu_us_per_msg']} µs/msg"
                                        + (f", primary {run['primary_cpu_us_per_msg']} µs/msg"
                                           if run["primary_cpu_us_per_msg"] is not None else "")
+                                       + (f" (second node {run['peer_cpu_us_per_msg']})"
+                                          if run.get("peer_cpu_us_per_msg") is not None else "")
                                        if run["ok"] else run["error"]))
                 finally:
                     h.stop_process(proc)
             finally:
                 h.stop_process(primary)
+                h.stop_process(second)
                 shutil.rmtree(data_dir, ignore_errors=True)
     summary = {}
     for key, items in runs.items():
@@ -192,6 +229,7 @@ def main(argv=None) -> int:
             "median_msgs_per_s": h.median([r["msgs_per_s"] for r in good]),
             "median_node_cpu_us_per_msg": h.median([r["node_cpu_us_per_msg"] for r in good]),
             "median_primary_cpu_us_per_msg": h.median([r["primary_cpu_us_per_msg"] for r in good]),
+            "median_peer_cpu_us_per_msg": h.median([r.get("peer_cpu_us_per_msg") for r in good]),
             "median_clients_cpu_us_per_msg": h.median([r["clients_cpu_us_per_msg"] for r in good]),
         }
     base = worker_counts[0]
