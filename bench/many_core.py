@@ -20,9 +20,9 @@ Rows, each a run of another bench script (its JSON kept in ``--results``, defaul
 * ``latency``: what the node adds at 1,000 msg/s (``bench/proxy.py --latency``):
   p50 <= 0.3 ms, p99 <= 1 ms.
 * ``spread``: how evenly placement by first attach loads W workers when each queue's
-  clients land on its owner (the ketama ring of ``proxy.workers.ownership``) for 16, 64
-  and 1,000 queues: the busiest worker's queues over the mean (goal <= 1.5). Computed, no
-  processes.
+  clients land on its owner, for 16, 64 and 1,000 queues: the busiest worker's queues over
+  the mean (goal <= 1.5), with the supervisor's table of owners (what a node does) and with
+  the ketama ring alone (before issue #45). Computed, no processes.
 
 ``W`` is the CPUs present (16 on the table's machine). ``--quick`` shrinks everything to
 check the script itself on a small machine. The table is printed and written to
@@ -69,16 +69,20 @@ def load(path: Path) -> dict:
 
 
 def spread(workers: int) -> dict:
-    from proxy.workers.ownership import QueueOwners
+    """Queues per worker when each of ``queues`` names goes to its owner: the supervisor's
+    table (what a node does, issue #45) and, for comparison, the ketama ring alone."""
+    from proxy.workers.ownership import OwnerTable, QueueOwners
 
-    owners = QueueOwners("n1", workers)
     out = {}
     for queues in (16, 64, 1000):
-        counts = Counter(owners.owner(f"q{i}") for i in range(queues))
-        mean = queues / workers
-        out[str(queues)] = {"busiest": max(counts.values()), "idle_workers": workers - len(counts),
-                            "max_over_mean": round(max(counts.values()) / mean, 2),
-                            "per_worker": [counts.get(k, 0) for k in range(workers)]}
+        names = [f"q{i}" for i in range(queues)]
+        table = OwnerTable(workers)
+        for how, owner in (("table", table.owner), ("ring", QueueOwners("n1", workers).owner)):
+            counts = Counter(owner(name) for name in names)
+            out[f"{queues}-{how}"] = {
+                "busiest": max(counts.values()), "idle_workers": workers - len(counts),
+                "max_over_mean": round(max(counts.values()) / (queues / workers), 2),
+                "per_worker": [counts.get(k, 0) for k in range(workers)]}
     return out
 
 
@@ -173,7 +177,7 @@ def main(argv=None) -> int:
                 "met": bool(worst50 is not None and worst50 <= 0.3 and worst99 <= 1.0)}
     if "spread" in rows:
         figures = spread(cpus)
-        worst = max(v["max_over_mean"] for v in figures.values())
+        worst = max(v["max_over_mean"] for k, v in figures.items() if k.endswith("-table"))
         table["rows"]["spread"] = {"what": f"queues per worker, {cpus} workers, ring placement",
                                    "queues": figures, "goal": "busiest <= 1.5x its share",
                                    "met": worst <= 1.5}

@@ -102,13 +102,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
         level=config.node.log_level.upper(),
         format=f"%(asctime)s %(levelname)s w{args.index} %(name)s: %(message)s",
     )
-    # every local queue has its owner on the ring (proxy.workers.ownership); exchanges and
-    # dead-lettering reach queues on other workers through internal senders
+    # every local queue has one owner, the supervisor's answer for its name
+    # (proxy.workers.ownership); exchanges and dead-lettering reach queues on other workers
+    # through internal senders
     worker = WorkerContext(
         index=args.index, count=args.count, data_dir=Path(config.node.data_dir).absolute(),
         owners=QueueOwners(config.node.id, args.count),
         channel=socket.socket(fileno=args.channel_fd),
+        owner_channel=socket.socket(fileno=args.owners_fd) if args.owners_fd is not None else None,
         admin_token=os.environ.pop("FEDGATE_WORKER_TOKEN", ""))
+    if worker.owner_channel is not None:
+        worker.owners.ask = worker.ask_owner
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
     from proxy.cluster import CoordinatorError
 
@@ -205,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--index", type=int, required=True)
     worker.add_argument("--count", type=int, required=True)
     worker.add_argument("--channel-fd", type=int, required=True)
+    worker.add_argument("--owners-fd", type=int)
     worker.set_defaults(func=cmd_worker)
 
     check = sub.add_parser("check-config", help="validate a config file without serving")

@@ -514,3 +514,10 @@ class Node:
         restored = restore(self.journal.open(loop=loop), self.queues, self.queue_options)
         if restored:
             log.info("durable queues: %d messages restored", restored)
+        worker = self.worker
+        if worker is not None and worker.count > 1 and worker.owner_channel is not None:
+            # the supervisor's table names this worker the owner of what its journal holds
+            # (it does already, unless the table was lost: proxy.workers.ownership)
+            for name, queue in list(self.queues.queues.items()):
+                if queue.messages and not name.startswith("tmp."):
+                    worker.owners._known[name] = worker.ask_owner(name, claim=True)

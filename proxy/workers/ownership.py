@@ -4,9 +4,13 @@ How this works
 --------------
 A node with ``[node] workers = N`` runs N worker processes behind one listener
 (``proxy.workers.supervisor``). A local queue must stay one FIFO wherever its
-clients land, so each one has exactly one owner: the worker whose ketama ring
-(uhashring, the ring fragmented queues use for their members) maps the name to
-it. A link attached on another worker is forwarded to the owner as a proxy
+clients land, so each one has exactly one owner. The supervisor decides it the
+first time any worker asks about the name (``OwnerTable``, issue #45): the
+worker that owns the fewest queues, its ketama ring owner (uhashring, the ring
+fragmented queues use for their members) when that one is among the fewest.
+Each worker asks once per name, over a channel of its own, and keeps the answer
+(``QueueOwners``); the ring alone spread 16 queues over 16 workers 4, 3, 2, 2,
+... and left 7 with none. A link attached on another worker is forwarded to the owner as a proxy
 link to a peer node is (``proxy.workers.worker``).
 
 Exceptions to the ring:
@@ -38,8 +42,10 @@ than consumers, so a consumer's own fragment is fed and it seldom steals.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import orjson
 from uhashring import HashRing
 
 
@@ -48,29 +54,50 @@ def temp_prefix(node_id: str, worker: int) -> str:
     return f"tmp.{node_id}.w{worker}."
 
 
+MAX_ASSIGNED = 200_000  # names the table records; beyond, new names go by the ring alone
+
+
+def ring_of(workers: int) -> HashRing | None:
+    return HashRing(nodes=[f"w{k}" for k in range(workers)]) if workers > 1 else None
+
+
 @dataclass
 class QueueOwners:
+    """A worker's view of ownership: the supervisor's table (``ask``, answered once per name
+    and kept), the ring where there is no supervisor to ask (tests, ``ask`` None)."""
+
     node_id: str
     workers: int
+    ask: Callable[[str], int] | None = None  # the supervisor's answer for a name (OwnerTable)
     _ring: HashRing | None = field(default=None, init=False, repr=False)
     _temp: str = field(default="", init=False, repr=False)
+    _known: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, not {self.workers}")
-        if self.workers > 1:
-            self._ring = HashRing(nodes=[f"w{k}" for k in range(self.workers)])
+        self._ring = ring_of(self.workers)
         self._temp = f"tmp.{self.node_id}.w"
 
+    def ring_owner(self, address: str) -> int:
+        return int(self._ring.get_node(address)[1:]) if self._ring is not None else 0
+
     def owner(self, address: str) -> int:
-        """The worker that holds local queue ``address``."""
+        """The worker that holds local (or replicated) queue ``address``."""
         if self._ring is None:
             return 0
         if address.startswith(self._temp):
             digits, dot, _ = address[len(self._temp):].partition(".")
             if dot and digits.isdigit() and int(digits) < self.workers:
                 return int(digits)
-        return int(self._ring.get_node(address)[1:])
+        if self.ask is None:
+            return self.ring_owner(address)
+        owner = self._known.get(address)
+        if owner is None:
+            owner = self.ask(address)
+            if len(self._known) < MAX_ASSIGNED:
+                self._known[address] = owner
+        return owner
 
     def owner_of_kind(self, kind: str, address: str) -> int | None:
         """The worker that serves an address routed as ``kind`` (a local or a replicated queue:
@@ -91,6 +118,72 @@ class QueueOwners:
             return None
         direct = max(1, max_connections // per_worker)
         return None if index < direct else index % direct
+
+
+class OwnerTable:
+    """The supervisor's table of owners (issue #45): a name seen for the first time goes to the
+    worker that owns the fewest queues (its ring owner when that one is among the fewest), so
+    N queues on W workers are never more than one apart, where the ring alone put 4 of 16
+    queues on one worker of 16 and none on 7. Kept in ``path`` (a JSON line per name), so a
+    node started again with as many workers finds its durable queues' journals where their
+    owner is; a worker's recovered queues are claimed for it (``owner(name, claim=K)``).
+    Beyond ``MAX_ASSIGNED`` names, new ones go by the ring and are not recorded."""
+
+    def __init__(self, workers: int, path=None) -> None:
+        self.workers = workers
+        self.ring = ring_of(workers)
+        self.assigned: dict[str, int] = {}
+        self.load = [0] * workers
+        self.path = path
+        self._file = None
+        if path is not None:
+            self._load(path)
+            self._file = open(path, "ab")
+
+    def _load(self, path) -> None:
+        try:
+            lines = open(path, "rb").read().splitlines()
+        except FileNotFoundError:
+            return
+        for line in lines:
+            try:
+                name, owner = orjson.loads(line)
+            except (orjson.JSONDecodeError, ValueError, TypeError):
+                continue  # a line cut short by a crash
+            if isinstance(name, str) and isinstance(owner, int) and 0 <= owner < self.workers:
+                if name not in self.assigned:
+                    self.load[owner] += 1
+                else:
+                    self.load[self.assigned[name]] -= 1
+                    self.load[owner] += 1
+                self.assigned[name] = owner
+
+    def ring_owner(self, name: str) -> int:
+        return int(self.ring.get_node(name)[1:]) if self.ring is not None else 0
+
+    def owner(self, name: str, claim: int | None = None) -> int:
+        owner = self.assigned.get(name)
+        if owner is not None:
+            return owner
+        if claim is not None:
+            owner = claim
+        elif len(self.assigned) >= MAX_ASSIGNED:
+            return self.ring_owner(name)
+        else:
+            fewest = min(self.load)
+            preferred = self.ring_owner(name)
+            owner = preferred if self.load[preferred] == fewest else self.load.index(fewest)
+        self.assigned[name] = owner
+        self.load[owner] += 1
+        if self._file is not None:
+            self._file.write(orjson.dumps([name, owner]) + b"\n")
+            self._file.flush()  # in the OS's hands: a crash of the node keeps it
+        return owner
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 CONSUMER, PRODUCER = 0, 1  # a placed connection's role on its fragmented queue

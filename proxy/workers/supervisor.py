@@ -27,6 +27,7 @@ as a single node does) and wait for them, killing what is left after
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from proxy.config.settings import Config
-from proxy.workers.ownership import balanced_worker
+from proxy.workers.ownership import OwnerTable, balanced_worker
 from proxy.workers.worker import MAX_HANDOVER
 
 log = logging.getLogger("fedgate.supervisor")
@@ -55,6 +56,7 @@ ACCEPT_BATCH = 128
 class WorkerProcess:
     index: int
     channel: socket.socket | None = None
+    owner_channel: socket.socket | None = None  # its questions about queues' owners
     process: asyncio.subprocess.Process | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     per_ip: dict[str, int] = field(default_factory=dict)  # its open client connections
@@ -82,6 +84,7 @@ class Supervisor:
         self._tasks: set[asyncio.Task] = set()
         # worker 0 asks the other workers' admin apps (admin_api.workers) with this token
         self.admin_token = secrets.token_urlsafe(32)
+        self.owners: OwnerTable | None = None  # every queue's owner worker (start)
 
     # -- start and stop ------------------------------------------------------------
     async def start(self) -> None:
@@ -90,6 +93,7 @@ class Supervisor:
         self._bind(host, port)
         data_dir = os.path.abspath(self.config.node.data_dir)
         os.makedirs(os.path.join(data_dir, "workers"), mode=0o700, exist_ok=True)
+        self.owners = OwnerTable(self.count, os.path.join(data_dir, "workers", "owners"))
         for worker in self.workers:
             await self._spawn(worker)
         try:
@@ -125,17 +129,23 @@ class Supervisor:
 
     async def _spawn(self, worker: WorkerProcess) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        asked, asking = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         host, port = self.address
         args = [sys.executable, "-m", "proxy", "_worker", "--index", str(worker.index),
                 "--count", str(self.count), "--channel-fd", str(theirs.fileno()),
+                "--owners-fd", str(asking.fileno()),
                 "--listen", f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
                 *self.worker_args]
         try:
             worker.process = await asyncio.create_subprocess_exec(
-                *args, pass_fds=(theirs.fileno(),),
+                *args, pass_fds=(theirs.fileno(), asking.fileno()),
                 env={**os.environ, "FEDGATE_WORKER_TOKEN": self.admin_token})
         finally:
             theirs.close()
+            asking.close()
+        asked.setblocking(False)
+        worker.owner_channel = asked
+        self.loop.add_reader(asked.fileno(), self._answer_owner, worker)
         ours.setblocking(False)
         worker.channel = ours
         worker.ready.clear()
@@ -187,7 +197,39 @@ class Supervisor:
             worker.restarts += 1
             await self._spawn(worker)
 
+    def _answer_owner(self, worker: WorkerProcess) -> None:
+        """``Q<name>``: the owner of queue ``name`` (decided now if nobody asked before);
+        ``K<name>``: the same, this worker's if nobody has it yet (its journal brought it
+        back). Answered ``A<worker>``."""
+        channel = worker.owner_channel
+        while channel is not None:
+            try:
+                question = channel.recv(MAX_HANDOVER)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                question = b""
+            if not question:  # the worker is gone; _watch starts it again
+                self.loop.remove_reader(channel.fileno())
+                return
+            name = question[1:].decode("utf-8", "replace")
+            claim = worker.index if question[:1] == b"K" else None
+            owner = self.owners.owner(name, claim=claim)
+            if claim is not None and owner != claim:
+                log.error("worker %d brought queue %r back from its journal, but worker %d owns "
+                          "it: those messages stay in worker %d's journal", worker.index, name,
+                          owner, worker.index)
+            try:
+                channel.send(b"A%d" % owner)
+            except OSError as exc:
+                log.error("worker %d: owner of %r not answered (%s)", worker.index, name, exc)
+
     def _close_channel(self, worker: WorkerProcess) -> None:
+        if worker.owner_channel is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self.loop.remove_reader(worker.owner_channel.fileno())
+            worker.owner_channel.close()
+            worker.owner_channel = None
         if worker.channel is not None:
             self.loop.remove_reader(worker.channel.fileno())
             worker.channel.close()

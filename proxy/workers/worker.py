@@ -70,6 +70,7 @@ from .ownership import QueueOwners
 log = logging.getLogger("fedgate.workers")
 
 MAX_MESSAGE = 1024  # a channel message: a tag byte and an address or user name
+OWNER_TIMEOUT = 5.0  # seconds for the supervisor to name a queue's owner
 MAX_HANDOVER = 64 * 1024  # a hand-over message: its head and the frames held (first_attach.MAX_HELD)
 
 
@@ -86,6 +87,8 @@ class WorkerContext:
     data_dir: Path
     owners: QueueOwners
     channel: socket.socket | None = None  # to the supervisor; None: tests wire workers by hand
+    # to the supervisor's table of owners: a question, its answer (ask_owner); blocking
+    owner_channel: socket.socket | None = None
     admin_token: str = ""  # the other workers' admin sockets accept this one only (admin_api.workers)
     full_users: set[str] = field(default_factory=set)  # at max_connections_per_user node-wide
     _rules: dict[int, Rule] = field(default_factory=dict, repr=False)
@@ -95,6 +98,24 @@ class WorkerContext:
 
     def url(self, worker: int) -> str:
         return f"amqp+unix://{self.socket_path(worker)}"
+
+    def ask_owner(self, name: str, claim: bool = False) -> int:
+        """The supervisor's owner of queue ``name`` (``claim``: this worker's, unless it has one
+        already: a queue its journal brought back). Asked once per name (QueueOwners keeps
+        the answer), blocking: the supervisor answers from memory, never waiting on a worker."""
+        question = (b"K" if claim else b"Q") + name.encode()
+        try:
+            self.owner_channel.settimeout(OWNER_TIMEOUT)
+            self.owner_channel.send(question)
+            answer = self.owner_channel.recv(64)
+            if answer[:1] == b"A":
+                return int(answer[1:])
+            raise OSError(f"answer {answer[:16]!r}")
+        except (OSError, ValueError) as exc:
+            # the supervisor is gone (this worker stops too) or stuck: the ring decides
+            log.error("worker %d: the owner of %r not known from the supervisor (%s); the ring "
+                      "decides", self.index, name, exc)
+            return self.owners.ring_owner(name)
 
     def _rule(self, worker: int) -> Rule:
         rule = self._rules.get(worker)

@@ -95,3 +95,71 @@ def test_a_cap_on_upstream_connections_sends_the_other_workers_links_through_the
     # the cap of one worker's connections: everything through worker 0
     assert [owners.upstream_owner(k, 2, 2) for k in range(4)] == [None, 0, 0, 0]
     assert QueueOwners("n1", 1).upstream_owner(0, 2, 2) is None  # one process: nothing to share
+
+
+# -- the supervisor's table (issue #45): balanced at first sight, kept across restarts --------
+def test_the_table_spreads_any_names_evenly_where_the_ring_does_not():
+    from proxy.workers.ownership import OwnerTable
+
+    for workers, queues in ((16, 16), (16, 64), (16, 1000), (8, 16), (3, 10)):
+        table = OwnerTable(workers)
+        counts = collections.Counter(table.owner(f"q{i}") for i in range(queues))
+        assert max(counts.values()) - min(counts.get(k, 0) for k in range(workers)) <= 1, counts
+    ring = QueueOwners("n1", 16)
+    spread = collections.Counter(ring.owner(f"q{i}") for i in range(16))
+    assert max(spread.values()) >= 3  # what the table is for: the ring put 4 on one worker
+
+
+def test_the_table_prefers_the_ring_owner_among_the_least_loaded_and_answers_the_same_again():
+    from proxy.workers.ownership import OwnerTable
+
+    table = OwnerTable(4)
+    first = table.owner("orders")
+    assert first == table.ring_owner("orders")  # every worker equal: the ring's choice
+    assert [table.owner("orders") for _ in range(3)] == [first] * 3
+    others = [table.owner(f"x{i}") for i in range(3)]
+    assert sorted([first, *others]) == [0, 1, 2, 3]
+
+
+def test_the_table_is_kept_and_read_again_and_a_claim_wins_only_for_a_new_name(tmp_path):
+    from proxy.workers.ownership import OwnerTable
+
+    path = tmp_path / "owners"
+    table = OwnerTable(4, path)
+    owners = {f"q{i}": table.owner(f"q{i}") for i in range(10)}
+    assert table.owner("journaled", claim=3) == 3
+    assert table.owner("q0", claim=(owners["q0"] + 1) % 4) == owners["q0"]  # taken: not moved
+    table.close()
+    with open(path, "ab") as handle:
+        handle.write(b'["cut sho')  # a line a crash cut short
+    again = OwnerTable(4, path)
+    assert {name: again.owner(name) for name in owners} == owners
+    assert again.owner("journaled") == 3
+    assert sum(again.load) == 11
+    fewer = OwnerTable(2, path)  # started with fewer workers: names of workers 2, 3 go again
+    assert all(fewer.owner(name) in (0, 1) for name in owners)
+
+
+def test_beyond_its_bound_the_table_records_nothing_and_the_ring_decides(monkeypatch):
+    from proxy.workers import ownership
+
+    monkeypatch.setattr(ownership, "MAX_ASSIGNED", 5)
+    table = ownership.OwnerTable(4)
+    for i in range(5):
+        table.owner(f"q{i}")
+    assert table.owner("late") == table.ring_owner("late")
+    assert len(table.assigned) == 5
+
+
+def test_a_worker_asks_once_per_name_and_keeps_the_answer():
+    asked = []
+
+    def ask(name):
+        asked.append(name)
+        return 3
+
+    owners = QueueOwners("n1", 4, ask=ask)
+    assert [owners.owner("a"), owners.owner("a"), owners.owner("b")] == [3, 3, 3]
+    assert asked == ["a", "b"]
+    assert owners.owner(temp_prefix("n1", 2) + "9") == 2  # a temporary queue: its name says
+    assert asked == ["a", "b"]
