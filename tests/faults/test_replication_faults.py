@@ -12,7 +12,9 @@
   backup claims the queue at the next epoch and serves, and nothing is settled by both:
   what each side accepted is counted.
 
-lease_ttl is 3 s; every wait is bounded. FEDGATE_REPLICATION_CYCLES (default 4) sets the
+Each runs with nodes of one process and of two workers (``workers``, issue #45: a queue's
+copy, claim and replication links are its owner worker's; a kill -9 kills every process of
+the node). lease_ttl is 3 s; every wait is bounded. FEDGATE_REPLICATION_CYCLES (default 4) sets the
 number of kill/restart cycles; the issue's 20: ``make replication-long`` (about 2.5 minutes);
 FEDGATE_REPLICATION_SEED replays a run's choice of victims (the test prints its seed).
 """
@@ -22,6 +24,8 @@ from __future__ import annotations
 import os
 import random
 import time
+
+import pytest
 
 from conftest import free_port
 from etcd_servers import cluster_name, etcd_url  # noqa: F401 (fixtures)
@@ -47,12 +51,13 @@ def heal(proxy) -> None:
         proxy.proxy.destroy_toxic(f"hole_{stream}")
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_repeated_kill_and_restart_of_a_random_node_under_load(start_node, etcd_url, cluster_name,
-                                                               clients):
+                                                               clients, workers):
     # each cycle: clients on the two nodes that will live, a random node killed with -9 in
     # the middle of their stream (the primary half of the time), started again
     rule = replicated_rule()  # placed by the ring: the primary is whichever node it says
-    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, rule)
+    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, rule, workers=workers)
     names = sorted(nodes)
     seed = int(os.environ.get("FEDGATE_REPLICATION_SEED", str(random.randrange(1 << 30))))
     rng = random.Random(seed)
@@ -111,14 +116,15 @@ def test_repeated_kill_and_restart_of_a_random_node_under_load(start_node, etcd_
     assert max(failovers, default=0) <= FAILOVER_GOAL, (seed, failovers)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_a_backup_partitioned_from_the_primary_leaves_the_in_sync_set_and_catches_up(
-        start_node, etcd_url, cluster_name, clients, toxi):
+        start_node, etcd_url, cluster_name, clients, toxi, workers):
     # n3 is reached by the other nodes through Toxiproxy (it advertises the proxy's URL);
     # its own clients and its etcd session are untouched
     port = free_port()
     proxy = toxi.proxy("n3", port)
     rule = replicated_rule(nodes=["n1", "n2", "n3"], catchup_timeout=2.0)
-    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, rule, per_node={
+    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, rule, workers=workers, per_node={
         "n3": {"node": {"listen": f"127.0.0.1:{port}"}, "cluster": {"advertise": proxy.url}}})
     n1, n2, n3 = nodes["n1"], nodes["n2"], nodes["n3"]
     load = Workload(clients, ADDRESS, senders=[(n1.url, "a"), (n2.url, "b")],
@@ -162,11 +168,12 @@ def test_a_backup_partitioned_from_the_primary_leaves_the_in_sync_set_and_catche
         (len(waiting), sorted(waiting - rest.received_ids)[:20])
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_the_primary_cut_off_from_etcd_is_fenced_and_nothing_is_settled_twice(
-        start_node, etcd_url, cluster_name, clients, toxi):
+        start_node, etcd_url, cluster_name, clients, toxi, workers):
     proxy = toxi.proxy("etcd-n1", int(etcd_url.rsplit(":", 1)[1]))
     rule = replicated_rule(nodes=["n1", "n2", "n3"])
-    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, rule, per_node={
+    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, rule, workers=workers, per_node={
         "n1": {"etcd": [f"http://127.0.0.1:{proxy.port}"]}})
     n1, n2, n3 = nodes["n1"], nodes["n2"], nodes["n3"]
     # clients on the primary itself (local links) and on the two others (proxied to it)

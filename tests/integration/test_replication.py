@@ -14,7 +14,8 @@ test knows whom it kills. lease_ttl is 3 s; every wait is bounded. What a user w
 the acceptances the senders got, the ids the receivers got, ``GET /api/v1/queues`` (who
 serves the queue), the owner and in-sync records in etcd, the nodes' logs.
 
-FEDGATE_CATCHUP_MESSAGES (default 100000) sizes the catch-up test.
+The failover tests run with nodes of one process and of two workers each (``workers``, issue
+#45). FEDGATE_CATCHUP_MESSAGES (default 100000) sizes the catch-up test.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def jms():
         client.kill()
 
 
-def three_nodes(start_node, etcd_url, cluster_name, rule=PINNED, **sections):
-    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, rule, **sections)
+def three_nodes(start_node, etcd_url, cluster_name, rule=PINNED, workers=1, **sections):
+    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, rule, workers=workers,
+                             **sections)
     return nodes, nodes["n1"], nodes["n2"], nodes["n3"]
 
 
@@ -84,9 +86,10 @@ def out_of_order(received) -> list:
     return wrong
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_primary_killed_mid_stream_every_accepted_id_arrives(start_node, etcd_url, cluster_name,
-                                                             clients):
-    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name)
+                                                             clients, workers):
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, workers=workers)
     credit = 20
     load = Workload(clients, ADDRESS, senders=[(n2.url, "a"), (n3.url, "b"), (n2.url, "c"),
                                                (n3.url, "d")],
@@ -169,9 +172,10 @@ def test_primary_killed_jms_clients_on_it_fail_over_to_the_other_nodes(
     assert duplicates <= prefetch + 2, duplicates
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_a_backup_restarted_under_load_catches_up_100k_and_then_holds_every_message(
-        start_node, etcd_url, cluster_name, clients):
-    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name)
+        start_node, etcd_url, cluster_name, clients, workers):
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, workers=workers)
     per = CATCHUP_MESSAGES // 4
     fill = Workload(clients, ADDRESS, senders=[(n1.url, f"f{i}") for i in range(4)], receivers=[],
                     per_sender=per, rate=0, timeout_s=300)
@@ -229,10 +233,11 @@ def test_a_backup_restarted_under_load_catches_up_100k_and_then_holds_every_mess
     assert not out_of_order(rest.received), out_of_order(rest.received)[:10]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_durable_every_node_killed_and_restarted_nothing_accepted_is_lost(
-        start_node, etcd_url, cluster_name, clients):
+        start_node, etcd_url, cluster_name, clients, workers):
     rule = replicated_rule(nodes=["n1", "n2", "n3"], durable=True)
-    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, rule=rule)
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, rule=rule, workers=workers)
     # no consumer until after the restart: every accepted message waits in the queue
     load = Workload(clients, ADDRESS, senders=[(n1.url, "a"), (n2.url, "b"), (n3.url, "c")],
                     receivers=[], per_sender=2000, rate=200, durable=True)
@@ -261,14 +266,15 @@ def test_durable_every_node_killed_and_restarted_nothing_accepted_is_lost(
     assert not lost, sorted(lost)[:20]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_durable_the_primary_killed_then_the_rest_nothing_accepted_is_lost(
-        start_node, etcd_url, cluster_name, clients):
+        start_node, etcd_url, cluster_name, clients, workers):
     # first a failover (n1 killed: a backup takes over and journals as the primary now), more
     # messages accepted by the new primary, then the two others killed too; all three started
     # again: n1's journal is stale (another node served the queue since), the new primary's
     # and its backup's are not
     rule = replicated_rule(nodes=["n1", "n2", "n3"], durable=True)
-    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, rule=rule)
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, rule=rule, workers=workers)
     load = Workload(clients, ADDRESS, senders=[(n2.url, "a"), (n3.url, "b")], receivers=[],
                     per_sender=1500, rate=150, durable=True)
     load.start()
@@ -344,10 +350,11 @@ def test_every_copy_killed_a_queue_not_durable_is_served_again_empty(start_node,
     assert not outcome.lost
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_min_in_sync_2_producers_wait_while_the_only_backup_is_down(start_node, etcd_url,
-                                                                   cluster_name, clients):
+                                                                   cluster_name, clients, workers):
     rule = replicated_rule(replicas=2, nodes=["n1", "n2"], min_in_sync=2)
-    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, rule=rule)
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, rule=rule, workers=workers)
     load = Workload(clients, ADDRESS, senders=[(n1.url, "a"), (n3.url, "b")],
                     receivers=[n3.url], per_sender=800, rate=100, credit=20)
     load.start()
@@ -373,9 +380,10 @@ def test_min_in_sync_2_producers_wait_while_the_only_backup_is_down(start_node, 
     assert not outcome.lost and not outcome.corrupt
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_deliveries_unsettled_at_the_failure_come_again_counted(start_node, etcd_url,
-                                                                cluster_name, clients):
-    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name)
+                                                                cluster_name, clients, workers):
+    nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, workers=workers)
     fill = Workload(clients, ADDRESS, senders=[(n3.url, "a")], receivers=[], per_sender=30, rate=0)
     fill.start_senders()
     assert fill.result(timeout=20.0).senders[0]["accepted"] == 30
