@@ -30,6 +30,7 @@ protocol is tested on a virtual clock (docs/replication.md has the design):
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -37,7 +38,10 @@ from .events import ACQUIRE, CATCHUP_DONE, DEQUEUE, ENQUEUE, FRONT, IN_SYNC, REL
 from .states import CopyState
 
 MAX_BATCH_BYTES = 1 << 20
-MAX_BATCH_EVENTS = 512
+# one batch in flight per backup (copies.BATCHES_IN_FLIGHT): a queue's rate is at most this
+# many events per round trip to its backup; 4,096 was slower than 512 on 16 cores, side by side
+# (bench/README.md, issue #45); FEDGATE_REPLICATION_BATCH_EVENTS sets it for such a benchmark
+MAX_BATCH_EVENTS = int(os.environ.get("FEDGATE_REPLICATION_BATCH_EVENTS", "512"))
 MAX_STREAM_BYTES = 64 << 20  # bytes of events waiting for one backup before it is dropped
 
 
