@@ -170,7 +170,8 @@ class Consumer(Client):
         event.container.schedule(0.2, self)
 
     def on_message(self, event) -> None:
-        value = event.message.id
+        body = event.message.body  # the value (a JMS producer's text; proton's and rhea's too)
+        value = body if isinstance(body, str) else event.message.id
         emit(process=self.process, type="invoke", f="dequeue", value=None)
         emit(process=self.process, type="ok", f="dequeue", value=value,
              delivery_count=event.message.delivery_count)

@@ -3,8 +3,9 @@ own, a seeded schedule of faults under a logged workload, then Jepsen's total-qu
 
 How this works
 --------------
-* ``NemesisCluster`` starts a private etcd (one member), and three nodes ``n1..n3``. Every
-  node -> etcd link, every node -> node link (one proxy per ordered pair: ``[cluster] reach``
+* ``NemesisCluster`` starts a private etcd (one member, or three with ``etcd_size = 3``: the
+  combined mode, whose faults include the etcd leader killed), and three nodes ``n1..n3``.
+  Every node -> etcd member link, every node -> node link (one proxy per ordered pair: ``[cluster] reach``
   points each node at its own proxy for each peer) and every client -> node link goes
   through its own Toxiproxy proxy, so a fault can cut exactly one link, or one direction
   of it. A partition is a blackhole (the ``timeout`` toxic with timeout 0: bytes dropped,
@@ -13,8 +14,11 @@ How this works
   replicated, 2 copies; ``nem.d`` replicated and durable (3 copies); ``nem.f`` a fragmented
   queue whose fragments are replicated (2 copies). The control run uses ``ctl.local``: a
   plain local queue on one node, which a kill -9 is allowed to lose.
-* ``Workload``: per queue a producer and a consumer on every node (``client.py``), each
-  given every node's URL (its own first); their histories are merged into one JSON-lines
+* ``Workload``: per queue a producer and a consumer on every node, each given every node's
+  URL (its own first): python-qpid-proton Container clients (``client.py``) on n1 and n3,
+  rhea clients (``tests/js/nemesis_client.js``, the same history) on n2, and Qpid JMS
+  (``failover:`` URL, ``tests/jms``'s ``nemesis-produce`` / ``nemesis-consume``) for
+  ``nem.r3`` on n3; a message's value is its body (a JMS producer cannot set the id); their histories are merged into one JSON-lines
   file in Jepsen's operation shape.
 * ``FAULTS``: each a function ``(cluster, target, rng) -> heal``, where the target is a
   role resolved when the fault starts (``primary`` / ``backup`` of ``nem.r3``, or
@@ -41,13 +45,23 @@ from pathlib import Path
 from admin_client import http, wait_for
 from cluster_support import etcd_node, wait_members
 from conftest import PYTHON, TESTS
-from etcd_servers import EtcdMember
+from etcd_servers import EtcdCluster, EtcdMember
 
 import checker
 
 NAMES = ("n1", "n2", "n3")
 LEASE_TTL = 3
 CLIENT = TESTS / "nemesis" / "client.py"
+JS_CLIENT = TESTS / "js" / "nemesis_client.js"  # the same client on rhea (reconnect: true)
+# which client library each node's clients use: proton's Container, rhea and Qpid JMS
+# (failover:), none of which attaches again a link the server ended; JMS on n3 for one queue
+# only (a JVM per client)
+CLIENT_LIBRARY = {"n1": "proton", "n2": "rhea", "n3": "proton"}
+JMS_CLIENTS = {("n3", "nem.r3")}
+
+
+def library(node: str, address: str) -> str:
+    return "jms" if (node, address) in JMS_CLIENTS else CLIENT_LIBRARY[node]
 QUEUES = {
     "nem.r3": {"name": "r3", "match": "nem.r3", "kind": "replicated", "replicas": 3, "min_in_sync": 2},
     "nem.r2": {"name": "r2", "match": "nem.r2", "kind": "replicated", "replicas": 2},
@@ -83,20 +97,28 @@ def latency(proxy, ms: int = 100, jitter: int = 50):
 
 class NemesisCluster:
     def __init__(self, workdir: Path, start_node, toxi, cluster_name: str, *,
-                 queues: dict = QUEUES) -> None:
+                 queues: dict = QUEUES, etcd_size: int = 1) -> None:
         self.workdir = workdir
         self.toxi = toxi
-        self.etcd = EtcdMember(workdir, "e1").start()
+        self.etcd_cluster = None
+        if etcd_size > 1:
+            self.etcd_cluster = EtcdCluster(workdir, etcd_size).start()
+            self.etcd_members = list(self.etcd_cluster.members)
+        else:
+            self.etcd_members = [EtcdMember(workdir, "e1").start()]
         self.nodes = {}
         ports = {name: _free_port() for name in NAMES}
         self.client_proxy = {n: toxi.proxy(f"client-{n}", ports[n]) for n in NAMES}
-        self.etcd_proxy = {n: toxi.proxy(f"etcd-{n}", self.etcd.client_port) for n in NAMES}
+        # every node reaches every etcd member through a proxy of its own
+        self.etcd_proxies = {n: [toxi.proxy(f"etcd{k}-{n}", m.client_port)
+                                 for k, m in enumerate(self.etcd_members)] for n in NAMES}
         self.pair = {(a, b): toxi.proxy(f"{a}-to-{b}", ports[b]) for a in NAMES for b in NAMES if a != b}
         self.queues = queues
         for name in NAMES:
             reach = {b: self.pair[(name, b)].url for b in NAMES if b != name}
             self.nodes[name] = etcd_node(
-                start_node, name, [f"http://127.0.0.1:{self.etcd_proxy[name].port}"], cluster_name,
+                start_node, name, [f"http://127.0.0.1:{p.port}" for p in self.etcd_proxies[name]],
+                cluster_name,
                 rules=list(queues.values()), lease_ttl=LEASE_TTL,
                 cluster={"reach": reach}, node={"log_level": "info", "listen": f"127.0.0.1:{ports[name]}"})
         for node in self.nodes.values():
@@ -146,12 +168,15 @@ class NemesisCluster:
             os.kill(node.proc.pid, sig)
 
     def heal_all(self) -> None:
-        for proxy in [*self.client_proxy.values(), *self.etcd_proxy.values(), *self.pair.values()]:
+        for proxy in [*self.client_proxy.values(), *self.all_etcd_proxies(), *self.pair.values()]:
             with suppress(Exception):
                 for toxic in list(proxy.proxy.toxics()):
                     proxy.proxy.destroy_toxic(toxic)
-        with suppress(Exception):
-            os.kill(self.etcd.proc.pid, signal.SIGCONT)
+        for member in self.etcd_members:
+            with suppress(Exception):
+                os.kill(member.proc.pid, signal.SIGCONT)
+            if not member.alive():
+                member.start()
         for name in NAMES:
             self.signal(name, signal.SIGCONT)
             self.restart(name)
@@ -183,13 +208,17 @@ class NemesisCluster:
                     served.add(q["name"])
         return all(a in served for a, rule in self.queues.items() if rule["kind"] == "replicated")
 
+    def all_etcd_proxies(self) -> list:
+        return [p for proxies in self.etcd_proxies.values() for p in proxies]
+
     def stop(self) -> None:
         for node in self.nodes.values():
             with suppress(Exception):
                 self.signal(node.config_path.stem, signal.SIGCONT)
-        with suppress(Exception):
-            os.kill(self.etcd.proc.pid, signal.SIGCONT)
-            self.etcd.stop()
+        for member in self.etcd_members:
+            with suppress(Exception):
+                os.kill(member.proc.pid, signal.SIGCONT)
+                member.stop()
 
 
 def _free_port() -> int:
@@ -209,13 +238,14 @@ def f_pause(c, t, rng, length):
 
 
 def f_isolate(c, t, rng, length):
-    heals = [blackhole(c.etcd_proxy[t])]
+    heals = [blackhole(p) for p in c.etcd_proxies[t]]
     heals += [blackhole(p) for (a, b), p in c.pair.items() if t in (a, b)]
     return lambda: [h() for h in heals]
 
 
 def f_etcd_cut(c, t, rng, length):
-    return blackhole(c.etcd_proxy[t])
+    heals = [blackhole(p) for p in c.etcd_proxies[t]]
+    return lambda: [h() for h in heals]
 
 
 def f_peers_cut(c, t, rng, length):
@@ -225,18 +255,31 @@ def f_peers_cut(c, t, rng, length):
 
 def f_one_way(c, t, rng, length):
     """The target hears nothing back from etcd and from its peers (what it sends arrives)."""
-    heals = [blackhole(c.etcd_proxy[t], streams=("downstream",))]
+    heals = [blackhole(p, streams=("downstream",)) for p in c.etcd_proxies[t]]
     heals += [blackhole(p, streams=("downstream",)) for (a, b), p in c.pair.items() if a == t]
     return lambda: [h() for h in heals]
 
 
 def f_etcd_pause(c, t, rng, length):
-    os.kill(c.etcd.proc.pid, signal.SIGSTOP)
-    return lambda: os.kill(c.etcd.proc.pid, signal.SIGCONT)
+    """Every etcd member paused (a frozen VM holding the whole etcd cluster)."""
+    pids = [m.proc.pid for m in c.etcd_members if m.alive()]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return lambda: [os.kill(pid, signal.SIGCONT) for pid in pids]
+
+
+def f_etcd_leader_kill(c, t, rng, length):
+    """With three members: the etcd leader killed -9, started again at the heal (the other
+    two elect a new leader meanwhile; leases carry over)."""
+    if c.etcd_cluster is None:
+        return lambda: None
+    leader = c.etcd_cluster.leader()
+    leader.kill()
+    return lambda: leader.alive() or leader.start()
 
 
 def f_latency_kill(c, t, rng, length):
-    heals = [latency(p) for p in [*c.etcd_proxy.values(), *c.pair.values(), *c.client_proxy.values()]]
+    heals = [latency(p) for p in [*c.all_etcd_proxies(), *c.pair.values(), *c.client_proxy.values()]]
     primary = c.resolve("primary", rng)
     c.kill(primary)
 
@@ -294,6 +337,7 @@ FAULTS = {
     "peers-cut": (f_peers_cut, 6.0),
     "one-way": (f_one_way, 6.0),
     "etcd-pause": (f_etcd_pause, 10.0),
+    "etcd-leader-kill": (f_etcd_leader_kill, 6.0),
     "latency-kill": (f_latency_kill, 6.0),
     "pause-backup-kill-primary": (f_pause_backup_kill_primary, 6.0),
     "power-loss": (f_power_loss, 1.0),
@@ -302,7 +346,7 @@ FAULTS = {
 TARGETED = ("kill", "pause", "isolate", "etcd-cut", "peers-cut", "one-way")
 SINGLE = TARGETED  # one fault at a time, on the primary, a backup or any node
 COMBINED = ("latency-kill", "pause-backup-kill-primary", "etcd-pause", "power-loss",
-            "rolling-restart", "kill", "isolate")
+            "rolling-restart", "kill", "isolate", "etcd-leader-kill")  # with 3 etcd members
 
 
 def schedule(seed: int, seconds: float, *, kinds=None, quiet: float = 6.0) -> list[dict]:
@@ -340,7 +384,13 @@ class Run:
 
     def _client(self, mode: str, address: str, node: str, seconds: float) -> subprocess.Popen:
         process = f"{mode[0]}-{address}-{node}"
-        args = [PYTHON, str(CLIENT), mode, "--urls", self.cluster.client_urls(node), "--address",
+        kind = library(node, address)
+        if kind == "jms" and address in self.cluster.queues:
+            args = self._jms(mode, address, node, process, seconds)
+            out = open(self.workdir / f"{process}.jsonl", "wb")
+            return subprocess.Popen(args, stdout=out, stderr=subprocess.DEVNULL)
+        program = [PYTHON, str(CLIENT)] if kind != "rhea" else ["node", str(JS_CLIENT)]
+        args = [*program, mode, "--urls", self.cluster.client_urls(node), "--address",
                 address, "--process", process, "--run", self.run_id]
         if mode == "produce":
             args += ["--rate", str(self.rate), "--seconds", str(seconds), "--grace", "20"]
@@ -348,6 +398,17 @@ class Run:
                 args.append("--durable")
         out = open(self.workdir / f"{process}.jsonl", "wb")
         return subprocess.Popen(args, stdout=out, stderr=subprocess.DEVNULL)
+
+    def _jms(self, mode: str, address: str, node: str, process: str, seconds: float) -> list[str]:
+        from replication_support import failover_url, jms_command
+
+        urls = self.cluster.client_urls(node).split(",")
+        url = failover_url(urls, **{"failover.maxReconnectAttempts": -1,
+                                    "jms.prefetchPolicy.all": 50})
+        if mode == "produce":
+            return jms_command("nemesis-produce", url, address, process, self.run_id, self.rate,
+                               seconds)
+        return jms_command("nemesis-consume", url, address, process)
 
     def run(self, episodes: list[dict], *, drain_timeout: float = 60.0) -> dict:
         seconds = max((e["at"] + e["length"] for e in episodes), default=10.0) + 6.0

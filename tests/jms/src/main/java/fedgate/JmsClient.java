@@ -67,6 +67,14 @@ import org.apache.qpid.jms.message.JmsInboundMessageDispatch;
  *                                              Prints {"batches": [{"ids", "redelivered",
  *                                              "outcome": "commit" | "rollback"}],
  *                                              "committed": [ids]}
+ *   nemesis-produce URL QUEUE PROCESS RUN RATE SECONDS
+ *                                              the nemesis's JMS producer (tests/nemesis): text
+ *                                              messages RUN-PROCESS-n at RATE a second for SECONDS,
+ *                                              persistent (each send waits for its outcome; a
+ *                                              failover: URL sends again what was in flight);
+ *                                              a history line per operation, in Jepsen's shape
+ *   nemesis-consume URL QUEUE PROCESS          the nemesis's JMS consumer: records each message
+ *                                              as it arrives, then acknowledges it; until SIGTERM
  */
 public final class JmsClient {
 
@@ -93,6 +101,10 @@ public final class JmsClient {
                                               Integer.parseInt(args[4]),
                                               args.length > 5 ? Integer.parseInt(args[5]) : 0,
                                               args.length > 6 ? Integer.parseInt(args[6]) : 0);
+                case "nemesis-produce" -> nemesisProduce(args[1], args[2], args[3], args[4],
+                                                         Double.parseDouble(args[5]),
+                                                         Double.parseDouble(args[6]));
+                case "nemesis-consume" -> nemesisConsume(args[1], args[2], args[3]);
                 default -> throw new IllegalArgumentException("unknown command " + args[0]);
             }
         } catch (JMSException | RuntimeException e) {
@@ -346,6 +358,74 @@ public final class JmsClient {
             consumer.close();
             print("{\"batches\": " + batches.append("]") + ", \"committed\": "
                   + quoteAll(committed) + "}");
+        }
+    }
+
+    private static void history(String process, String type, String f, String value, String extra) {
+        print("{\"process\": " + quote(process) + ", \"type\": " + quote(type) + ", \"f\": "
+              + quote(f) + ", \"value\": " + quote(value) + extra + ", \"time\": "
+              + (System.currentTimeMillis() / 1000.0) + "}");
+    }
+
+    private static void nemesisProduce(String url, String queue, String process, String run,
+                                       double rate, double seconds) throws Exception {
+        try (Connection connection = connect(url)) {
+            Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            MessageProducer producer = session.createProducer(session.createQueue(queue));
+            producer.setDeliveryMode(DeliveryMode.PERSISTENT);
+            long start = System.nanoTime();
+            for (int n = 0; ; n++) {
+                long due = start + (long) (n / rate * 1e9);
+                if ((due - start) / 1e9 >= seconds) {
+                    break;
+                }
+                long wait = due - System.nanoTime();
+                if (wait > 0) {
+                    Thread.sleep(wait / 1_000_000, (int) (wait % 1_000_000));
+                }
+                String value = run + "-" + process + "-" + n;
+                history(process, "invoke", "enqueue", value, "");
+                try {
+                    producer.send(session.createTextMessage(value));
+                    history(process, "ok", "enqueue", value, "");
+                } catch (JMSException e) {  // no outcome known: it may be in the queue or not
+                    history(process, "info", "enqueue", value, ", \"error\": " + quote(e.getMessage()));
+                }
+            }
+        }
+        print("{\"process\": " + quote(process) + ", \"done\": true, \"link_closed\": false}");
+    }
+
+    private static void nemesisConsume(String url, String queue, String process) throws Exception {
+        java.util.concurrent.atomic.AtomicBoolean stop = new java.util.concurrent.atomic.AtomicBoolean();
+        java.util.concurrent.CountDownLatch finished = new java.util.concurrent.CountDownLatch(1);
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+            stop.set(true);
+            try {
+                finished.await(5, java.util.concurrent.TimeUnit.SECONDS);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }));
+        try (Connection connection = connect(url)) {
+            Session session = connection.createSession(false, Session.CLIENT_ACKNOWLEDGE);
+            MessageConsumer consumer = session.createConsumer(session.createQueue(queue));
+            while (!stop.get()) {
+                Message message = consumer.receive(200);
+                if (message == null) {
+                    continue;
+                }
+                String value = message instanceof TextMessage text ? text.getText()
+                        : message.getJMSMessageID();
+                int count = message.propertyExists("JMSXDeliveryCount")
+                        ? Math.max(0, message.getIntProperty("JMSXDeliveryCount") - 1) : 0;
+                history(process, "invoke", "dequeue", null, "");
+                history(process, "ok", "dequeue", value, ", \"delivery_count\": " + count);
+                message.acknowledge();
+            }
+        } finally {
+            print("{\"process\": " + quote(process) + ", \"done\": true, \"link_closed\": false}");
+            finished.countDown();
         }
     }
 
