@@ -274,6 +274,8 @@ def spec() -> dict[str, Any]:
                 "address": {"type": "string"}, "decision": {"type": "string", "enum": list(KINDS)},
                 "reason": {"type": "string"}, "rule": {"oneOf": [_ref("Rule"), {"type": "null"}]},
                 "primary": {"type": ["string", "null"]},
+                "worker": {"type": "integer", "description": "with workers: the one that "
+                           "holds the local or replicated queue (decided now if nobody asked yet)"},
                 "replication": {"type": "object", "properties": {
                     "primary": {"type": "string"}, "primary_known": {"type": "boolean"},
                     "epoch": {"type": ["integer", "null"]}, "preferred": {"type": "string"},

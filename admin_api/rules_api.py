@@ -185,6 +185,9 @@ async def resolve(request: web.Request) -> web.Response:
         "captures": list(decision.captures),
         "version": manager.current.version,
     }
+    worker = getattr(manager.node, "worker", None)
+    if worker is not None and worker.count > 1 and decision.kind in ("local", "replicated"):
+        body["worker"] = worker.owners.owner(address)  # the worker that holds the queue (issue #45)
     if decision.kind == "replicated":
         replicated = replication.owner(manager.node, address, decision)
         if replicated is not None:  # the primary this node knows, else the preferred node

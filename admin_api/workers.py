@@ -247,6 +247,12 @@ async def aggregate_middleware(request: web.Request, handler):
                             headers={"Content-Type": response.headers.get("Content-Type", "text/plain")})
     if request.method == "POST" and (owner := await _owner_worker(request)):
         return await _to_owner(request, peers, owner)
+    if request.method == "GET" and path == "/api/v1/resolve" and (owner := _resolve_owner(request)):
+        answer = await peers.ask(owner, "GET", request.path_qs)
+        if answer is None:
+            raise ApiError(502, "worker_unreachable", f"worker {owner} of this node, which keeps "
+                           "the queue, did not answer", field="address")
+        return web.Response(body=answer[1], status=answer[0], content_type="application/json")
     if request.method == "DELETE" and path.startswith("/api/v1/connections/"):
         try:
             return await handler(request)
@@ -280,6 +286,20 @@ async def _owner_worker(request: web.Request) -> int:
             return 0  # the handler says what is wrong with it
         return worker.owners.owner(address) if isinstance(address, str) and address else 0
     return 0
+
+
+def _resolve_owner(request: web.Request) -> int:
+    """``resolve`` of a replicated queue: the worker that keeps it knows its primary."""
+    node = request.app[NODE]
+    worker = getattr(node, "worker", None)
+    address = request.query.get("address")
+    if worker is None or worker.count < 2 or not address:
+        return 0
+    try:
+        decision = node.routing.resolve(address)
+    except Exception:  # the handler says what is wrong with it
+        return 0
+    return worker.owners.owner(address) if decision.kind == "replicated" else 0
 
 
 async def _to_owner(request: web.Request, peers: WorkerPeers, owner: int) -> web.Response:

@@ -129,7 +129,7 @@ def forwarded_link(group: NodeGroup) -> Link:
     node = group.once("workers", lambda g: g.start(
         {"node": {"workers": WORKERS}, "admin": ADMIN}, name="workers"))
     pin, pinned = pin_worker(node)  # the drain client lands on the other worker
-    address = owned_by("workers", WORKERS, pinned, f"drain-{uuid.uuid4().hex[:8]}")
+    address = owned_by(node, WORKERS, pinned, f"drain-{uuid.uuid4().hex[:8]}")
     seen = len(authenticated_workers(node))
 
     def send(n: int) -> None:

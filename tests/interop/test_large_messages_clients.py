@@ -172,7 +172,7 @@ def test_the_mix_between_two_workers(group, clients, jms, library):
     node = workers_node(group)
     pin, pinned = pin_worker(node)  # the other clients land on the other worker
     try:
-        address = owned_by("workers", WORKERS, pinned, f"big-{library}")  # the pinned one's
+        address = owned_by(node, WORKERS, pinned, f"big-{library}")  # the pinned one's
         prefix = f"{library}-workers"
         started = time.monotonic()
         seen = len(authenticated_workers(node))

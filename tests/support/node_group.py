@@ -60,10 +60,18 @@ def workers_of_new_connections(node: NodeProcess, since: int) -> list[int]:
     return authenticated_workers(node)[since:]
 
 
-def owned_by(node_id: str, workers: int, worker: int, prefix: str) -> str:
-    """A queue name that ``worker`` owns on a node of ``workers`` workers."""
-    owners = QueueOwners(node_id, workers)
-    return next(f"{prefix}-{i}" for i in range(10_000) if owners.owner(f"{prefix}-{i}") == worker)
+def owned_by(node, workers: int, worker: int, prefix: str) -> str:
+    """A queue name that ``worker`` owns on ``node`` (a NodeProcess: its admin API's resolve
+    names the owner, the supervisor deciding it for a new name; issue #45), or on a fresh node
+    of ``workers`` workers when ``node`` is its id (the first names used get their ring owner)."""
+    if isinstance(node, str):
+        owners = QueueOwners(node, workers)
+        return next(f"{prefix}-{i}" for i in range(10_000) if owners.owner(f"{prefix}-{i}") == worker)
+    for i in range(10_000):
+        name = f"{prefix}-{i}"
+        if admin(node, f"/api/v1/resolve?address={name}").get("worker") == worker:
+            return name
+    raise AssertionError(f"no queue name of worker {worker} found")
 
 
 def open_connections(node: NodeProcess) -> int:
