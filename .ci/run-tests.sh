@@ -10,6 +10,13 @@ PY=${PY:-.venv/bin/python}
 stop() { bash .ci/stop-test-services.sh; }
 trap 'stop; exit 130' INT TERM
 
+# two workers (pytest-xdist; PYTEST_WORKERS=0 for one process): most tests wait on real
+# processes, so two at once nearly halve the run on 2 cores; the tests of the shared brokers
+# stay on one worker (tests/conftest.py)
+workers=${PYTEST_WORKERS:-2}
+if [ "$workers" -gt 0 ]; then
+    set -- -n "$workers" --dist loadgroup "$@"
+fi
 "$PY" -m pytest "$@"
 status=$?
 if ! stop && [ "$status" -eq 0 ]; then

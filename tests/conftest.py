@@ -278,6 +278,30 @@ def certs(tmp_path_factory):
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
+# modules that use the shared test brokers (RabbitMQ 3.10 and 4, Artemis): some restart or
+# kill them, so with pytest-xdist (make test runs 2 workers) all of them run on one worker,
+# one after the other; everything else shares nothing and spreads over the workers
+BROKERS = ("rabbitmq", "artemis", "ensure_rabbit")
+_BROKER_MODULES: dict[str, bool] = {}
+
+
+def _uses_brokers(path) -> bool:
+    key = str(path)
+    if key not in _BROKER_MODULES:
+        try:
+            text = Path(key).read_text().lower()
+        except OSError:
+            text = ""
+        _BROKER_MODULES[key] = any(word in text for word in BROKERS)
+    return _BROKER_MODULES[key]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _uses_brokers(item.path):
+            item.add_marker(pytest.mark.xdist_group("brokers"))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     """Nothing the tests started still listens (tests/support/listeners.py): a leftover
