@@ -14,6 +14,9 @@ trap 'stop; exit 130' INT TERM
 # processes, so two at once nearly halve the run on 2 cores; the tests of the shared brokers
 # stay on one worker (tests/conftest.py)
 workers=${PYTEST_WORKERS:-2}
+# every worker collects the same tests: the random large-message mix's seed (in its tests' ids)
+# is drawn once here (support/large_mix.py)
+export FEDGATE_LARGE_SEED=${FEDGATE_LARGE_SEED:-$(( (RANDOM << 15) | RANDOM ))}
 if [ "$workers" -gt 0 ]; then
     set -- -n "$workers" --dist loadgroup "$@"
 fi
