@@ -3,25 +3,45 @@
 # RabbitMQ 4.0 on 5684, Artemis on 5673, etcd on 2479) and any process a test left behind, and fails if
 # anything still listens. Also on failure and on Ctrl-C, so `make test` then `make run` works.
 #   bash .ci/run-tests.sh [pytest args...]
+#
+# Two pytest processes at once (PYTEST_PARALLEL=0: one): most tests wait on real processes,
+# so two nearly halve the run on 2 cores. One runs the tests of the shared brokers (marked
+# `brokers`: some restart or kill them), one after the other; the other runs everything else.
+# Then the tests marked `serial` (the nemesis: its gaps are timed) run alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+MARKS="not fuzz_long and not soak"
+side=""
 
 stop() { bash .ci/stop-test-services.sh; }
-trap 'stop; exit 130' INT TERM
+trap '[ -n "$side" ] && kill "$side" 2>/dev/null; stop; exit 130' INT TERM
 
-# two workers (pytest-xdist; PYTEST_WORKERS=0 for one process): most tests wait on real
-# processes, so two at once nearly halve the run on 2 cores; the tests of the shared brokers
-# stay on one worker (tests/conftest.py)
-workers=${PYTEST_WORKERS:-2}
-# every worker collects the same tests: the random large-message mix's seed (in its tests' ids)
-# is drawn once here (support/large_mix.py)
-export FEDGATE_LARGE_SEED=${FEDGATE_LARGE_SEED:-$(( (RANDOM << 15) | RANDOM ))}
-if [ "$workers" -gt 0 ]; then
-    set -- -n "$workers" --dist loadgroup "$@"
+ok() { [ "$1" -eq 0 ] || [ "$1" -eq 5 ]; }  # 5: the arguments select none of these tests
+
+if [ "${PYTEST_PARALLEL:-1}" != "0" ]; then
+    base=$(mktemp -d "${TMPDIR:-/tmp}/fedgate-tests.XXXXXX")
+    "$PY" -m pytest -m "$MARKS and brokers and not serial" --basetemp "$base/brokers" "$@" \
+        > "$base/brokers.log" 2>&1 &
+    side=$!
+    "$PY" -m pytest -m "$MARKS and not brokers and not serial" --basetemp "$base/rest" "$@"
+    rest=$?
+    wait "$side"
+    brokers=$?
+    side=""
+    echo "==================== the shared brokers' tests (run beside the others) ===================="
+    cat "$base/brokers.log"
+    "$PY" -m pytest -m "$MARKS and serial" --basetemp "$base/serial" "$@"
+    serial=$?
+    status=0
+    for code in "$rest" "$brokers" "$serial"; do
+        ok "$code" || status=$code
+    done
+    rm -rf "$base"
+else
+    "$PY" -m pytest "$@"
+    status=$?
 fi
-"$PY" -m pytest "$@"
-status=$?
 if ! stop && [ "$status" -eq 0 ]; then
     status=1
 fi

@@ -278,10 +278,11 @@ def certs(tmp_path_factory):
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
-# modules that use the shared test brokers (RabbitMQ 3.10 and 4, Artemis): some restart or
-# kill them, so with pytest-xdist (make test runs 2 workers) all of them run on one worker,
-# one after the other; everything else shares nothing and spreads over the workers
+# modules that use the shared test brokers (RabbitMQ 3.10 and 4, Artemis), some of which restart
+# or kill them: marked ``brokers``, so that make test runs them one after the other in a pytest
+# process of their own, beside the process that runs everything else (.ci/run-tests.sh)
 BROKERS = ("rabbitmq", "artemis", "ensure_rabbit")
+NEMESIS = ROOT / "tests" / "nemesis"
 _BROKER_MODULES: dict[str, bool] = {}
 
 
@@ -296,10 +297,11 @@ def _uses_brokers(path) -> bool:
     return _BROKER_MODULES[key]
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if _uses_brokers(item.path):
-            item.add_marker(pytest.mark.xdist_group("brokers"))
+def pytest_itemcollected(item):
+    if _uses_brokers(item.path):
+        item.add_marker(pytest.mark.brokers)
+    if NEMESIS in item.path.parents:  # its gap limits are timed: alone, after the rest
+        item.add_marker(pytest.mark.serial)
 
 
 @pytest.hookimpl(trylast=True)
