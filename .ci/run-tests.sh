@@ -5,9 +5,9 @@
 #   bash .ci/run-tests.sh [pytest args...]
 #
 # Two pytest processes at once (PYTEST_PARALLEL=0: one): most tests wait on real processes,
-# so two nearly halve the run on 2 cores. One runs the tests of the shared brokers (marked
-# `brokers`: some restart or kill them), one after the other; the other runs everything else.
-# Then the tests marked `serial` (the nemesis: its gaps are timed) run alone.
+# so two shorten the run on 2 cores. One runs the tests marked `side`: those of the shared
+# brokers (some restart or kill them), one after the other, and tests/faults; the other runs
+# everything else. Then the tests marked `serial` (the nemesis: its gaps are timed) run alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -21,16 +21,16 @@ ok() { [ "$1" -eq 0 ] || [ "$1" -eq 5 ]; }  # 5: the arguments select none of th
 
 if [ "${PYTEST_PARALLEL:-1}" != "0" ]; then
     base=$(mktemp -d "${TMPDIR:-/tmp}/fedgate-tests.XXXXXX")
-    "$PY" -m pytest -m "$MARKS and brokers and not serial" --basetemp "$base/brokers" "$@" \
-        > "$base/brokers.log" 2>&1 &
+    "$PY" -m pytest -m "$MARKS and side and not serial" --basetemp "$base/side" "$@" \
+        > "$base/side.log" 2>&1 &
     side=$!
-    "$PY" -m pytest -m "$MARKS and not brokers and not serial" --basetemp "$base/rest" "$@"
+    "$PY" -m pytest -m "$MARKS and not side and not serial" --basetemp "$base/rest" "$@"
     rest=$?
     wait "$side"
     brokers=$?
     side=""
-    echo "==================== the shared brokers' tests (run beside the others) ===================="
-    cat "$base/brokers.log"
+    echo "============= the brokers' tests and tests/faults (run beside the others) ============="
+    cat "$base/side.log"
     "$PY" -m pytest -m "$MARKS and serial" --basetemp "$base/serial" "$@"
     serial=$?
     status=0

@@ -279,8 +279,9 @@ def certs(tmp_path_factory):
 
 
 # modules that use the shared test brokers (RabbitMQ 3.10 and 4, Artemis), some of which restart
-# or kill them: marked ``brokers``, so that make test runs them one after the other in a pytest
-# process of their own, beside the process that runs everything else (.ci/run-tests.sh)
+# or kill them: marked ``brokers``; make test runs them one after the other in a pytest process
+# of their own (``side``, with tests/faults: about half the run), beside the process that runs
+# everything else (.ci/run-tests.sh)
 BROKERS = ("rabbitmq", "artemis", "ensure_rabbit")
 NEMESIS = ROOT / "tests" / "nemesis"
 _BROKER_MODULES: dict[str, bool] = {}
@@ -297,9 +298,14 @@ def _uses_brokers(path) -> bool:
     return _BROKER_MODULES[key]
 
 
+FAULTS = ROOT / "tests" / "faults"
+
+
 def pytest_itemcollected(item):
     if _uses_brokers(item.path):
         item.add_marker(pytest.mark.brokers)
+    if _uses_brokers(item.path) or FAULTS in item.path.parents:  # about half the run's time
+        item.add_marker(pytest.mark.side)
     if NEMESIS in item.path.parents:  # its gap limits are timed: alone, after the rest
         item.add_marker(pytest.mark.serial)
 
