@@ -520,4 +520,4 @@ class Node:
             # (it does already, unless the table was lost: proxy.workers.ownership)
             for name, queue in list(self.queues.queues.items()):
                 if queue.messages and not name.startswith("tmp."):
-                    worker.owners._known[name] = worker.ask_owner(name, claim=True)
+                    worker.owners.claim(name)

@@ -139,7 +139,8 @@ class ReplicationService:
 
     def owner_worker(self, resource: str) -> int | None:
         """With workers (issue #45): the worker of this node that keeps ``resource`` (a queue's:
-        its owner on the ring, as for a local queue), when it is another; None: this process."""
+        its owner, as for a local queue: proxy.workers.ownership), when it is another; None:
+        this process."""
         worker = self.node.worker
         if worker is None or worker.count < 2:
             return None

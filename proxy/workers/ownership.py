@@ -99,6 +99,12 @@ class QueueOwners:
                 self._known[address] = owner
         return owner
 
+    def claim(self, address: str) -> int:
+        """This worker's journal brought ``address`` back: the supervisor records it as this
+        worker's unless another owns it already; the owner it names, kept."""
+        owner = self._known[address] = self.ask(address, claim=True)
+        return owner
+
     def owner_of_kind(self, kind: str, address: str) -> int | None:
         """The worker that serves an address routed as ``kind`` (a local or a replicated queue:
         its owner, issue #45: each copy of a replicated queue on this node, its claim in etcd

@@ -220,7 +220,7 @@ class Supervisor:
                           "it: those messages stay in worker %d's journal", worker.index, name,
                           owner, worker.index)
             try:
-                channel.send(b"A%d" % owner)
+                channel.send(b"A%d " % owner + question[1:])  # names what it answers
             except OSError as exc:
                 log.error("worker %d: owner of %r not answered (%s)", worker.index, name, exc)
 

@@ -107,10 +107,13 @@ class WorkerContext:
         try:
             self.owner_channel.settimeout(OWNER_TIMEOUT)
             self.owner_channel.send(question)
-            answer = self.owner_channel.recv(64)
-            if answer[:1] == b"A":
-                return int(answer[1:])
-            raise OSError(f"answer {answer[:16]!r}")
+            while True:  # the answer names the question: one a timeout left behind is skipped
+                answer = self.owner_channel.recv(MAX_HANDOVER)
+                number, _, asked = answer[1:].partition(b" ")
+                if answer[:1] != b"A":
+                    raise OSError(f"answer {answer[:16]!r}")
+                if asked == question[1:]:
+                    return int(number)
         except (OSError, ValueError) as exc:
             # the supervisor is gone (this worker stops too) or stuck: the ring decides
             log.error("worker %d: the owner of %r not known from the supervisor (%s); the ring "
