@@ -333,11 +333,20 @@ class ReplicationService:
         entry.owner_changed(claim)
 
     def _fenced(self, fenced: bool) -> None:
-        for entry in list(self.entries.values()):
+        for resource, entry in list(self.entries.items()):
             if fenced:
                 entry.fence("this node's lease may have expired (cut off from etcd)")
-            else:
-                entry.members_changed()
+                continue
+            entry.members_changed()
+            # acting again on the same lease (etcd came back before it ended: a new etcd
+            # leader keeps the leases): a claim this node gave up when it fenced itself, and
+            # could not release while cut off, would be kept alive by that lease, and nobody
+            # would serve the queue. Released now (only if it is still exactly that claim).
+            claim = self.coordinator.current_owner(resource) if self.automatic else None
+            if claim is not None and claim.owner == self.node_id and entry.primary is None:
+                log.warning("%s: claim of epoch %d given up while fenced: released now",
+                            resource, claim.epoch)
+                self.spawn(self.release(claim))
 
     async def read_record(self, resource: str) -> tuple[bytes | None, dict | None]:
         """The ISR record of ``resource`` as stored (bytes, for a conditional claim) and read."""
