@@ -161,13 +161,27 @@ class Node:
         defaults = config.queues
 
         def queue_options(name: str) -> dict:
+            """A queue's options: its [[queue]], else its rule's, else [queues]."""
             decl = declared.get(name)
+            try:
+                rule = self.routing.resolve(name).rule
+            except Exception:  # no rule matches (the default kind)
+                rule = None
+
+            def pick(key: str, default):
+                value = getattr(decl, key, None) if decl else None
+                if value:
+                    return value
+                value = getattr(rule, key, None) if rule is not None else None
+                return value if value else default
+
             return {
-                "max_depth": decl.max_depth if decl and decl.max_depth else defaults.max_depth,
-                "dead_letter": (decl.dead_letter if decl and decl.dead_letter else defaults.dead_letter),
+                "max_depth": pick("max_depth", defaults.max_depth),
+                "dead_letter": pick("dead_letter", defaults.dead_letter),
                 "durable": decl.durable if decl and decl.durable is not None else defaults.durable,
                 "max_bytes": decl.max_bytes if decl and decl.max_bytes else defaults.max_bytes,
                 "overflow": decl.overflow if decl and decl.overflow else defaults.overflow,
+                "delivery_limit": pick("delivery_limit", defaults.delivery_limit),
             }
 
         self.queue_options = queue_options
@@ -234,7 +248,9 @@ class Node:
             sasl_required=config.sasl.require,
             max_sessions=limits.max_sessions_per_connection,
             properties=failover_properties(config),
-            offered_capabilities=(anonymous_relay.CAPABILITY,),
+            # DELAYED_DELIVERY: messages held until x-opt-delivery-time (docs/queue-semantics.md);
+            # Qpid JMS refuses a delivery delay to a peer that does not offer it
+            offered_capabilities=(anonymous_relay.CAPABILITY, "DELAYED_DELIVERY"),
         )
         # links forwarded by the node's other workers (proxy.workers): trusted, no SASL, no limits
         self.internal_settings = ConnectionSettings(

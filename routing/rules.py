@@ -414,8 +414,17 @@ def _rule_problems(r: Any, p: str) -> list[RuleError]:
     if r.dead_letter is not None:
         if not isinstance(r.dead_letter, str) or not r.dead_letter:
             bad("dead_letter", f"expected a non-empty address, got {r.dead_letter!r}")
-        elif known and kind != "local":
-            bad("dead_letter", f"only allowed for kind 'local', not {kind!r}")
+        elif known and kind not in ("local", "fragmented", "replicated"):
+            bad("dead_letter", f"only for kinds 'local', 'fragmented' and 'replicated', not {kind!r}")
+
+    if r.delivery_limit is not None:
+        if not _is_int(r.delivery_limit):
+            bad("delivery_limit", f"expected an integer, got {r.delivery_limit!r}")
+        elif r.delivery_limit <= 0:
+            bad("delivery_limit", f"must be > 0, got {r.delivery_limit}")
+        elif known and kind not in ("local", "fragmented", "replicated"):
+            bad("delivery_limit",
+                f"only for kinds 'local', 'fragmented' and 'replicated', not {kind!r}")
 
     replication_problems(r, kind, known, bad)
 
@@ -447,6 +456,8 @@ class Rule:
     mirror_auto_delete: bool = False
     dead_letter: str | None = None
     max_depth: int | None = None
+    # times a message may come back from consumers before it is dead-lettered
+    delivery_limit: int | None = None
     durable: bool = False
     # replicated queues and fragments (routing.replication, docs/replication.md)
     replicas: int | None = None

@@ -62,53 +62,98 @@ def _encode_header(fields: list) -> bytes:
 
 
 def ttl_ms(payload: bytes) -> int:
-    """The header's ttl in milliseconds (§3.2.1 field 2), 0 when there is none.
+    """The header's ttl in milliseconds (§3.2.1 field 2), 0 when there is none."""
+    return ttl_and_priority(payload)[0]
+
+
+def ttl_and_priority(payload: bytes) -> tuple[int, int]:
+    """The header's ttl in milliseconds (0: none) and priority (§3.2.1, default 4; above 9
+    counted as 9, as JMS does).
 
     Called for every message a local queue stores: the usual encodings are read
     byte by byte (a list of up to three fields: durable, priority, ttl), anything
     else through proton's decoder.
     """
     if not payload.startswith(_HEADER_PREFIX):
-        return _slow_ttl(payload) if payload.startswith(_HEADER_PREFIX_LONG) else 0
+        return _slow_fields(payload) if payload.startswith(_HEADER_PREFIX_LONG) else (0, 4)
     try:
         code = payload[3]
         if code == 0x45:  # list0: no fields
-            return 0
+            return 0, 4
         if code == 0xC0:  # list8: size, count
             count, pos = payload[5], 6
         elif code == 0xD0:  # list32
             count, pos = int.from_bytes(payload[8:12], "big"), 12
         else:
-            return _slow_ttl(payload)
+            return _slow_fields(payload)
+        if count < 2:
+            return 0, 4
+        field = payload[pos]  # durable (bool) or null
+        if field in (0x40, 0x41, 0x42):
+            pos += 1
+        elif field == 0x56:
+            pos += 2
+        else:
+            return _slow_fields(payload)
+        field = payload[pos]  # priority (ubyte) or null
+        if field == 0x40:
+            priority = 4
+            pos += 1
+        elif field == 0x50:
+            priority = min(payload[pos + 1], 9)
+            pos += 2
+        else:
+            return _slow_fields(payload)
         if count < 3:
-            return 0
-        for _ in range(2):  # durable (bool), priority (ubyte), or null
-            field = payload[pos]
-            if field in (0x40, 0x41, 0x42):
-                pos += 1
-            elif field in (0x50, 0x56):
-                pos += 2
-            else:
-                return _slow_ttl(payload)
+            return 0, priority
         field = payload[pos]
         if field in (0x40, 0x43):  # null, uint0
-            return 0
+            return 0, priority
         if field == 0x52:  # smalluint
-            return payload[pos + 1]
+            return payload[pos + 1], priority
         if field == 0x70:  # uint
-            return int.from_bytes(payload[pos + 1:pos + 5], "big")
+            return int.from_bytes(payload[pos + 1:pos + 5], "big"), priority
     except IndexError:
-        return 0
-    return _slow_ttl(payload)
+        return 0, 4
+    return _slow_fields(payload)
 
 
-def _slow_ttl(payload: bytes) -> int:
+def _slow_fields(payload: bytes) -> tuple[int, int]:
     try:
         fields, _ = _split_header(payload)
     except (DataException, ValueError, TypeError, KeyError):
-        return 0
+        return 0, 4
     value = fields[2] if len(fields) > 2 else None
-    return int(value) if isinstance(value, int) and value > 0 else 0
+    ttl = int(value) if isinstance(value, int) and value > 0 else 0
+    value = fields[1] if len(fields) > 1 else None
+    priority = min(int(value), 9) if isinstance(value, int) and value >= 0 else 4
+    return ttl, priority
+
+
+def message_annotations(payload: bytes) -> dict:
+    """The message-annotations section (§3.2.3) as a dict with str keys; {} when there is
+    none or it cannot be read. Decodes the sections before it only (header, delivery
+    annotations), never the body."""
+    try:
+        data = Data()
+        pos = 0
+        while pos < len(payload):
+            data.clear()
+            pos += data.decode(payload[pos:])
+            data.rewind()
+            data.next()
+            data.enter()
+            data.next()
+            code = data.get_object()
+            if code not in (0x70, 0x71, 0x72):
+                return {}
+            if code == 0x72:
+                data.next()
+                value = data.get_object()
+                return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+    except (DataException, ValueError, TypeError, KeyError):
+        pass
+    return {}
 
 
 def delivery_count(payload: bytes) -> int:

@@ -37,3 +37,29 @@ def capability_names(terminus) -> set[str]:
     if items is None:
         items = value if isinstance(value, (list, tuple)) else (value,)
     return {str(item) for item in items}
+
+
+SELECTOR_FILTER = "apache.org:selector-filter:string"
+SELECTOR_CODE = 0x0000468C00000004
+
+
+def filters(terminus) -> dict:
+    """A source's filter-set (§3.5.8): name -> (descriptor, value); ``{"?": (None, None)}``
+    when it is not a map."""
+    data = terminus.filter
+    data.rewind()
+    if data.next() is None:
+        return {}
+    found = data.get_object()
+    if not isinstance(found, dict):
+        return {"?": (None, None)}
+    out = {}
+    for name, value in found.items():
+        descriptor = getattr(value, "descriptor", None)
+        out[str(name)] = (descriptor, getattr(value, "value", value))
+    return out
+
+
+def is_selector(descriptor) -> bool:
+    """Whether a filter's descriptor names a JMS selector (by symbol or by code)."""
+    return descriptor == SELECTOR_CODE or str(descriptor) == SELECTOR_FILTER

@@ -19,13 +19,16 @@ hung on proton objects.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
+import time
 from typing import TYPE_CHECKING, Callable
 
 from cproton import PN_ACCEPTED, pn_link_credit
+from proton import timestamp
 
-from proxy.amqp import engine
+from proxy.amqp import engine, message_header
 from proxy.amqp.drain import answer_drain
 from proxy.exchanges.exchange import Exchanges
 from proxy.metrics import Histogram
@@ -124,6 +127,10 @@ class Broker:
                 queue.dispatch()
                 if queue.expired:
                     self._expired(queue)
+                if queue.limited:
+                    self._limited(queue)
+                if queue.scheduled:
+                    self._arm(queue)
                 _finish_drains(queue)
                 for browser in queue.browsers:  # after the consumers: they take first
                     browser.serve()
@@ -149,19 +156,26 @@ class Broker:
             queue.forget(message)
             if queue.dead_letter:
                 queue.stats.dead_lettered += 1
-                if not self.dead_letter(queue, message):
+                if not self.dead_letter(queue, message, "overflow"):
                     continue  # its dequeue is journaled once the dead-letter queue has it
             journal_queues.dequeued(self.journal, message)
         if dropped:
             log.debug("queue %s: %d messages dropped from the head (max_bytes)", queue.name, len(dropped))
 
-    def dead_letter(self, queue: LocalQueue, message: StoredMessage) -> bool:
+    def dead_letter(self, queue: LocalQueue, message: StoredMessage, reason: str) -> bool:
         """A copy of ``message`` into ``queue``'s dead-letter queue. True: done, the caller
         journals the original's dequeue now; False: the dead-letter queue belongs to another
         worker of this node (``proxy.workers``) and the copy is on its way there, the
         original's dequeue is journaled once that worker has accepted it (a crash in between
-        leaves the message in both queues, never in neither)."""
+        leaves the message in both queues, never in neither). The copy carries annotations
+        naming the queue, the ``reason`` and the time (docs/queue-semantics.md)."""
         if queue.dead_letter:
+            message = StoredMessage(message_header.modify(message.payload, increment_count=False,
+                                                          annotations={
+                "x-opt-dead-letter-address": queue.name,
+                "x-opt-dead-letter-reason": reason,
+                "x-opt-dead-letter-time": timestamp(int(time.time() * 1000))}),
+                                    journal_id=message.journal_id)
             decision = self.resolve(queue.dead_letter)
             if decision.kind == "proxy" and (decision.primary or "").startswith("worker-"):
                 self._dead_letter_elsewhere(queue, message, decision)
@@ -198,10 +212,44 @@ class Broker:
             queue.forget(message)
             if queue.dead_letter:
                 queue.stats.dead_lettered += 1
-                if not self.dead_letter(queue, message):
+                if not self.dead_letter(queue, message, "expired"):
                     continue  # journaled once the dead-letter queue has it
             journal_queues.dequeued(self.journal, message)  # after the dead-letter copy
         log.debug("queue %s: %d messages expired", queue.name, len(expired))
+
+    def _limited(self, queue: LocalQueue) -> None:
+        """Messages that came back ``delivery_limit`` times: dead-lettered, or dropped when the
+        queue has no dead-letter address (docs/queue-semantics.md)."""
+        limited, queue.limited = queue.limited, []
+        for message in limited:
+            queue.forget(message)
+            if queue.dead_letter:
+                queue.stats.dead_lettered += 1
+                if not self.dead_letter(queue, message, "delivery-limit"):
+                    continue  # journaled once the dead-letter queue has it
+            journal_queues.dequeued(self.journal, message)  # after the dead-letter copy
+        log.info("queue %s: %d messages at the delivery limit (%d) %s", queue.name, len(limited),
+                 queue.delivery_limit, "dead-lettered" if queue.dead_letter else "dropped")
+
+    def _arm(self, queue: LocalQueue) -> None:
+        """The queue's one timer, for its earliest scheduled message (proxy.queues.schedule)."""
+        due = queue.next_due
+        timer = queue.timer
+        if timer is not None:
+            if timer[0] <= due:
+                return
+            timer[1].cancel()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a test driving the broker by hand): dispatch finds it
+            return
+
+        def fire() -> None:
+            queue.timer = None
+            self.dirty_queues.add(queue)
+            self.run_pending()
+
+        queue.timer = (due, loop.call_later(max(0.0, due - time.time()) + 0.001, fire))
 
     def delete_temporary(self, queue: LocalQueue) -> None:
         if queue.consumers or queue.producers or queue.browsers:

@@ -42,9 +42,10 @@ from proton import Condition, Link, Session, Terminus
 
 from proxy.amqp import engine
 from proxy.amqp.engine import session_outgoing_bytes
-from proxy.amqp.termini import capability_names, filter_names
+from proxy.amqp.termini import capability_names, filter_names, filters, is_selector
 from proxy.broker import relay as anonymous_relay
 from proxy.broker.link_table import LinkTable
+from proxy import selectors
 from proxy.links.proxy_links import ProxyConsumer
 from proxy.links.proxy_producer import ProxyProducer
 from proxy.links.shared_consumers import attach_shared_consumer
@@ -67,16 +68,29 @@ TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
 # the target capability of a link by which a primary pushes a replicated queue's copy
 REPLICATION = "fedgate:replication"
 
-def _refuse_filters(source: Terminus, what: str) -> None:
-    """Local queues apply no filters (§3.5.3 ``filter``, e.g. a JMS selector).
-
-    Answering with the client's filter would claim it is applied, and the
-    consumer would take messages it did not select.
-    """
-    names = filter_names(source)
-    if names:
+def selector_of(source: Terminus, what: str):
+    """The JMS selector a consumer's source asks for (§3.5.8, docs/queue-semantics.md), or
+    None. Queues apply no other filter: answering with one would claim it is applied, and
+    the consumer would take messages it did not select (``amqp:not-implemented``). A
+    selector that does not parse: ``amqp:invalid-field`` with where it went wrong."""
+    found = filters(source)
+    if not found:
+        return None
+    others = sorted(name for name, (descriptor, _) in found.items() if not is_selector(descriptor))
+    if others:
         raise LinkRefused(NOT_IMPLEMENTED,
-                          f"filters are not supported on a {what} ({', '.join(sorted(names))})")
+                          f"filters are not supported on a {what} ({', '.join(others)})")
+    texts = [value for descriptor, value in found.values()]
+    if len(texts) > 1:
+        raise LinkRefused(INVALID_FIELD, "more than one selector filter")
+    text = texts[0]
+    if not isinstance(text, str):
+        raise LinkRefused(INVALID_FIELD, "a selector filter's value must be a string")
+    try:
+        selector = selectors.parse(text)
+    except selectors.SelectorError as exc:
+        raise LinkRefused(INVALID_FIELD, f"selector {text!r}: {exc}") from None
+    return None if selector.selects_all else selector
 
 
 class ClientHandler:
@@ -281,7 +295,7 @@ class ClientHandler:
         remote = link.remote_source
         if remote.dynamic:
             self.check_access(None, "receive")
-            _refuse_filters(remote, "temporary queue")
+            selector_of(remote, "temporary queue")
             queue = self._temporary_queue()
             self.attach_queue_consumer(link, queue, owns_queue=True)
             return
@@ -294,7 +308,11 @@ class ClientHandler:
             upstream = self.broker.upstreams.for_decision(decision)
             self.attach_proxy_consumer(link, upstream, decision.remote_address, rule=decision.rule)
             return
-        _refuse_filters(remote, f"{decision.kind} queue")
+        selector = selector_of(remote, f"{decision.kind} queue")
+        if selector is not None and extension is not None and not getattr(extension, "selective",
+                                                                          False):
+            raise LinkRefused(NOT_IMPLEMENTED, f"{remote.address!r} is a {decision.kind} queue: "
+                                               "it applies no selectors")
         if remote.distribution_mode == Terminus.DIST_MODE_COPY and not getattr(extension, "browsable",
                                                                                False):
             if extension is not None:
@@ -348,8 +366,10 @@ class ClientHandler:
     def attach_queue_consumer(self, link: Link, queue: LocalQueue, *, owns_queue: bool = False,
                               standby: bool = False) -> "QueueConsumer":
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        selector = selector_of(link.remote_source, "queue")
         self._open_client_link(link, presettled, address=queue.name)
         consumer = QueueConsumer(self, link, queue, presettled=presettled, owns_queue=owns_queue)
+        consumer.selector = selector
         self.links[consumer.link_ptr] = consumer
         queue.add_consumer(consumer, standby=standby)
         self.broker.dirty_queues.add(queue)
@@ -357,8 +377,10 @@ class ClientHandler:
 
     def attach_queue_browser(self, link: Link, queue: LocalQueue) -> QueueBrowser:
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        selector = selector_of(link.remote_source, "queue")
         self._open_client_link(link, presettled, address=queue.name)
         browser = QueueBrowser(self, link, queue, presettled=presettled)
+        browser.selector = selector
         self.links[browser.link_ptr] = browser
         queue.browsers.append(browser)
         self.broker.dirty_queues.add(queue)

@@ -280,10 +280,14 @@ class QueuesSection:
     durable: bool = False  # journal messages sent with header durable=true (proxy.journal)
     max_bytes: int = 0  # 0 = unlimited
     overflow: str = "reject-publish"  # or "drop-head"
+    # times a message may come back from consumers before it is dead-lettered; 0: no limit
+    delivery_limit: int = 0
 
     def check(self, key: str) -> None:
         if self.max_depth < 0:
             raise ConfigError(f"{key}.max_depth", "must not be negative")
+        if self.delivery_limit < 0:
+            raise ConfigError(f"{key}.delivery_limit", "must not be negative")
         _check_bytes(key, self.max_bytes, self.overflow)
         if not 1 <= self.credit_window <= 100_000:
             raise ConfigError(f"{key}.credit_window", "between 1 and 100000")
@@ -299,12 +303,15 @@ class QueueDecl:
     durable: bool | None = None  # None: [queues] durable
     max_bytes: int = 0  # 0: [queues] max_bytes
     overflow: str | None = None  # None: [queues] overflow
+    delivery_limit: int = 0  # 0: the rule's, or [queues] delivery_limit
 
     def check(self, key: str) -> None:
         if not self.name:
             raise ConfigError(f"{key}.name", "required")
         if self.max_depth < 0:
             raise ConfigError(f"{key}.max_depth", "must not be negative")
+        if self.delivery_limit < 0:
+            raise ConfigError(f"{key}.delivery_limit", "must not be negative")
         _check_bytes(key, self.max_bytes, self.overflow)
 
 

@@ -39,12 +39,13 @@ class QueueBrowser(engine.ClientLinkEndpoint):
     """Local queue -> client, as copies. Our side is a proton Sender."""
 
     __slots__ = ("handler", "link_ptr", "session_ptr", "queue", "presettled", "after", "tags", "address",
-                 "sent", "drain_requested")
+                 "sent", "drain_requested", "selector")
 
     def __init__(self, handler, link, queue: LocalQueue, *, presettled: bool) -> None:
         self.handler = handler
         self.link_ptr = engine.hold(link._impl)
         self.session_ptr = engine.link_session(self.link_ptr)
+        self.selector = None  # a JMS selector (proxy.selectors): only what it selects is shown
         self.queue = queue
         self.presettled = presettled
         self.after = 0  # seq of the last message sent; 0 before the first
@@ -71,7 +72,7 @@ class QueueBrowser(engine.ClientLinkEndpoint):
                 answer_drain(ptr)
                 self.handler.mark_dirty()
             return
-        batch = self.queue.browse(self.after, credit)
+        batch = self.queue.browse(self.after, credit, self.selector)
         for message in batch:
             delivery = engine.send_message(ptr, str(next(self.tags)).encode(), message.payload)
             if self.presettled:

@@ -47,6 +47,7 @@ from proxy.amqp import engine
 from proxy.amqp.outcomes import TRANSACTIONAL_STATE, outcome_of
 from proxy.journal.journal import JournalError
 from proxy.queues import durable as journal_queues
+from proxy.queues import schedule
 from proxy.queues.local import LocalQueue, StoredMessage
 
 log = logging.getLogger("fedgate.broker")
@@ -81,7 +82,7 @@ def apply_outcome(broker, queue: LocalQueue, message: StoredMessage, state: int,
                                consumer_id=consumer_id, annotations=annotations)
     elif state == PN_REJECTED:
         dead = queue.settled_rejected(message)
-        if dead is None or broker.dead_letter(queue, dead):
+        if dead is None or broker.dead_letter(queue, dead, "rejected"):
             journal_queues.dequeued(broker.journal, message)  # after the dead-letter copy
     else:
         queue.settled_released(message)
@@ -147,6 +148,8 @@ class QueueProducer(engine.ClientLinkEndpoint):
         ptr = self.link_ptr
         self.received += 1
         queue = self.queue
+        if schedule.MARK in payload:  # a delay becomes a time now (docs/queue-semantics.md)
+            payload = schedule.fix_delay(payload)
         if queue.max_bytes and queue.refuses(len(payload)):
             # overflow reject-publish: sent on credit given before the queue filled
             self._reject(delivery, f"queue {queue.name!r} is full (max_bytes {queue.max_bytes})",
@@ -282,6 +285,7 @@ class QueueConsumer(engine.ClientLinkEndpoint):
     __slots__ = (
         "handler", "link_ptr", "session_ptr", "queue", "consumer_id", "presettled",
         "unsettled", "tags", "owns_queue", "address", "sent", "drain_requested",
+        "selector", "matched",
     )
 
     def __init__(self, handler, link: Link, queue: LocalQueue, *,
@@ -300,6 +304,10 @@ class QueueConsumer(engine.ClientLinkEndpoint):
         # a drain the client asked for, not answered yet (set by the handler on the client's
         # flow, §2.6.7; answered once nothing more comes: proxy.broker.broker._finish_drains)
         self.drain_requested = False
+        # a JMS selector (proxy.selectors) and the ready messages it selects (a
+        # PriorityStore kept by proxy.queues.selective); None: every message
+        self.selector = None
+        self.matched = None
 
     @property
     def credit(self) -> int:

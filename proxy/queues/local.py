@@ -37,6 +37,8 @@ from time import monotonic
 from typing import Callable, Iterable, Protocol
 
 from proxy.amqp import message_header
+from proxy.queues import schedule, selective
+from proxy.queues.store import DEFAULT_PRIORITY, PriorityStore
 
 log = logging.getLogger("fedgate.queues")
 
@@ -64,6 +66,10 @@ class StoredMessage:
     expires_at: float = 0.0
     # its replication id on a replicated queue (proxy.replication); 0 = not replicated
     rid: int = 0
+    # the header's priority (0-9, set by LocalQueue.enqueue): higher first
+    priority: int = 4
+    # times it came back from a consumer (released, modified, orphaned): delivery_limit
+    attempts: int = 0
 
 
 class Consumer(Protocol):
@@ -137,6 +143,7 @@ class QueueStats:
     dead_lettered: int = 0
     expired: int = 0
     dropped: int = 0  # taken from the head by overflow drop-head
+    delivery_limited: int = 0  # came back delivery_limit times: dead-lettered or dropped
 
 
 @dataclass(eq=False)  # identity semantics: queues live in sets
@@ -188,21 +195,75 @@ class LocalQueue:
     _seq: int = 0  # the last StoredMessage.seq given
     # messages that expired at the head, for the broker to journal / dead-letter
     expired: list = field(default_factory=list)
+    # times a message may come back from consumers before it is dead-lettered (0: no limit)
+    delivery_limit: int = 0
+    # messages that reached delivery_limit, for the broker to journal / dead-letter
+    limited: list = field(default_factory=list)
+    # consumers with a selector (each with its own store of the messages it selects)
+    selective: list = field(default_factory=list)
+    # messages held until their delivery time: a heap of (time, seq, message)
+    scheduled: list = field(default_factory=list)
+    # the queue's one timer for scheduled messages, kept by the broker
+    timer: object = None
 
     # -- producer side -----------------------------------------------------
     def enqueue(self, message: StoredMessage, *, expiry: bool = True) -> None:
         """Store at the tail. With ``expiry`` the header's ttl (§3.2.1) starts now."""
         self._seq += 1
         message.seq = self._seq
-        if expiry:
-            ttl = message_header.ttl_ms(message.payload)
-            if ttl:
-                message.expires_at = monotonic() + ttl / 1000.0
-        self.messages.append(message)
+        payload = message.payload
+        ttl, priority = message_header.ttl_and_priority(payload)
+        if expiry and ttl:
+            message.expires_at = monotonic() + ttl / 1000.0
+        message.priority = priority
         self.stats.enqueued += 1
-        size = len(message.payload)
+        size = len(payload)
         self.bytes += size
         self.memory.used += size
+        if schedule.MARK in payload and schedule.hold(self, message):
+            return
+        self._ready(message)
+
+    def _ready(self, message: StoredMessage) -> None:
+        """Into the ready place, at the tail of its priority."""
+        messages = self.messages
+        if message.priority != DEFAULT_PRIORITY and type(messages) is deque:
+            messages = self._prioritise()
+        messages.append(message)
+        if self.selective:
+            selective.offered(self, message, head=False)
+
+    def _prioritise(self) -> PriorityStore:
+        """From a plain deque to a PriorityStore (a priority other than 4, or a selector)."""
+        if type(self.messages) is deque:
+            self.messages = PriorityStore(self.messages)
+        return self.messages
+
+    def _came_back(self, message: StoredMessage, failed: bool) -> None:
+        """Back from a consumer: at the head of its priority, held again when a modified
+        outcome gave it a delivery time, or out for good at the delivery limit. ``failed``: a
+        delivery that counts (modified with delivery-failed, a consumer gone or a transaction
+        rolled back with it unsettled; released does not count: docs/queue-semantics.md)."""
+        if failed:
+            message.attempts += 1
+        if failed and self.delivery_limit and message.attempts >= self.delivery_limit:
+            self.stats.delivery_limited += 1
+            self._released(len(message.payload))
+            self.limited.append(message)
+            return
+        if schedule.MARK in message.payload and schedule.hold(self, message):
+            return
+        messages = self.messages
+        if message.priority != DEFAULT_PRIORITY and type(messages) is deque:
+            messages = self._prioritise()
+        messages.appendleft(message)
+        if self.selective:
+            selective.offered(self, message, head=True)
+
+    @property
+    def next_due(self) -> float:
+        """When the first scheduled message is due (seconds since the epoch); 0: none."""
+        return self.scheduled[0][0] if self.scheduled else 0.0
 
     def _released(self, size: int) -> None:
         """``size`` payload bytes left the queue for good."""
@@ -227,6 +288,8 @@ class LocalQueue:
         dropped = []
         while self.bytes > self.max_bytes and self.messages:
             message = self.messages.popleft()
+            if self.selective:
+                selective.taken(self, message)
             self._released(len(message.payload))
             dropped.append(message)
         self.stats.dropped += len(dropped)
@@ -268,8 +331,13 @@ class LocalQueue:
     # -- consumer side -----------------------------------------------------
     def add_consumer(self, consumer: Consumer, *, standby: bool = False) -> None:
         (self.standby_consumers if standby else self.consumers).append(consumer)
+        if getattr(consumer, "selector", None) is not None:
+            self._prioritise()
+            selective.added(self, consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.selective:
+            selective.removed(self, consumer)
         if consumer in self.standby_consumers:
             self.standby_consumers.remove(consumer)
             return
@@ -293,6 +361,10 @@ class LocalQueue:
         consumers = self.consumers
         standby = self.standby_consumers
         acquired = self.on_acquired
+        if self.scheduled:
+            schedule.release_due(self)
+        if self.selective:
+            return selective.dispatch(self)
         sent = 0
         now = 0.0
         while messages:
@@ -341,7 +413,7 @@ class LocalQueue:
                 return consumer
         return None
 
-    def browse(self, after: int, limit: int) -> list[StoredMessage]:
+    def browse(self, after: int, limit: int, selector=None) -> list[StoredMessage]:
         """Up to ``limit`` waiting messages enqueued after ``seq`` ``after``, in queue order.
 
         For browsers (§3.5.3 distribution-mode ``copy``): they see what waits in
@@ -354,6 +426,16 @@ class LocalQueue:
         messages = self.messages
         if limit <= 0 or not messages:
             return []
+        if type(messages) is not deque or selector is not None:  # not in seq order, or filtered
+            now = monotonic()
+            found = []
+            for m in messages:
+                if m.seq > after and not (m.expires_at and m.expires_at <= now) \
+                        and (selector is None or selector.matches(m.payload)):
+                    found.append(m)
+                    if len(found) == limit:
+                        break
+            return found
         low, high = 0, len(messages)
         while low < high:
             middle = (low + high) // 2
@@ -384,7 +466,7 @@ class LocalQueue:
         """Released (§3.4.4): back to the head, delivery-count unchanged."""
         self.unacked -= 1
         self.stats.released += 1
-        self.messages.appendleft(message)
+        self._came_back(message, False)
 
     def settled_modified(
         self,
@@ -404,7 +486,7 @@ class LocalQueue:
             ))
         if undeliverable_here:
             message.excluded = message.excluded | {consumer_id}
-        self.messages.appendleft(message)
+        self._came_back(message, delivery_failed)
 
     def settled_rejected(self, message: StoredMessage) -> StoredMessage | None:
         """Rejected (§3.4.3): returns the message to dead-letter, or None to drop it."""
@@ -425,7 +507,7 @@ class LocalQueue:
         for message in reversed(returned):
             self.unacked -= 1
             self._resized(message, message_header.modify(message.payload, increment_count=True))
-            self.messages.appendleft(message)
+            self._came_back(message, True)
         self.stats.released += len(returned)
 
     def forget(self, message: StoredMessage) -> None:
@@ -433,10 +515,19 @@ class LocalQueue:
         subclasses that keep track (a replicated queue tells its backups)."""
 
     def purge(self) -> int:
-        count = len(self.messages)
-        self._released(sum(len(m.payload) for m in self.messages))
+        held = [entry[2] for entry in self.scheduled]
+        count = len(self.messages) + len(held)
+        self._released(sum(len(m.payload) for m in self.messages) + sum(len(m.payload) for m in held))
         self.messages.clear()
+        self.scheduled.clear()
+        for consumer in self.selective:
+            consumer.matched.clear()
         return count
+
+    def waiting(self):
+        """Every message held and not out with a consumer: ready, then scheduled."""
+        yield from self.messages
+        yield from (entry[2] for entry in sorted(self.scheduled))
 
 
 class QueueRegistry:

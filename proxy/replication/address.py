@@ -419,8 +419,8 @@ class ReplicatedAddress:
 
     def recovered(self, queue) -> None:
         """The journal brought messages back under this address before the service started."""
-        self.recovered_messages = list(queue.messages)
-        queue.messages.clear()
+        self.recovered_messages = list(queue.waiting())
+        queue.purge()
         self.node.queues.delete(queue.name)
 
     # -- roles ------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ class PrimaryCopy:
         self.loop = loop
         self.replica_set = ReplicaSet(entry.wire, epoch, loop.time, min_in_sync=settings.min_in_sync,
                                       catchup_timeout=settings.catchup_timeout, isr=isr)
-        for message in queue.messages:  # promoted or recovered content: rids kept, or given
+        for message in queue.waiting():  # promoted or recovered content: rids kept, or given
             if message.rid:
                 self.replica_set.index[message.rid] = message
             else:

@@ -79,7 +79,7 @@ class ReplicatedQueue(LocalQueue):
         self._gone(message)
 
     def purge(self) -> int:
-        for message in self.messages:
+        for message in list(self.waiting()):
             self._gone(message)
         return super().purge()
 

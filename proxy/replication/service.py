@@ -48,6 +48,7 @@ STATE = "replication/"  # coordinator state: replication/<resource> -> the ISR r
 
 class ReplicationService:
     browsable = True  # a replicated queue can be browsed (on its primary, or through the proxy)
+    selective = True  # its consumers may have selectors (applied on its primary)
 
     def __init__(self, node) -> None:
         self.node = node

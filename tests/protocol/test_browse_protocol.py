@@ -92,23 +92,3 @@ def test_presettled_browser_and_detach_leave_the_queue_whole():
     h.pump()
     queue = h.queues.get("q")
     assert queue.depth == 3 and queue.browsers == [] and queue.unacked == 0
-
-
-def test_selector_on_a_local_queue_is_refused_and_takes_nothing():
-    h = Harness()
-    c = h.client()
-    fill(c, "q", 0, 2)
-    rcv = c.receiver("q", credit=10, selector="color = 'red'")
-    assert rcv.state & Endpoint.REMOTE_CLOSED
-    assert rcv.remote_condition.name == "amqp:not-implemented"
-    assert "selector" in rcv.remote_condition.description
-    assert c.received(rcv) == []
-    assert h.queues.get("q").depth == 2
-
-
-def test_selector_on_a_temporary_queue_is_refused():
-    h = Harness()
-    c = h.client()
-    rcv = c.receiver(None, dynamic=True, credit=10, selector="color = 'red'")
-    assert rcv.remote_condition.name == "amqp:not-implemented"
-    assert not any(q.temporary for q in h.queues.queues.values())  # none was made

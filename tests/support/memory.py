@@ -90,7 +90,7 @@ class Client:
 
     def receiver(self, address: str | None, *, credit: int = 0, dynamic: bool = False,
                  presettled: bool = False, name: str | None = None, browse: bool = False,
-                 selector: str | None = None):
+                 selector: str | None = None, filters: dict | None = None):
         link = self._session().receiver(name or f"r{next(self.tags)}")
         if dynamic:
             link.source.dynamic = True
@@ -109,6 +109,8 @@ class Client:
             data.put_string(selector)
             data.exit()
             data.exit()
+        if filters is not None:
+            link.source.filter.put_dict(filters)
         if presettled:
             link.snd_settle_mode = link.SND_SETTLED
         link.open()

@@ -67,6 +67,14 @@ import org.apache.qpid.jms.message.JmsInboundMessageDispatch;
  *                                              Prints {"batches": [{"ids", "redelivered",
  *                                              "outcome": "commit" | "rollback"}],
  *                                              "committed": [ids]}
+ *   sendx URL QUEUE SPEC                       persistent sends described by SPEC: messages
+ *                                              separated by ';', each ID:PRIORITY:DELAY_MS:PROPS,
+ *                                              PROPS k=v pairs separated by ',' (an integer value
+ *                                              is an int property, true/false a boolean, else a
+ *                                              string); id property ID; prints {"sent": n}
+ *   poison URL QUEUE IDLE_MS                   a transacted session takes each message and rolls
+ *                                              back, until IDLE_MS without one; prints
+ *                                              {"deliveries": {id: times}}
  *   nemesis-produce URL QUEUE PROCESS RUN RATE SECONDS
  *                                              the nemesis's JMS producer (tests/nemesis): text
  *                                              messages RUN-PROCESS-n at RATE a second for SECONDS,
@@ -91,6 +99,8 @@ public final class JmsClient {
                 case "select" -> receive(args[1], args[2], Integer.parseInt(args[4]),
                                          Long.parseLong(args[5]), args[3], 0);
                 case "browse" -> browse(args[1], args[2]);
+                case "sendx" -> sendx(args[1], args[2], args[3]);
+                case "poison" -> poison(args[1], args[2], Long.parseLong(args[3]));
                 case "rpc" -> rpc(args[1], args[2], Integer.parseInt(args[3]),
                                   args.length > 4 ? args[4] : args[1]);
                 case "transacted" -> transacted(args[1], args[2]);
@@ -218,6 +228,57 @@ public final class JmsClient {
             return String.valueOf(text.getText().getBytes(java.nio.charset.StandardCharsets.UTF_8).length);
         }
         return "null";
+    }
+
+    private static void sendx(String url, String queueName, String spec) throws Exception {
+        try (Connection connection = connect(url)) {
+            Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            MessageProducer producer = session.createProducer(session.createQueue(queueName));
+            int sent = 0;
+            for (String item : spec.split(";")) {
+                String[] f = item.split(":", 4);
+                TextMessage message = session.createTextMessage(f[0]);
+                message.setStringProperty("id", f[0]);
+                if (f.length > 3 && !f[3].isEmpty()) {
+                    for (String pair : f[3].split(",")) {
+                        String[] kv = pair.split("=", 2);
+                        if (kv[1].matches("-?[0-9]+")) {
+                            message.setIntProperty(kv[0], Integer.parseInt(kv[1]));
+                        } else if (kv[1].equals("true") || kv[1].equals("false")) {
+                            message.setBooleanProperty(kv[0], Boolean.parseBoolean(kv[1]));
+                        } else {
+                            message.setStringProperty(kv[0], kv[1]);
+                        }
+                    }
+                }
+                producer.setDeliveryDelay(Long.parseLong(f[2]));
+                producer.send(message, DeliveryMode.PERSISTENT, Integer.parseInt(f[1]), 0);
+                sent++;
+            }
+            print("{\"sent\": " + sent + "}");
+        }
+    }
+
+    private static void poison(String url, String queueName, long idleMs) throws Exception {
+        try (Connection connection = connect(url)) {
+            Session session = connection.createSession(true, Session.SESSION_TRANSACTED);
+            MessageConsumer consumer = session.createConsumer(session.createQueue(queueName));
+            java.util.Map<String, Integer> times = new java.util.LinkedHashMap<>();
+            while (true) {
+                Message message = consumer.receive(idleMs);
+                if (message == null) {
+                    break;
+                }
+                times.merge(message.getStringProperty("id"), 1, Integer::sum);
+                session.rollback();
+            }
+            consumer.close();
+            List<String> parts = new ArrayList<>();
+            for (var entry : times.entrySet()) {
+                parts.add(quote(entry.getKey()) + ": " + entry.getValue());
+            }
+            print("{\"deliveries\": {" + String.join(", ", parts) + "}}");
+        }
     }
 
     private static void browse(String url, String queueName) throws Exception {

@@ -1,0 +1,87 @@
+"""Scheduled delivery: messages held until their delivery time (docs/queue-semantics.md).
+
+The message annotations ``x-opt-delivery-time`` (ms since the epoch) and
+``x-opt-delivery-delay`` (ms), as ActiveMQ Artemis and Qpid JMS use them. A queue
+holds such messages in one heap (``LocalQueue.scheduled``) and the broker keeps one
+timer per queue for the earliest (``LocalQueue.next_due``). A delay is turned into a
+time where the message arrives (``fix_delay``), before it is journaled or replicated,
+so that a restart or a failover keeps its time (the wall clock, not the process's).
+
+Only payloads whose bytes hold ``MARK`` are decoded (their sections before the body).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+
+from proxy.amqp import message_header
+
+MARK = b"x-opt-delivery-"
+DELIVERY_TIME = "x-opt-delivery-time"
+DELIVERY_DELAY = "x-opt-delivery-delay"
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def due_of(payload: bytes) -> float:
+    """The delivery time a message asks for, in seconds since the epoch; 0: none."""
+    if MARK not in payload:
+        return 0.0
+    annotations = message_header.message_annotations(payload)
+    at = _number(annotations.get(DELIVERY_TIME))
+    if at is not None and at > 0:
+        return at / 1000.0
+    delay = _number(annotations.get(DELIVERY_DELAY))
+    if delay is not None and delay > 0:
+        return time.time() + delay / 1000.0
+    return 0.0
+
+
+def fix_delay(payload: bytes) -> bytes:
+    """A message with ``x-opt-delivery-delay`` (and no time): the time it is due, from now,
+    added as ``x-opt-delivery-time``. Any other payload is returned as it is."""
+    if b"x-opt-delivery-delay" not in payload:
+        return payload
+    annotations = message_header.message_annotations(payload)
+    delay = _number(annotations.get(DELIVERY_DELAY))
+    if delay is None or delay <= 0 or DELIVERY_TIME in annotations:
+        return payload
+    at = int(time.time() * 1000 + delay)
+    return message_header.modify(payload, increment_count=False, annotations={DELIVERY_TIME: at})
+
+
+def hold(queue, message) -> bool:
+    """Into ``queue``'s scheduled heap when ``message`` is due later; False: it is due now."""
+    due = due_of(message.payload)
+    if not due or due <= time.time():
+        return False
+    heapq.heappush(queue.scheduled, (due, message.seq, message))
+    return True
+
+
+def release_due(queue, now: float | None = None) -> int:
+    """Messages whose time came: into the ready place, in the order of their times."""
+    scheduled = queue.scheduled
+    now = time.time() if now is None else now
+    moved = 0
+    while scheduled and scheduled[0][0] <= now:
+        _, _, message = heapq.heappop(scheduled)
+        queue._ready(message)
+        moved += 1
+    return moved
+
+
+def remove(queue, message) -> bool:
+    """Take ``message`` out of the heap (a purge by id, a replicated queue's backup)."""
+    for index, entry in enumerate(queue.scheduled):
+        if entry[2] is message:
+            queue.scheduled[index] = queue.scheduled[-1]
+            queue.scheduled.pop()
+            heapq.heapify(queue.scheduled)
+            return True
+    return False

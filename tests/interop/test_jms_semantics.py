@@ -1,0 +1,112 @@
+"""What a JMS application expects of a queue (issue #43): one module, run against ActiveMQ
+Artemis (the reference) and against fedgate, with Qpid JMS (docs/queue-semantics.md).
+
+Each case sends the same messages to both targets and asserts the same result from each:
+selectors (the grammar's corner cases), priority, scheduled delivery (JMS 2.0's delivery
+delay), and a poison message rolled back until it reaches the dead-letter queue (Artemis:
+max-delivery-attempts 10 to ``DLQ``; fedgate: ``delivery_limit = 10``, ``dead_letter =
+"DLQ"``). Queue names are unique per run (the Artemis broker is shared and keeps them).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import brokers
+import pytest
+from test_jms import JmsProcess, jms  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def artemis_url() -> str:
+    url = brokers.ensure_artemis()
+    return f"{url}?jms.username={brokers.ARTEMIS_USER}&jms.password={brokers.ARTEMIS_PASSWORD}"
+
+
+@pytest.fixture(params=["artemis", "fedgate"])
+def target(request, start_node, artemis_url):
+    """(JMS URL, queue prefix) of the target under test."""
+    run = uuid.uuid4().hex[:8]
+    if request.param == "artemis":
+        return artemis_url, f"sem.{run}."
+    node = start_node({"queues": {"delivery_limit": 10, "dead_letter": "DLQ"}})
+    return node.url, f"sem.{run}."
+
+
+COLOURED = ";".join(
+    f"m{i}:4:0:colour={('red', 'blue', 'green')[i % 3]},n={i},"
+    f"name={('a_b', 'a%b', 'axb', 'AB', 'a.b')[i % 5]}" + (",flag=true" if i % 4 == 0 else "")
+    for i in range(15))
+
+SELECTORS = {
+    "equality": ("colour = 'red'", [0, 3, 6, 9, 12]),
+    "and-or-precedence": ("colour = 'blue' OR colour = 'green' AND n > 10", [1, 4, 7, 10, 11, 13, 14]),
+    "between": ("n BETWEEN 3 AND 5", [3, 4, 5]),
+    "not-between": ("n NOT BETWEEN 2 AND 12", [0, 1, 13, 14]),
+    "in": ("colour IN ('red', 'green') AND n < 6", [0, 2, 3, 5]),
+    "like-escape": (r"name LIKE 'a\_b' ESCAPE '\'", [0, 5, 10]),
+    "like-percent": ("name LIKE 'a%'", [0, 1, 2, 4, 5, 6, 7, 9, 10, 11, 12, 14]),
+    "like-dot-is-literal": ("name LIKE 'a.b'", [4, 9, 14]),
+    "is-null": ("flag IS NULL AND n < 6", [1, 2, 3, 5]),
+    "is-not-null": ("flag IS NOT NULL", [0, 4, 8, 12]),
+    "null-is-unknown": ("missing = 1 OR n = 2", [2]),
+    "not-unknown": ("NOT (missing = 1)", []),
+    "arithmetic": ("n * 2 + 1 = 9 OR n / 2 = 6", [4, 12]),
+    "boolean": ("flag = TRUE AND n > 0", [4, 8, 12]),
+    "string-vs-number": ("colour = 1", []),
+    "jms-priority": ("JMSPriority = 4 AND n = 1", [1]),
+}
+
+
+@pytest.mark.parametrize("case", list(SELECTORS))
+def test_selectors_select_what_artemis_selects(target, jms, case):  # noqa: F811
+    url, prefix = target
+    queue = prefix + case
+    selector, expected = SELECTORS[case]
+    assert jms("sendx", url, queue, COLOURED).result()["sent"] == 15
+    got = jms("select", url, queue, selector, 0, 1500).result()
+    assert got.get("ids") == [f"m{i}" for i in expected], got
+    rest = jms("receive", url, queue, 0, 1500).result()["ids"]  # what was not selected waited
+    assert rest == [f"m{i}" for i in range(15) if i not in expected]
+
+
+def test_a_selector_that_does_not_parse_is_refused(target, jms):  # noqa: F811
+    url, prefix = target
+    error = jms("select", url, prefix + "bad", "colour = 'red' AND", 0, 1000).result()
+    assert "error" in error and error["type"] == "jakarta.jms.InvalidSelectorException", error
+
+
+def test_higher_priority_first_fifo_within_a_priority(target, jms):  # noqa: F811
+    url, prefix = target
+    order = [4, 9, 0, 9, 4, 7, 1, 7]
+    spec = ";".join(f"p{i}:{p}:0:" for i, p in enumerate(order))
+    assert jms("sendx", url, prefix + "prio", spec).result()["sent"] == len(order)
+    got = jms("receive", url, prefix + "prio", 0, 1500).result()["ids"]
+    expected = [f"p{i}" for i, _ in sorted(enumerate(order), key=lambda x: (-x[1], x[0]))]
+    assert got == expected
+
+
+def test_a_delivery_delay_holds_the_message_until_then(target, jms):  # noqa: F811
+    url, prefix = target
+    queue = prefix + "delay"
+    sent_at = time.time()
+    assert jms("sendx", url, queue, "late:4:3000:;now:4:0:").result()["sent"] == 2
+    first = jms("receive", url, queue, 0, 500).result()["ids"]
+    assert first == ["now"] and time.time() - sent_at < 3.0, first
+    later = jms("receive", url, queue, 1, 10_000).result()["ids"]
+    assert later == ["late"] and time.time() - sent_at >= 3.0
+
+
+def test_a_poison_message_goes_to_the_dead_letter_queue_after_ten_deliveries(target, jms):  # noqa: F811
+    url, prefix = target
+    queue = prefix + "poison"
+    poison = f"poison-{uuid.uuid4().hex[:8]}"
+    assert jms("sendx", url, queue, f"{poison}:4:0:;fine:4:0:").result()["sent"] == 2
+    taken = jms("poison", url, queue, 1500).result()["deliveries"]
+    assert taken == {poison: 10, "fine": 10}, taken
+    dead = jms("select", url, "DLQ", f"id = '{poison}'", 1, 5000).result()["ids"]
+    assert dead == [poison]
+    assert jms("receive", url, queue, 0, 1000).result()["ids"] == []
