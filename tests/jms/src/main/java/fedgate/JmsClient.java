@@ -72,6 +72,12 @@ import org.apache.qpid.jms.message.JmsInboundMessageDispatch;
  *                                              PROPS k=v pairs separated by ',' (an integer value
  *                                              is an int property, true/false a boolean, else a
  *                                              string); id property ID; prints {"sent": n}
+ *   selector-cases URL PREFIX SPEC SELECTOR... for each SELECTOR i: SPEC (as for sendx) sent to
+ *                                              PREFIX + i, a consumer with the selector takes
+ *                                              what it selects (until 500 ms idle), then one
+ *                                              without takes the rest; prints {"cases":
+ *                                              [{"selected": [ids], "rest": [ids]} or
+ *                                              {"error": ..., "type": ...}]}
  *   poison URL QUEUE IDLE_MS                   a transacted session takes each message and rolls
  *                                              back, until IDLE_MS without one; prints
  *                                              {"deliveries": {id: times}}
@@ -100,6 +106,8 @@ public final class JmsClient {
                                          Long.parseLong(args[5]), args[3], 0);
                 case "browse" -> browse(args[1], args[2]);
                 case "sendx" -> sendx(args[1], args[2], args[3]);
+                case "selector-cases" -> selectorCases(args[1], args[2], args[3],
+                                                       java.util.Arrays.copyOfRange(args, 4, args.length));
                 case "poison" -> poison(args[1], args[2], Long.parseLong(args[3]));
                 case "rpc" -> rpc(args[1], args[2], Integer.parseInt(args[3]),
                                   args.length > 4 ? args[4] : args[1]);
@@ -257,6 +265,40 @@ public final class JmsClient {
             }
             print("{\"sent\": " + sent + "}");
         }
+    }
+
+    private static List<String> drain(MessageConsumer consumer, long idleMs) throws JMSException {
+        List<String> ids = new ArrayList<>();
+        Message message;
+        while ((message = consumer.receive(idleMs)) != null) {
+            ids.add(message.getStringProperty("id"));
+        }
+        consumer.close();
+        return ids;
+    }
+
+    private static void selectorCases(String url, String prefix, String spec, String[] selectors)
+            throws Exception {
+        List<String> results = new ArrayList<>();
+        for (int i = 0; i < selectors.length; i++) {
+            String queueName = prefix + i;
+            sendx(url, queueName, spec);
+            try (Connection connection = connect(url)) {
+                Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+                Queue queue = session.createQueue(queueName);
+                String selected;
+                try {
+                    selected = quoteAll(drain(session.createConsumer(queue, selectors[i]), 500));
+                } catch (JMSException e) {
+                    results.add("{\"error\": " + quote(String.valueOf(e.getMessage()))
+                                + ", \"type\": " + quote(e.getClass().getName()) + "}");
+                    continue;
+                }
+                String rest = quoteAll(drain(session.createConsumer(queue), 500));
+                results.add("{\"selected\": " + selected + ", \"rest\": " + rest + "}");
+            }
+        }
+        print("{\"cases\": [" + String.join(", ", results) + "]}");
     }
 
     private static void poison(String url, String queueName, long idleMs) throws Exception {
