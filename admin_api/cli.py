@@ -147,7 +147,7 @@ def _print_table(args, body: dict, key: str, columns: list[tuple[str, str]]) -> 
         print(table(body[key], columns))
 
 
-QUEUE_COLUMNS = [("name", "name"), ("depth", "depth"), ("unacked", "unacked"),
+QUEUE_COLUMNS = [("name", "name"), ("depth", "depth"), ("scheduled", "scheduled"), ("unacked", "unacked"),
                  ("consumers", "consumers"), ("producers", "producers"), ("bytes", "bytes"),
                  ("max_depth", "max_depth"), ("max_bytes", "max_bytes"), ("temporary", "temporary")]
 CONNECTION_COLUMNS = [("id", "id"), ("peer", "peer"), ("user", "user"), ("mechanism", "mechanism"),

@@ -134,6 +134,14 @@ def queue_info(queue) -> dict[str, Any]:
         "overflow": queue.overflow,
         "temporary": queue.temporary,
         "dead_letter": queue.dead_letter,
+        "delivery_limit": queue.delivery_limit,
+        # docs/queue-semantics.md: held until their delivery time (not in depth), waiting by
+        # priority (only once a priority other than 4 was seen), consumers with a selector
+        "scheduled": len(queue.scheduled),
+        "by_priority": {str(p): n for p, n in (
+            queue.messages.by_priority() if hasattr(queue.messages, "by_priority")
+            else ({4: queue.depth} if queue.depth else {})).items()},
+        "selective_consumers": len(queue.selective),
         "stats": dict(vars(queue.stats)),
     }
 

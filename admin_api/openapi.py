@@ -178,6 +178,11 @@ QUEUES = {"type": "object", "properties": {
     "replicated": {"type": "integer"},
     "queues": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
         "name": {"type": "string"}, "depth": {"type": "integer"},
+        "scheduled": {"type": "integer", "description": "held until their delivery time"},
+        "by_priority": {"type": "object", "additionalProperties": {"type": "integer"},
+                        "description": "waiting messages by priority"},
+        "delivery_limit": {"type": "integer"},
+        "selective_consumers": {"type": "integer", "description": "consumers with a selector"},
         "role": {"type": "string", "description": "replicated queues only"},
         "replication": REPLICATION}}}}}
 PROMOTED = {"type": "object", "properties": {

@@ -139,7 +139,7 @@ def render(node) -> str:
                    ({**local, "outcome": "rejected"}, totals.rejected),
                ])
     out.family("fedgate_messages_dead_lettered_total", "counter",
-               "Rejected or expired messages moved to a dead-letter queue.",
+               "Messages moved to a dead-letter queue (rejected, expired, overflow, delivery limit).",
                [({}, totals.dead_lettered)])
     out.family("fedgate_messages_expired_total", "counter",
                "Messages past their ttl taken out of local queues.", [({}, totals.expired)])
@@ -147,6 +147,16 @@ def render(node) -> str:
     out.family("fedgate_queues", "gauge", "Local queues.", [({}, len(queues))])
     out.family("fedgate_queue_depth", "gauge", "Messages stored in a local queue.",
                [({"queue": name}, q.depth) for name, q in queues])
+    out.family("fedgate_queue_scheduled", "gauge",
+               "Messages held until their delivery time (x-opt-delivery-time), not in the depth.",
+               [({"queue": name}, len(q.scheduled)) for name, q in queues])
+    out.family("fedgate_queue_depth_by_priority", "gauge",
+               "Messages waiting in a local queue, by priority (queues that saw one other than 4).",
+               [({"queue": name, "priority": str(p)}, n) for name, q in queues
+                if hasattr(q.messages, "by_priority") for p, n in q.messages.by_priority().items()])
+    out.family("fedgate_messages_delivery_limited_total", "counter",
+               "Messages whose deliveries failed delivery_limit times (dead-lettered or dropped).",
+               [({}, totals.delivery_limited)])
     out.family("fedgate_queue_unacked", "gauge", "Messages delivered and not yet settled.",
                [({"queue": name}, q.unacked) for name, q in queues])
     out.family("fedgate_queue_consumers", "gauge", "Consumers attached to a local queue.",

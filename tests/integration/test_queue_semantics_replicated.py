@@ -1,0 +1,133 @@
+"""Selectors, priority, scheduled delivery and the delivery limit on a replicated queue, on real
+processes (issue #43, docs/queue-semantics.md): three nodes on etcd, python-qpid-proton's
+BlockingConnection and its ``Selector`` as a user would write them.
+
+* a consumer with a selector on a backup node (its link goes to the primary through the
+  proxy path, the primary applies the filter and answers with it);
+* priority order and a scheduled message kept across kill -9 of the primary: the new primary
+  delivers by priority, and the scheduled one only at its time;
+* a poison message (its consumer gone with it unsettled, three times) dead-lettered at the rule's delivery_limit,
+  with the annotations naming the queue and the reason.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from etcd_servers import cluster_name, etcd_url  # noqa: F401 (fixtures)
+from proton import Message, symbol
+from proton.reactor import Selector
+from proton.utils import BlockingConnection
+from replication_support import LEASE_TTL, replicated_nodes, replicated_rule, wait_isr, wait_primary
+
+pytestmark = pytest.mark.timeout(180)
+
+ADDRESS = "orders.sem"
+RULE = replicated_rule(nodes=["n1", "n2", "n3"], delivery_limit=3, dead_letter="dead.orders")
+
+
+def take(url: str, address: str, count: int, timeout: float = 10.0, selector: str | None = None,
+         **options) -> list[Message]:
+    """Up to ``count`` messages, each accepted; stops at the first ``timeout`` without one."""
+    connection = BlockingConnection(url, timeout=timeout + 5)
+    try:
+        receiver = connection.create_receiver(
+            address, credit=count, options=Selector(selector) if selector else None, **options)
+        got = []
+        while len(got) < count:
+            try:
+                message = receiver.receive(timeout=timeout)
+            except Exception:  # proton's Timeout: nothing more within the wait
+                break
+            got.append(message)
+            receiver.accept()
+        return got
+    finally:
+        connection.close()
+
+
+def send(url: str, address: str, messages) -> None:
+    connection = BlockingConnection(url, timeout=15)
+    try:
+        sender = connection.create_sender(address)
+        for message in messages:
+            sender.send(message)  # waits for the outcome: accepted once the copies hold it
+    finally:
+        connection.close()
+
+
+def three(start_node, etcd_url, cluster_name):  # noqa: F811
+    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, RULE)
+    return nodes
+
+
+def test_a_selector_on_a_backup_node_is_applied_by_the_primary(start_node, etcd_url,  # noqa: F811
+                                                                 cluster_name):  # noqa: F811
+    nodes = three(start_node, etcd_url, cluster_name)
+    send(nodes["n2"].url, ADDRESS, [Message(id=f"m{i}", body=i, properties={"n": i})
+                                    for i in range(10)])
+    assert wait_primary(nodes, ADDRESS, 10.0) == "n1"
+    got = take(nodes["n3"].url, ADDRESS, 10, timeout=2.0, selector="n >= 7 OR n = 2")
+    assert [m.id for m in got] == ["m2", "m7", "m8", "m9"]
+    rest = take(nodes["n2"].url, ADDRESS, 10, timeout=2.0)
+    assert [m.id for m in rest] == [f"m{i}" for i in (0, 1, 3, 4, 5, 6)]
+
+
+def test_priority_and_a_scheduled_message_survive_the_primary_killed(start_node, etcd_url,  # noqa: F811
+                                                                      cluster_name):  # noqa: F811
+    nodes = three(start_node, etcd_url, cluster_name)
+    due = time.time() + LEASE_TTL + 8.0
+    later = Message(id="later", body="x",
+                    annotations={symbol("x-opt-delivery-time"): int(due * 1000)})
+    send(nodes["n1"].url, ADDRESS, [later] + [Message(id=f"p{i}", body=i, priority=p)
+                                             for i, p in enumerate([1, 8, 4, 8, 0, 6])])
+    assert wait_primary(nodes, ADDRESS, 10.0) == "n1"
+    wait_isr(etcd_url, cluster_name, ADDRESS, ["n2", "n3"], 10.0, primary="n1")
+    nodes["n1"].kill()
+    new = wait_primary(nodes, ADDRESS, LEASE_TTL + 10.0, other_than="n1")
+    got = take(nodes[new].url, ADDRESS, 10, timeout=2.0)
+    assert [m.id for m in got] == ["p1", "p3", "p5", "p2", "p0", "p4"]  # by priority, FIFO within
+    assert time.time() < due
+    late = take(nodes[new].url, ADDRESS, 1, timeout=due - time.time() + 10.0)
+    assert [m.id for m in late] == ["later"] and time.time() >= due - 0.05
+
+
+def test_a_poison_message_is_dead_lettered_at_the_rules_delivery_limit(start_node, etcd_url,  # noqa: F811
+                                                                        cluster_name):  # noqa: F811
+    nodes = three(start_node, etcd_url, cluster_name)
+    poison = f"poison-{uuid.uuid4().hex[:6]}"
+    send(nodes["n2"].url, ADDRESS, [Message(id=poison, body="bad")])
+    assert wait_primary(nodes, ADDRESS, 10.0) == "n1"
+    for attempt in range(3):
+        connection = BlockingConnection(nodes["n1"].url, timeout=15)
+        receiver = connection.create_receiver(ADDRESS, credit=1)
+        message = receiver.receive(timeout=10)
+        assert message.id == poison, attempt
+        connection.close()  # gone with it unsettled: the delivery failed, it counts
+    dead = take(nodes["n1"].url, "dead.orders", 1, timeout=5.0)
+    assert [m.id for m in dead] == [poison]
+    notes = {str(k): v for k, v in dead[0].annotations.items()}
+    assert notes["x-opt-dead-letter-address"] == ADDRESS
+    assert notes["x-opt-dead-letter-reason"] == "delivery-limit"
+    assert take(nodes["n2"].url, ADDRESS, 1, timeout=1.0) == []
+
+
+def test_scheduled_counts_and_priorities_in_the_admin_api_and_metrics(start_node):
+    """What an operator sees (issue #43: visible): scheduled apart from the depth, waiting
+    messages by priority, the delivery limit, and the same in /metrics."""
+    from admin_client import ADMIN, admin, http
+
+    node = start_node({"queues": {"delivery_limit": 5}, "admin": ADMIN})
+    at = int((time.time() + 600) * 1000)
+    send(node.url, "vis.q", [Message(id="s", body=0, annotations={symbol("x-opt-delivery-time"): at}),
+                             Message(id="a", body=1, priority=7), Message(id="b", body=2)])
+    queue = next(q for q in admin(node, "/api/v1/queues")["queues"] if q["name"] == "vis.q")
+    assert (queue["depth"], queue["scheduled"], queue["delivery_limit"]) == (2, 1, 5)
+    assert queue["by_priority"] == {"7": 1, "4": 1}
+    status, metrics = http("GET", node.admin_url + "/metrics")
+    assert status == 200
+    text = metrics if isinstance(metrics, str) else metrics.decode()
+    assert 'fedgate_queue_scheduled{queue="vis.q"} 1' in text
+    assert 'fedgate_queue_depth_by_priority{queue="vis.q",priority="7"} 1' in text
