@@ -19,11 +19,12 @@ LEVELS = 10
 
 
 class PriorityStore:
-    __slots__ = ("levels", "count")
+    __slots__ = ("levels", "count", "high")
 
     def __init__(self, messages=()) -> None:
         self.levels: list[OrderedDict | None] = [None] * LEVELS
         self.count = 0
+        self.high = 0  # no level above this one holds a message
         for message in messages:
             self.append(message)
 
@@ -34,13 +35,19 @@ class PriorityStore:
         return level
 
     def append(self, message) -> None:
-        level = self._level(message.priority)
+        priority = message.priority
+        if priority > self.high:
+            self.high = priority
+        level = self._level(priority)
         if message.seq not in level:
             self.count += 1
         level[message.seq] = message
 
     def appendleft(self, message) -> None:
-        level = self._level(message.priority)
+        priority = message.priority
+        if priority > self.high:
+            self.high = priority
+        level = self._level(priority)
         if message.seq not in level:
             self.count += 1
         level[message.seq] = message
@@ -49,9 +56,10 @@ class PriorityStore:
     def _top(self) -> OrderedDict | None:
         if self.count:
             levels = self.levels
-            for priority in range(LEVELS - 1, -1, -1):
+            for priority in range(self.high, -1, -1):
                 level = levels[priority]
                 if level:
+                    self.high = priority
                     return level
         return None
 
@@ -74,7 +82,7 @@ class PriorityStore:
         """The first message not excluded for ``consumer_id`` (undeliverable-here); None."""
         if self.count:
             levels = self.levels
-            for priority in range(LEVELS - 1, -1, -1):
+            for priority in range(self.high, -1, -1):
                 level = levels[priority]
                 if level:
                     for message in level.values():
@@ -109,6 +117,7 @@ class PriorityStore:
     def clear(self) -> None:
         self.levels = [None] * LEVELS
         self.count = 0
+        self.high = 0
 
     def by_priority(self) -> dict[int, int]:
         """How many wait at each priority in use."""

@@ -318,3 +318,40 @@ def test_a_rejected_message_is_dead_lettered_with_the_reason():
     got = c.received(c.receiver("dlq", credit=1))
     assert ids(got) == ["bad"]
     assert dead_letter_annotations(got[0].message)["x-opt-dead-letter-reason"] == "rejected"
+
+
+def test_the_priority_store_against_a_model_under_random_operations():
+    """Random enqueues, takes from the head and from the middle, and returns to the head: the
+    store always gives the model's head (highest priority, then arrival, returned first)."""
+    import random
+
+    from proxy.queues.local import StoredMessage
+    from proxy.queues.store import PriorityStore
+
+    rng = random.Random(43)
+    store, model, seq = PriorityStore(), [], 0  # model: (-priority, rank, seq) kept sorted
+    front = 0
+    for _ in range(5000):
+        op = rng.random()
+        if op < 0.5 or not model:
+            seq += 1
+            message = StoredMessage(b"", seq=seq, priority=rng.choice((0, 4, 4, 4, 7, 9)))
+            store.append(message)
+            model.append((-message.priority, seq, seq, message))
+        elif op < 0.7:
+            model.sort(key=lambda m: m[:2])
+            assert store[0] is model[0][3]
+            assert store.popleft() is model.pop(0)[3]
+        elif op < 0.85:
+            item = model.pop(rng.randrange(len(model)))
+            assert store.remove(item[3]) and not store.remove(item[3])
+        else:
+            model.sort(key=lambda m: m[:2])
+            item = model.pop(0)
+            store.popleft()
+            front -= 1  # back at the head of its priority: before everything of that priority
+            store.appendleft(item[3])
+            model.append((item[0], front, item[2], item[3]))
+        assert len(store) == len(model)
+    model.sort(key=lambda m: m[:2])
+    assert list(store) == [m[3] for m in model]
