@@ -1,6 +1,6 @@
-"""Selectors, priority, scheduled delivery and the delivery limit on a replicated queue, on real
-processes (issue #43, docs/queue-semantics.md): three nodes on etcd, python-qpid-proton's
-BlockingConnection and its ``Selector`` as a user would write them.
+"""Selectors, priority, scheduled delivery and the delivery limit on real processes (issue #43,
+docs/queue-semantics.md), with python-qpid-proton's BlockingConnection and its ``Selector`` as
+a user would write them. A replicated queue on three nodes on etcd:
 
 * a consumer with a selector on a backup node (its link goes to the primary through the
   proxy path, the primary applies the filter and answers with it);
@@ -8,6 +8,9 @@ BlockingConnection and its ``Selector`` as a user would write them.
   delivers by priority, and the scheduled one only at its time;
 * a poison message (its consumer gone with it unsettled, three times) dead-lettered at the rule's delivery_limit,
   with the annotations naming the queue and the reason.
+
+And on one node: a durable queue killed -9 keeps a delayed message's time and the priority
+order; the admin API and /metrics show scheduled and per-priority counts.
 """
 
 from __future__ import annotations
@@ -131,3 +134,27 @@ def test_scheduled_counts_and_priorities_in_the_admin_api_and_metrics(start_node
     text = metrics if isinstance(metrics, str) else metrics.decode()
     assert 'fedgate_queue_scheduled{queue="vis.q"} 1' in text
     assert 'fedgate_queue_depth_by_priority{queue="vis.q",priority="7"} 1' in text
+
+
+def test_durable_scheduled_and_priority_messages_keep_their_time_and_order_across_kill_9(
+        start_node):
+    """A durable queue journals the message with the time its delay became (docs/queue-
+    semantics.md): killed -9 and started again, the node holds it until that time, not a
+    fresh delay from the restart, and the others come by priority."""
+    node = start_node({"queues": {"durable": True}})
+    sent_at = time.time()
+    send(node.url, "dur.q", [Message(id="late", body=0, durable=True,
+                                     annotations={symbol("x-opt-delivery-delay"): 6000})]
+         + [Message(id=f"p{p}", body=p, durable=True, priority=p) for p in (2, 9, 5)])
+    node.kill()
+    node.start()
+    restarted = time.time()
+    assert restarted - sent_at > 0.5
+    got = take(node.url, "dur.q", 3, timeout=2.0)
+    assert [m.id for m in got] == ["p9", "p5", "p2"]
+    late = take(node.url, "dur.q", 1, timeout=15.0)
+    assert [m.id for m in late] == ["late"]
+    arrived = time.time()
+    # its own time, not a fresh delay from the restart (which would be restarted + 6 s)
+    assert sent_at + 6.0 - 0.05 <= arrived < restarted + 6.0 - 0.3, (arrived - sent_at,
+                                                                      restarted - sent_at)
