@@ -158,3 +158,17 @@ def test_durable_scheduled_and_priority_messages_keep_their_time_and_order_acros
     # its own time, not a fresh delay from the restart (which would be restarted + 6 s)
     assert sent_at + 6.0 - 0.05 <= arrived < restarted + 6.0 - 0.3, (arrived - sent_at,
                                                                       restarted - sent_at)
+
+
+def test_rhea_receives_what_its_selector_selects(start_node, clients):
+    """rhea (``rhea.filter.selector``) as a Node.js user writes it: the seq >= 6 of ten."""
+    node = start_node()
+    (sent,) = clients("rhea", "send", node.url, address="sel.rhea", count=10).finish()
+    assert sent["accepted"] == 10
+    receiver = clients("rhea", "receive", node.url, address="sel.rhea", count=4,
+                       selector="seq >= 6", timeout_ms=10000)
+    lines = receiver.finish(timeout=30)
+    assert lines[-1]["done"] is True and lines[-1]["received"] == 4
+    assert sorted(line["seq"] for line in lines if "seq" in line) == [6, 7, 8, 9]
+    rest = clients("rhea", "receive", node.url, address="sel.rhea", count=6, timeout_ms=10000)
+    assert sorted(line["seq"] for line in rest.finish(timeout=30) if "seq" in line) == list(range(6))

@@ -8,7 +8,7 @@ const common = require('./common.js');
 const USAGE = `usage: node receive.js --url amqp://HOST:PORT (--address ADDR | --dynamic) --count N
                     [--credit C] [--idle-ms I] [--timeout-ms T]
                     [--username U --password P] [--sasl auto|anonymous|plain|none]
-                    [--hostname H] [--tls-insecure] [--announce]`;
+                    [--hostname H] [--tls-insecure] [--announce] [--selector S]`;
 
 const values = common.parseCli(USAGE, {
     credit: { type: 'string', default: '100' },
@@ -17,6 +17,9 @@ const values = common.parseCli(USAGE, {
     // --announce: print {"attached": ADDRESS} once the peer has attached the link,
     // so a test knows the receiver is in place before it goes on
     announce: { type: 'boolean', default: false },
+    // --selector S: a JMS selector as rhea sends it (rhea.filter.selector: the
+    // apache.org:selector-filter:string source filter)
+    selector: { type: 'string' },
 });
 if (values.dynamic && values.address !== undefined) common.usageError(USAGE, '--address and --dynamic are mutually exclusive');
 if (!values.dynamic && values.address === undefined) common.usageError(USAGE, '--address (or --dynamic) is required');
@@ -143,6 +146,10 @@ container.on('message', (ctx) => {
 
 const receiverOpts = {
     source: values.dynamic ? { dynamic: true } : { address: values.address },
+    ...(values.selector !== undefined
+        ? { source: { ...(values.dynamic ? { dynamic: true } : { address: values.address }),
+                      filter: rhea.filter.selector(values.selector) } }
+        : {}),
     credit_window: 0,   // disable rhea's automatic window (default 1000)
     autoaccept: false,  // accept explicitly
 };
