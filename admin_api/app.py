@@ -70,6 +70,8 @@ ROUTES = [
     ("GET", "/api/v1/fragments", inspect_api.get_fragments, False),
     ("GET", "/api/v1/upstreams", inspect_api.get_upstreams, False),
     ("GET", "/api/v1/exchanges", inspect_api.get_exchanges, False),
+    ("GET", "/api/v1/subscriptions", inspect_api.get_subscriptions, False),
+    ("DELETE", "/api/v1/subscriptions/{name}", inspect_api.delete_subscription, False),
     ("GET", "/api/v1/history", get_history, False),
     ("GET", "/api/v1/rules", rules_api.get_rules, False),
     ("PUT", "/api/v1/rules", rules_api.put_rules, False),

@@ -262,6 +262,31 @@ async def get_exchanges(request: web.Request) -> web.Response:
     })
 
 
+async def get_subscriptions(request: web.Request) -> web.Response:
+    """Topic subscriptions on this node's exchanges (proxy.exchanges.subscriptions)."""
+    node = request.app[NODE]
+    items = node.exchanges.topic_subscriptions.describe()
+    return json_response({"count": len(items), "subscriptions": items})
+
+
+async def delete_subscription(request: web.Request) -> web.Response:
+    """Remove a subscription and what it holds; refused while a consumer is attached."""
+    node = request.app[NODE]
+    name = request.match_info["name"]
+    subscriptions = node.exchanges.topic_subscriptions
+    sub = subscriptions.by_name.get(name)
+    if sub is None:
+        raise ApiError(404, "subscription_not_found", f"no subscription {name!r}", field="name")
+    if sub.consumers:
+        raise ApiError(409, "subscription_in_use", f"subscription {name!r} has "
+                                                   f"{len(sub.consumers)} consumer(s) attached",
+                       field="name")
+    held = sub.queue.depth + len(sub.queue.scheduled)
+    subscriptions.remove(sub)
+    node.run_pending()
+    return json_response({"deleted": name, "messages": held})
+
+
 async def get_upstreams(request: web.Request) -> web.Response:
     items = describe_upstreams(request.app[NODE])
     return json_response({

@@ -251,6 +251,14 @@ def spec() -> dict[str, Any]:
         "/api/v1/exchanges": {"get": _op(
             "Local exchanges and remote sources with counters; the anonymous relay's counters",
             _json(LISTING, "exchanges"))},
+        "/api/v1/subscriptions": {"get": _op(
+            "Topic subscriptions on this node's exchanges: durable, shared, selector, depth, "
+            "consumers", _json(LISTING, "subscriptions"))},
+        "/api/v1/subscriptions/{name}": {"delete": _op(
+            "Remove a subscription and the messages it holds (409 while a consumer is attached)",
+            _json({"type": "object"}, "deleted"), errors=("404", "409"),
+            params=[{"name": "name", "in": "path", "required": True,
+                     "schema": {"type": "string", "minLength": 1}}])},
         "/api/v1/rules": {
             "get": _op("The routing rules and their version (ETag)",
                        {**_json(RULES_DOC, "the rules"), "headers": ETAG_HEADER}),

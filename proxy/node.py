@@ -232,6 +232,11 @@ class Node:
         self.routing.subscribe(
             lambda old, new, version: apply_rules_change(self.broker, old, new))
         self.exchanges = self.broker.exchanges
+        # topic subscriptions (proxy.exchanges.subscriptions): durable ones kept in the data
+        # dir; one process only for now (a node's subscriptions live on one worker)
+        single = worker is None or worker.count == 1
+        self.exchanges.topic_subscriptions.configure(self.data_dir / "subscriptions.json",
+                                                     allowed=single)
         users = None
         if config.sasl.users_file:
             users = UsersFile.load(config.resolve_path(config.sasl.users_file), missing_ok=True)
@@ -249,8 +254,10 @@ class Node:
             max_sessions=limits.max_sessions_per_connection,
             properties=failover_properties(config),
             # DELAYED_DELIVERY: messages held until x-opt-delivery-time (docs/queue-semantics.md);
-            # Qpid JMS refuses a delivery delay to a peer that does not offer it
-            offered_capabilities=(anonymous_relay.CAPABILITY, "DELAYED_DELIVERY"),
+            # SHARED-SUBS: JMS 2.0 shared subscriptions (one process: docs/exchanges.md). Qpid
+            # JMS refuses a delivery delay or a shared consumer to a peer that does not offer them
+            offered_capabilities=(anonymous_relay.CAPABILITY, "DELAYED_DELIVERY")
+            + (("SHARED-SUBS",) if worker is None or worker.count == 1 else ()),
         )
         # links forwarded by the node's other workers (proxy.workers): trusted, no SASL, no limits
         self.internal_settings = ConnectionSettings(

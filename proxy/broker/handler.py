@@ -44,8 +44,9 @@ from proxy.amqp import engine
 from proxy.amqp.engine import session_outgoing_bytes
 from proxy.amqp.termini import capability_names, filter_names, filters, is_selector
 from proxy.broker import relay as anonymous_relay
+from proxy.broker.filters import LinkRefused, selector_of
 from proxy.broker.link_table import LinkTable
-from proxy import selectors
+from proxy.exchanges.subscriptions import SubscriptionRefused
 from proxy.links.proxy_links import ProxyConsumer
 from proxy.links.proxy_producer import ProxyProducer
 from proxy.links.shared_consumers import attach_shared_consumer
@@ -67,31 +68,6 @@ MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
 TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
 # the target capability of a link by which a primary pushes a replicated queue's copy
 REPLICATION = "fedgate:replication"
-
-def selector_of(source: Terminus, what: str):
-    """The JMS selector a consumer's source asks for (§3.5.8, docs/queue-semantics.md), or
-    None. Queues apply no other filter: answering with one would claim it is applied, and
-    the consumer would take messages it did not select (``amqp:not-implemented``). A
-    selector that does not parse: ``amqp:invalid-field`` with where it went wrong."""
-    found = filters(source)
-    if not found:
-        return None
-    others = sorted(name for name, (descriptor, _) in found.items() if not is_selector(descriptor))
-    if others:
-        raise LinkRefused(NOT_IMPLEMENTED,
-                          f"filters are not supported on a {what} ({', '.join(others)})")
-    texts = [value for descriptor, value in found.values()]
-    if len(texts) > 1:
-        raise LinkRefused(INVALID_FIELD, "more than one selector filter")
-    text = texts[0]
-    if not isinstance(text, str):
-        raise LinkRefused(INVALID_FIELD, "a selector filter's value must be a string")
-    try:
-        selector = selectors.parse(text)
-    except selectors.SelectorError as exc:
-        raise LinkRefused(INVALID_FIELD, f"selector {text!r}: {exc}") from None
-    return None if selector.selects_all else selector
-
 
 class ClientHandler:
     """Proton events of one client connection -> broker operations."""
@@ -299,9 +275,18 @@ class ClientHandler:
             queue = self._temporary_queue()
             self.attach_queue_consumer(link, queue, owns_queue=True)
             return
-        if self.broker.exchanges.get(remote.address) is not None:
-            raise LinkRefused("amqp:not-allowed", f"{remote.address!r} is an exchange: "
-                                                  "receive from a queue bound to it")
+        exchanges = self.broker.exchanges
+        if not remote.address:  # a subscription looked up by link name (JMS unsubscribe)
+            self._attach_subscriber(link, None)
+            return
+        exchange = exchanges.get(remote.address)
+        if exchange is None and "topic" in capability_names(remote) \
+                and self.broker.resolve(remote.address).kind == "local":
+            exchange = exchanges.declare_topic(remote.address)  # a JMS topic
+        if exchange is not None:  # a topic subscription (proxy.exchanges.subscriptions)
+            self.check_access(remote.address, "receive")
+            self._attach_subscriber(link, exchange)
+            return
         decision = self._resolve(remote.address, "receive")
         extension = self.broker.kind_handlers.get(decision.kind)
         if decision.kind == "proxy":  # the primary answers for filters and browsing
@@ -347,6 +332,9 @@ class ClientHandler:
             anonymous_relay.attach(self, link, exchanges)
             return
         exchange = exchanges.get(remote.address)
+        if exchange is None and "topic" in capability_names(remote) \
+                and self.broker.resolve(remote.address).kind == "local":
+            exchange = exchanges.declare_topic(remote.address)  # a JMS topic's publisher
         if exchange is not None:  # an exchange's name wins over [[rules]] (proxy.exchanges)
             self.check_access(remote.address, "send")
             self._open_client_link(link, False)
@@ -362,14 +350,40 @@ class ClientHandler:
         else:
             self.attach_queue_producer(link, self._local_queue(remote.address))
 
+    def _attach_subscriber(self, link: Link, exchange) -> None:
+        """A receiver on an exchange: the subscription's queue (made if new); ``exchange``
+        None: a lookup by link name (a source with no address)."""
+        subscriptions = self.broker.exchanges.topic_subscriptions
+        if exchange is None:
+            sub = subscriptions.find(self, link)
+            if sub is None:
+                raise LinkRefused(NOT_FOUND, f"no subscription {link.name!r}")
+        else:
+            try:
+                sub = subscriptions.subscribe(self, link, exchange)
+            except SubscriptionRefused as exc:
+                raise LinkRefused(exc.condition, exc.description) from None
+        self.attach_queue_consumer(link, sub.queue, subscription=(subscriptions, sub))
+
     # -- endpoint builders (also used by packages serving other kinds) -----------
     def attach_queue_consumer(self, link: Link, queue: LocalQueue, *, owns_queue: bool = False,
-                              standby: bool = False) -> "QueueConsumer":
+                              standby: bool = False, subscription=None) -> "QueueConsumer":
+        """``subscription``: (Subscriptions, Subscription) for a topic subscriber, whose
+        selector was applied as messages were routed (proxy.exchanges.subscriptions)."""
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
-        selector = selector_of(link.remote_source, "queue")
-        self._open_client_link(link, presettled, address=queue.name)
+        if subscription is None:
+            selector = selector_of(link.remote_source, "queue")
+            self._open_client_link(link, presettled, address=queue.name)
+        else:
+            selector = None
+            subscriptions, sub = subscription
+            self._open_client_link(link, presettled, address=None,
+                                   answer=lambda: subscriptions.answer_source(link, sub))
         consumer = QueueConsumer(self, link, queue, presettled=presettled, owns_queue=owns_queue)
         consumer.selector = selector
+        if subscription is not None:
+            consumer.subscription = subscription
+            subscriptions.consumer_attached(sub, consumer)
         self.links[consumer.link_ptr] = consumer
         queue.add_consumer(consumer, standby=standby)
         self.broker.dirty_queues.add(queue)
@@ -427,12 +441,16 @@ class ClientHandler:
         """Answer an attach that a package above the node serves with an endpoint of its own."""
         self._open_client_link(link, presettled, address)
 
-    def _open_client_link(self, link: Link, presettled: bool, address: str | None = None) -> None:
-        """Answer the client's attach with matching termini (§2.6.3)."""
+    def _open_client_link(self, link: Link, presettled: bool, address: str | None = None,
+                          answer=None) -> None:
+        """Answer the client's attach with matching termini (§2.6.3); ``answer()`` may change
+        them before the attach goes out."""
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         if address is not None:
             (link.source if link.is_sender else link.target).address = address
+        if answer is not None:
+            answer()
         if link.is_sender:
             link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
         else:
@@ -489,6 +507,8 @@ class ClientHandler:
             engine.forget_link(ptr)
         endpoint = self.links.pop(ptr, None)
         if endpoint is not None:
+            if getattr(endpoint, "subscription", None) is not None:  # closed: JMS unsubscribe
+                endpoint.remote_closed = engine.pn_event_type(event) == engine.PN_LINK_REMOTE_CLOSE
             endpoint.detached()
         elif self.refused_links and not pn_link_state(ptr) & PN_LOCAL_ACTIVE:
             self.refused_links -= 1  # a refusal answered: proton lets the link go
@@ -568,9 +588,3 @@ _CLIENT_EVENTS = {
     engine.PN_TRANSPORT_CLOSED: ClientHandler._on_transport_closed,
 }
 
-
-class LinkRefused(Exception):
-    def __init__(self, condition: str, description: str) -> None:
-        super().__init__(f"{condition}: {description}")
-        self.condition = condition
-        self.description = description

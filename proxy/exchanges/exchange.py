@@ -77,6 +77,7 @@ from proxy.amqp.engine import beyond_credit, read_transfer
 from proxy.amqp.message_subject import read_subject
 from proxy.amqp.outcomes import TRANSACTIONAL_STATE
 from proxy.exchanges.remote_bindings import RemoteSubscription
+from proxy.exchanges.subscriptions import Subscriptions
 from proxy.links.remote_destinations import RemoteDestinations
 from proxy.queues.durable_hold import DurableHold
 from proxy.upstream.target import UpstreamTarget
@@ -283,7 +284,9 @@ class Exchanges:
         self.exchanges: dict[str, Exchange] = {}
         self.relay_stats = ExchangeStats()  # the anonymous relay (proxy.anonymous_relay)
         self.relay_limit = relay_limit  # [limits] max_relay_destinations; 0 = none
-        self.subscriptions: list[RemoteSubscription] = []
+        self.subscriptions: list[RemoteSubscription] = []  # remote sources ([[bindings]] source)
+        # receivers attached to an exchange (topic subscriptions, docs/exchanges.md)
+        self.topic_subscriptions = Subscriptions(broker, self)
         self._sources = []
         for decl in config.exchanges if config is not None else ():
             exchange = Exchange(decl.name, decl.type, fanout=decl.upstream_fanout)
@@ -310,6 +313,7 @@ class Exchanges:
             source = binding.source
             upstream = self.upstreams.for_url(source.url, source.upstream)
             self.subscriptions.append(RemoteSubscription(self.broker, queue, source, upstream, self.hold))
+        self.topic_subscriptions.load()
         self.broker.run_pending()
 
     def close(self) -> None:
@@ -321,6 +325,7 @@ class Exchanges:
         return {
             "exchanges": [{"name": e.name, "type": e.type, "bindings": len(e.bindings),
                            **vars(e.stats)} for e in self.exchanges.values()],
+            "subscriptions": self.topic_subscriptions.describe(),
             "sources": [s.describe() for s in self.subscriptions],
             "anonymous_relay": vars(self.relay_stats),
         }
@@ -329,6 +334,15 @@ class Exchanges:
     def get(self, address: str | None) -> Exchange | None:
         return self.exchanges.get(address) if address else None
 
+    def declare_topic(self, name: str) -> Exchange:
+        """An exchange made at run time for a topic address (a JMS topic: the ``topic``
+        capability on a local address): fanout, no bindings; subscriptions only."""
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            exchange = self.exchanges[name] = Exchange(name, "fanout")
+            log.info("exchange %s made for a topic", name)
+        return exchange
+
     def attach_producer(self, handler, link, exchange: Exchange) -> ExchangeProducer:
         producer = ExchangeProducer(handler, link, exchange, self)
         handler.links[producer.link_ptr] = producer
@@ -336,7 +350,7 @@ class Exchanges:
         return producer
 
     def local_queues(self, exchange: Exchange) -> set:
-        queues = set()
+        queues = set(self.topic_subscriptions.queues(exchange.name))
         for binding in exchange.bindings:
             if self.broker.resolve(binding.queue).kind == "local":
                 queue = self.broker.queues.get(binding.queue)
@@ -352,11 +366,14 @@ class Exchanges:
         queues; an exchange's own senders get credit within their room)."""
         stats = exchange.stats
         subject, addresses = self._route(exchange, payload)
-        if not addresses:
+        subscribed = self.topic_subscriptions.route(exchange.name, payload)
+        if not addresses and subscribed:
+            stats.unroutable -= 1  # a subscription takes it
+        if not addresses and not subscribed:
             fanin.remaining = 1
             fanin.done(PN_ACCEPTED)  # RabbitMQ's default: accepted and dropped
             return
-        local, remote, refused = [], [], []
+        local, remote, refused = subscribed, [], []
         for address in addresses:
             kind, target = self.destination(address, "queues cannot be bound to an exchange")
             (local if kind == "local" else remote if kind == "remote" else refused).append(target)
@@ -390,7 +407,7 @@ class Exchanges:
         transaction on this node."""
         stats = exchange.stats
         _, addresses = self._route(exchange, payload)
-        queues = []
+        queues = list(self.topic_subscriptions.route(exchange.name, payload))
         for address in addresses:
             kind, target = self.destination(address, "queues cannot be bound to an exchange")
             if kind == "refused":

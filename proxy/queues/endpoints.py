@@ -285,7 +285,7 @@ class QueueConsumer(engine.ClientLinkEndpoint):
     __slots__ = (
         "handler", "link_ptr", "session_ptr", "queue", "consumer_id", "presettled",
         "unsettled", "tags", "owns_queue", "address", "sent", "drain_requested",
-        "selector", "matched",
+        "selector", "matched", "subscription", "remote_closed",
     )
 
     def __init__(self, handler, link: Link, queue: LocalQueue, *,
@@ -308,6 +308,10 @@ class QueueConsumer(engine.ClientLinkEndpoint):
         # PriorityStore kept by proxy.queues.selective); None: every message
         self.selector = None
         self.matched = None
+        # a topic subscriber's (Subscriptions, Subscription), told when it goes; remote_closed:
+        # its detach said closed = true (proxy.exchanges.subscriptions: JMS unsubscribe)
+        self.subscription = None
+        self.remote_closed = False
 
     @property
     def credit(self) -> int:
@@ -389,3 +393,7 @@ class QueueConsumer(engine.ClientLinkEndpoint):
             self.handler.broker.dirty_queues.add(queue)
         if queue.temporary and self.owns_queue:
             self.handler.broker.delete_temporary(queue)
+        if self.subscription is not None:  # a topic subscriber: its subscription may go now
+            subscriptions, sub = self.subscription
+            self.subscription = None
+            subscriptions.consumer_detached(sub, self, closed=self.remote_closed)

@@ -114,10 +114,17 @@ def test_direct_and_fanout(node):
     assert receive_ids(node.url, "f1") == expected and receive_ids(node.url, "f2") == expected
 
 
-def test_receiving_from_an_exchange_is_refused(node, clients):
-    lines = clients("rhea", "receive", node.url, address="events", count=1,
-                    timeout_ms=10000).finish()
-    assert lines[-1]["error"]["condition"] == "amqp:not-allowed"
+def test_a_receiver_on_an_exchange_subscribes_beside_its_bindings(node, clients):
+    """A receiver attached to an exchange is a subscriber (issue #43, docs/exchanges.md): it
+    gets what is published while it is there, and the bound queues get their copies too."""
+    receiver = clients("rhea", "receive", node.url, address="events", count=2, announce=True,
+                       timeout_ms=20000)
+    assert receiver.readline()["attached"] == "events"
+    outcomes = send_subjects(node.url, "events", [("s1", "orders.eu.fr"), ("s2", "misc")])
+    assert all(v == ("accepted", None) for v in outcomes.values())
+    lines = receiver.finish()
+    assert [line["id"] for line in lines if "id" in line] == ["s1", "s2"]
+    assert receive_ids(node.url, "audit") == ["s1", "s2"]
 
 
 def test_full_local_queue_holds_back_credit(node):

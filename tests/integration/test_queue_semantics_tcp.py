@@ -172,3 +172,53 @@ def test_rhea_receives_what_its_selector_selects(start_node, clients):
     assert sorted(line["seq"] for line in lines if "seq" in line) == [6, 7, 8, 9]
     rest = clients("rhea", "receive", node.url, address="sel.rhea", count=6, timeout_ms=10000)
     assert sorted(line["seq"] for line in rest.finish(timeout=30) if "seq" in line) == list(range(6))
+
+
+def test_a_durable_subscription_survives_kill_9_and_is_listed_and_deleted_by_the_admin_api(
+        start_node):
+    """proton's ``DurableSubscription`` on an exchange ([[exchanges]]): made, left, messages published,
+    the node killed -9 and started again: they are still there for it (durable messages, in
+    the journal); the admin API lists it, and deletes it once nobody consumes it."""
+    from admin_client import ADMIN, admin, http
+    from proton.reactor import Container, DurableSubscription
+
+    node = start_node({"queues": {"durable": True}, "admin": ADMIN,
+                       "exchanges": [{"name": "prices", "type": "fanout"}]})
+
+    def subscribe(timeout: float) -> list:
+        container = Container()
+        container.container_id = "app-1"  # the client id: part of the subscription's name
+        connection = BlockingConnection(node.url, timeout=15, container=container)
+        try:
+            receiver = connection.create_receiver("prices", name="audit",
+                                                  options=DurableSubscription(), credit=10)
+            got = []
+            while True:
+                try:
+                    got.append(receiver.receive(timeout=timeout))
+                except Exception:
+                    break
+                receiver.accept()
+            receiver.detach()  # closed = false: the subscription stays
+            return [m.id for m in got]
+        finally:
+            connection.close()
+
+    assert subscribe(0.5) == []
+    connection = BlockingConnection(node.url, timeout=15)
+    sender = connection.create_sender("prices", options=None)
+    for i in range(3):
+        sender.send(Message(id=f"p{i}", body=i, durable=True))
+    connection.close()
+    listed = admin(node, "/api/v1/subscriptions")["subscriptions"]
+    assert [(s["exchange"], s["durable"], s["depth"], s["consumers"]) for s in listed] == \
+        [("prices", True, 3, 0)]
+    node.kill()
+    node.start()
+    assert subscribe(2.0) == ["p0", "p1", "p2"]
+    name = admin(node, "/api/v1/subscriptions")["subscriptions"][0]["name"]
+    status, body = http("DELETE", f"{node.admin_url}/api/v1/subscriptions/{name}")
+    assert status == 200 and body["deleted"] == name == "app-1:audit", (status, body)
+    assert admin(node, "/api/v1/subscriptions")["subscriptions"] == []
+    status, body = http("DELETE", f"{node.admin_url}/api/v1/subscriptions/{name}")
+    assert status == 404 and body["error"] == "subscription_not_found"

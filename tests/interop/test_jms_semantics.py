@@ -109,3 +109,62 @@ def test_a_poison_message_goes_to_the_dead_letter_queue_after_ten_deliveries(tar
     dead = jms("select", url, "DLQ", f"id = '{poison}'", 1, 5000).result()["ids"]
     assert dead == [poison]
     assert jms("receive", url, queue, 0, 1000).result()["ids"] == []
+
+
+# -- topic subscriptions ------------------------------------------------------------------------
+def spec(first: int, count: int) -> str:
+    return ";".join(f"t{i}:4:0:n={i}" for i in range(first, first + count))
+
+
+def subscriber(jms, url, topic, client, name, idle=600, selector=None):  # noqa: F811
+    """A subscriber process, once it is in place (its "ready" line)."""
+    process = jms("subscribe", url, topic, client, name, idle, *([selector] if selector else []))
+    assert process.readline(timeout=60).get("ready"), "subscriber not ready"
+    return process
+
+
+def test_a_durable_subscription_keeps_what_came_while_away_until_unsubscribed(target, jms):  # noqa: F811
+    url, prefix = target
+    topic, client = prefix + "news", prefix + "client"
+    assert subscriber(jms, url, topic, client, "audit").result()["ids"] == []  # made, away
+    assert jms("publish", url, topic, spec(0, 4)).result()["sent"] == 4
+    assert subscriber(jms, url, topic, client, "audit").result()["ids"] == [f"t{i}" for i in range(4)]
+    assert jms("unsubscribe", url, client, "audit").result() == {"unsubscribed": "audit"}
+    assert jms("publish", url, topic, spec(4, 2)).result()["sent"] == 2
+    # a new subscription of that name starts empty: t4 and t5 were kept for nobody
+    assert subscriber(jms, url, topic, client, "audit").result()["ids"] == []
+    assert jms("unsubscribe", url, client, "audit").result() == {"unsubscribed": "audit"}
+    missing = jms("unsubscribe", url, client, "audit").result()
+    assert missing.get("type") == "jakarta.jms.InvalidDestinationException", missing
+
+
+def test_a_durable_subscription_with_a_selector_collects_only_what_it_selects(target, jms):  # noqa: F811
+    url, prefix = target
+    topic, client = prefix + "ticks", prefix + "client"
+    assert subscriber(jms, url, topic, client, "big", selector="n >= 3").result()["ids"] == []
+    jms("publish", url, topic, spec(0, 6)).result()
+    got = subscriber(jms, url, topic, client, "big", selector="n >= 3").result()["ids"]
+    assert got == ["t3", "t4", "t5"]
+    jms("unsubscribe", url, client, "big").result()
+
+
+def test_non_durable_subscribers_each_get_every_message_published_while_there(target, jms):  # noqa: F811
+    url, prefix = target
+    topic = prefix + "live"
+    one = subscriber(jms, url, topic, prefix + "c1", "-", idle=6000)
+    two = subscriber(jms, url, topic, prefix + "c2", "-", idle=6000)
+    assert jms("publish", url, topic, spec(0, 5)).result()["sent"] == 5
+    expected = [f"t{i}" for i in range(5)]
+    assert one.result()["ids"] == expected and two.result()["ids"] == expected
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_shared_consumers_compete_for_one_subscription(target, jms, durable):  # noqa: F811
+    url, prefix = target
+    topic = prefix + "jobs"
+    shared = jms("shared", url, topic, prefix + "workers", 2, 2000, str(durable).lower())
+    assert shared.readline(timeout=60).get("ready")
+    assert jms("publish", url, topic, spec(0, 20)).result()["sent"] == 20
+    consumers = shared.result()["consumers"]
+    taken = consumers[0] + consumers[1]
+    assert sorted(taken) == sorted(f"t{i}" for i in range(20)), consumers  # each once

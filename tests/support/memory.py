@@ -42,13 +42,14 @@ class Client:
     """A proton client connection driven in memory."""
 
     def __init__(self, harness: "Harness", *, sasl_mechs: str | None = "ANONYMOUS",
-                 user: str | None = None, password: str | None = None) -> None:
+                 user: str | None = None, password: str | None = None,
+                 container: str | None = None) -> None:
         self.harness = harness
         self.transport = Transport()
         self.connection = Connection()
         self.collector = Collector()
         self.connection.collect(self.collector)
-        self.connection.container = f"client-{next(harness.ids)}"
+        self.connection.container = container or f"client-{next(harness.ids)}"
         self.connection.hostname = "fedgate"
         if user is not None:
             self.connection.user = user

@@ -78,6 +78,20 @@ import org.apache.qpid.jms.message.JmsInboundMessageDispatch;
  *                                              without takes the rest; prints {"cases":
  *                                              [{"selected": [ids], "rest": [ids]} or
  *                                              {"error": ..., "type": ...}]}
+ *   publish URL TOPIC SPEC                     sendx to a topic
+ *   subscribe URL TOPIC CLIENT_ID NAME IDLE_MS [SELECTOR]
+ *                                              a durable subscriber (client id CLIENT_ID;
+ *                                              NAME "-": a plain, non-durable one); prints
+ *                                              {"ready": true}, takes until IDLE_MS without a
+ *                                              message, closes it (the subscription stays);
+ *                                              prints {"ids": [...]}
+ *   shared URL TOPIC NAME CONSUMERS IDLE_MS DURABLE
+ *                                              CONSUMERS shared consumers (JMS 2.0, no client
+ *                                              id: global) of NAME; {"ready": true}, then each
+ *                                              takes until IDLE_MS without a message once one
+ *                                              came (at most 60 s for the first); prints
+ *                                              {"consumers": [[ids], ...]}
+ *   unsubscribe URL CLIENT_ID NAME             prints {"unsubscribed": NAME} or an error
  *   poison URL QUEUE IDLE_MS                   a transacted session takes each message and rolls
  *                                              back, until IDLE_MS without one; prints
  *                                              {"deliveries": {id: times}}
@@ -109,6 +123,12 @@ public final class JmsClient {
                 case "selector-cases" -> selectorCases(args[1], args[2], args[3],
                                                        java.util.Arrays.copyOfRange(args, 4, args.length));
                 case "poison" -> poison(args[1], args[2], Long.parseLong(args[3]));
+                case "publish" -> publish(args[1], args[2], args[3]);
+                case "subscribe" -> subscribe(args[1], args[2], args[3], args[4],
+                                              Long.parseLong(args[5]), args.length > 6 ? args[6] : null);
+                case "shared" -> shared(args[1], args[2], args[3], Integer.parseInt(args[4]),
+                                        Long.parseLong(args[5]), Boolean.parseBoolean(args[6]));
+                case "unsubscribe" -> unsubscribe(args[1], args[2], args[3]);
                 case "rpc" -> rpc(args[1], args[2], Integer.parseInt(args[3]),
                                   args.length > 4 ? args[4] : args[1]);
                 case "transacted" -> transacted(args[1], args[2]);
@@ -264,6 +284,110 @@ public final class JmsClient {
                 sent++;
             }
             print("{\"sent\": " + sent + "}");
+        }
+    }
+
+    private static void fill(Session session, MessageProducer producer, String spec)
+            throws JMSException {
+        for (String item : spec.split(";")) {
+            String[] f = item.split(":", 4);
+            TextMessage message = session.createTextMessage(f[0]);
+            message.setStringProperty("id", f[0]);
+            if (f.length > 3 && !f[3].isEmpty()) {
+                for (String pair : f[3].split(",")) {
+                    String[] kv = pair.split("=", 2);
+                    if (kv[1].matches("-?[0-9]+")) {
+                        message.setIntProperty(kv[0], Integer.parseInt(kv[1]));
+                    } else {
+                        message.setStringProperty(kv[0], kv[1]);
+                    }
+                }
+            }
+            producer.setDeliveryDelay(Long.parseLong(f[2]));
+            producer.send(message, DeliveryMode.PERSISTENT, Integer.parseInt(f[1]), 0);
+        }
+    }
+
+    private static void publish(String url, String topicName, String spec) throws Exception {
+        try (Connection connection = connect(url)) {
+            Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            fill(session, session.createProducer(session.createTopic(topicName)), spec);
+            print("{\"sent\": " + spec.split(";").length + "}");
+        }
+    }
+
+    private static Connection connectAs(String url, String clientId) throws JMSException {
+        JmsConnectionFactory factory = new JmsConnectionFactory(url);
+        Connection connection = factory.createConnection();
+        if (clientId != null) {
+            connection.setClientID(clientId);
+        }
+        connection.start();
+        return connection;
+    }
+
+    private static void subscribe(String url, String topicName, String clientId, String name,
+                                  long idleMs, String selector) throws Exception {
+        try (Connection connection = connectAs(url, clientId)) {
+            Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            jakarta.jms.Topic topic = session.createTopic(topicName);
+            MessageConsumer consumer = name.equals("-")
+                ? session.createConsumer(topic, selector)
+                : session.createDurableSubscriber(topic, name, selector, false);
+            print("{\"ready\": true}");
+            print("{\"ids\": " + quoteAll(drain(consumer, idleMs)) + "}");
+        }
+    }
+
+    private static void shared(String url, String topicName, String name, int count, long idleMs,
+                               boolean durable) throws Exception {
+        try (Connection connection = connectAs(url, null)) {
+            List<MessageConsumer> consumers = new ArrayList<>();
+            List<Session> sessions = new ArrayList<>();
+            for (int i = 0; i < count; i++) {
+                Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+                jakarta.jms.Topic topic = session.createTopic(topicName);
+                sessions.add(session);
+                consumers.add(durable ? session.createSharedDurableConsumer(topic, name)
+                                      : session.createSharedConsumer(topic, name));
+            }
+            print("{\"ready\": true}");
+            List<List<String>> got = new ArrayList<>();
+            for (int i = 0; i < count; i++) {
+                got.add(new ArrayList<>());
+            }
+            // until IDLE_MS without a message once one came (at most 60 s for the first)
+            long start = System.currentTimeMillis();
+            long last = 0;
+            while (last == 0 ? System.currentTimeMillis() - start < 60_000
+                             : System.currentTimeMillis() - last < idleMs) {
+                for (int i = 0; i < count; i++) {
+                    Message message = consumers.get(i).receive(20);
+                    if (message != null) {
+                        got.get(i).add(message.getStringProperty("id"));
+                        last = System.currentTimeMillis();
+                    }
+                }
+            }
+            List<String> parts = new ArrayList<>();
+            for (List<String> ids : got) {
+                parts.add(quoteAll(ids));
+            }
+            for (MessageConsumer consumer : consumers) {
+                consumer.close();
+            }
+            if (durable) {
+                sessions.get(0).unsubscribe(name);
+            }
+            print("{\"consumers\": [" + String.join(", ", parts) + "]}");
+        }
+    }
+
+    private static void unsubscribe(String url, String clientId, String name) throws Exception {
+        try (Connection connection = connectAs(url, clientId)) {
+            Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            session.unsubscribe(name);
+            print("{\"unsubscribed\": " + quote(name) + "}");
         }
     }
 
