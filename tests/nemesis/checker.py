@@ -12,6 +12,10 @@ A history is a list of operations ``{"process", "type", "f", "value", "time"}`` 
 
 Valid means no lost and no unexpected; duplicates are allowed and reported.
 
+``may_lose(op)`` (the ``ok`` of an enqueue): True where the docs promise nothing for that
+message, e.g. a queue that is not durable, accepted before every node lost power; such a
+message not dequeued counts as ``lost_by_design``, apart from ``lost``.
+
 ``episodes(history, faults)``: for each fault ``{"fault", "target", "start", "end"}`` the
 seconds from its start to the first acceptance after it, the longest time without an
 acceptance from its start to 10 s after its end, and p50/p99 of invoke -> ok latency
@@ -23,8 +27,8 @@ from __future__ import annotations
 import collections
 
 
-def check(history: list[dict]) -> dict:
-    invoked, outcome = set(), {}
+def check(history: list[dict], may_lose=None) -> dict:
+    invoked, outcome, oks = set(), {}, {}
     dequeued = collections.Counter()
     for op in history:
         f, kind, value = op.get("f"), op.get("type"), op.get("value")
@@ -33,11 +37,16 @@ def check(history: list[dict]) -> dict:
                 invoked.add(value)
             elif kind in ("ok", "fail", "info"):
                 outcome[value] = kind
+                if kind == "ok":
+                    oks[value] = op
         elif f == "dequeue" and kind == "ok":
             dequeued[value] += 1
     accepted = {v for v, k in outcome.items() if k == "ok"}
     unknown = {v for v, k in outcome.items() if k == "info"} | (invoked - set(outcome))
     lost = sorted(accepted - set(dequeued))
+    by_design = [v for v in lost if may_lose is not None and may_lose(oks[v])]
+    if by_design:
+        lost = sorted(set(lost) - set(by_design))
     unexpected = sorted(set(dequeued) - invoked)
     return {
         "attempted": len(invoked),
@@ -47,6 +56,7 @@ def check(history: list[dict]) -> dict:
         "dequeued": sum(dequeued.values()),
         "lost": len(lost),
         "lost_values": lost[:20],
+        "lost_by_design": len(by_design),
         "unexpected": len(unexpected),
         "unexpected_values": unexpected[:20],
         "duplicated": sum(c - 1 for c in dequeued.values() if c > 1),

@@ -19,8 +19,8 @@ def main(path: str) -> int:
     for run in runs:
         if run["mode"] == "control":
             continue
-        for key in ("accepted", "lost", "unexpected", "duplicated", "recovered"):
-            totals[key] += run[key]
+        for key in ("accepted", "lost", "unexpected", "duplicated", "recovered", "lost_by_design"):
+            totals[key] += run.get(key, 0)
         totals["runs"] += 1
         for episode in run["episodes"]:
             by_fault[episode["fault"]].append(episode)
@@ -35,7 +35,8 @@ def main(path: str) -> int:
     seeds = sorted({r["seed"] for r in runs if r["mode"] != "control"})
     print(f"\n{totals['lost']} lost of {totals['accepted']} accepted across {len(seeds)} seeds "
           f"({totals['runs']} runs); unexpected {totals['unexpected']}, duplicated "
-          f"{totals['duplicated']}, recovered {totals['recovered']}")
+          f"{totals['duplicated']}, recovered {totals['recovered']}; lost by design (queues not "
+          f"durable, every node killed at once) {totals['lost_by_design']}")
     controls = [r for r in runs if r["mode"] == "control"]
     if controls:
         print(f"control runs (a local queue, kill -9): {sum(r['lost'] for r in controls)} lost of "

@@ -38,8 +38,8 @@ WHOLE_CLUSTER = ("etcd-pause", "power-loss")
 
 
 def report_line(name: str, result: dict) -> str:
-    keys = ("seed", "attempted", "accepted", "lost", "unexpected", "duplicated", "recovered",
-            "unknown", "link_closed")
+    keys = ("seed", "attempted", "accepted", "lost", "lost_by_design", "unexpected", "duplicated",
+            "recovered", "unknown", "link_closed")
     return f"nemesis {name}: " + json.dumps({k: result[k] for k in keys})
 
 
