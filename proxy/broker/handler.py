@@ -358,6 +358,9 @@ class ClientHandler:
             sub = subscriptions.find(self, link)
             if sub is None:
                 raise LinkRefused(NOT_FOUND, f"no subscription {link.name!r}")
+            if sub.consumers and not sub.shared:  # JMS: no unsubscribe while it is consumed
+                raise LinkRefused("amqp:resource-locked", f"subscription {sub.name!r} has a "
+                                                          "consumer")
         else:
             try:
                 sub = subscriptions.subscribe(self, link, exchange)

@@ -106,6 +106,9 @@ def test_a_durable_subscription_collects_while_detached_and_unsubscribe_removes_
     twin = h.client(container=c.connection.container)
     second = subscriber(twin, "orders", name="audit", durable=True)
     assert second.remote_condition.name == "amqp:resource-locked"
+    third = h.client(container=c.connection.container)
+    busy = subscriber(third, None, name="audit", credit=0)  # no unsubscribe while consumed
+    assert busy.remote_condition.name == "amqp:resource-locked"
     again.detach()
     h.pump()
     lookup = subscriber(c, None, name="audit", credit=0)  # JMS unsubscribe: find it by name,
