@@ -217,6 +217,17 @@ def cmd_promote(args: argparse.Namespace) -> int:
     return 0
 
 
+SUBSCRIPTION_COLUMNS = [("name", "name"), ("exchange", "exchange"), ("durable", "durable"),
+                        ("shared", "shared"), ("selector", "selector"), ("depth", "depth"),
+                        ("consumers", "consumers")]
+
+
+def cmd_subscriptions(args: argparse.Namespace) -> int:
+    _print_table(args, call(args, "GET", "/api/v1/subscriptions"), "subscriptions",
+                 SUBSCRIPTION_COLUMNS)
+    return 0
+
+
 def cmd_connections(args: argparse.Namespace) -> int:
     _print_table(args, call(args, "GET", "/api/v1/connections"), "connections", CONNECTION_COLUMNS)
     return 0
@@ -379,6 +390,7 @@ def register(subparsers) -> None:
     promote.set_defaults(func=_run(cmd_promote))
 
     for name, func, what in (("queues", cmd_queues, "local and replicated queues"),
+                             ("subscriptions", cmd_subscriptions, "topic subscriptions"),
                              ("connections", cmd_connections, "client connections")):
         command = subparsers.add_parser(name, help=f"{what} of a running node (admin API)")
         _admin_option(command)

@@ -175,7 +175,7 @@ def test_rhea_receives_what_its_selector_selects(start_node, clients):
 
 
 def test_a_durable_subscription_survives_kill_9_and_is_listed_and_deleted_by_the_admin_api(
-        start_node):
+        start_node, monkeypatch, capsys):
     """proton's ``DurableSubscription`` on an exchange ([[exchanges]]): made, left, messages published,
     the node killed -9 and started again: they are still there for it (durable messages, in
     the journal); the admin API lists it, and deletes it once nobody consumes it."""
@@ -213,6 +213,18 @@ def test_a_durable_subscription_survives_kill_9_and_is_listed_and_deleted_by_the
     listed = admin(node, "/api/v1/subscriptions")["subscriptions"]
     assert [(s["exchange"], s["durable"], s["depth"], s["consumers"]) for s in listed] == \
         [("prices", True, 3, 0)]
+    import argparse
+
+    from admin_api import cli
+    from admin_client import ADMIN_TOKEN
+
+    monkeypatch.setenv("FEDGATE_TOKEN", ADMIN_TOKEN)
+    parser = argparse.ArgumentParser(prog="fedgate")
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["subscriptions", "--admin", node.admin_url])
+    assert args.func(args) == 0
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[:4] == ["app-1:audit", "prices", "True", "False"] and row[-2:] == ["3", "0"]
     node.kill()
     node.start()
     assert subscribe(2.0) == ["p0", "p1", "p2"]
