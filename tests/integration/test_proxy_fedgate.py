@@ -6,7 +6,7 @@ import collections
 import subprocess
 
 import pytest
-from blocking_checks import browse, check_drain, receive_messages, refusal, send_messages
+from blocking_checks import browse, check_drain, receive_messages, send_messages
 from conftest import PYTHON, TESTS
 from proton import Message
 from proton.reactor import Selector
@@ -133,12 +133,24 @@ def test_browsing_through_the_proxy_takes_nothing_from_the_primary(pair):
     assert [m.id for m in receive_messages(primary.url, "orders.browse", 3)] == ["b0", "b1", "b2"]
 
 
-def test_a_selector_through_the_proxy_gets_the_primarys_refusal(pair):
-    # a fedgate primary applies no filters and says so; the proxy does not hide it
+def test_a_selector_through_the_proxy_is_applied_by_the_fedgate_primary(pair):
+    # the primary applies the selector and echoes it (issue #43); any other filter is refused
     proxy, primary = pair
-    send_messages(primary.url, "orders.sel", [Message(id=f"s{i}", body="x") for i in range(2)])
-    assert refusal(proxy.url, "orders.sel", Selector("color = 'red'")) == "amqp:not-implemented"
-    assert [m.id for m in receive_messages(primary.url, "orders.sel", 2)] == ["s0", "s1"]
+    send_messages(primary.url, "orders.sel", [
+        Message(id=f"s{i}", body="x", properties={"color": ("red", "blue")[i % 2]})
+        for i in range(4)])
+    connection = BlockingConnection(proxy.url, timeout=15)
+    try:
+        receiver = connection.create_receiver("orders.sel", credit=10,
+                                              options=Selector("color = 'red'"))
+        got = []
+        for _ in range(2):
+            got.append(receiver.receive(timeout=10))
+            receiver.accept()
+    finally:
+        connection.close()
+    assert [m.id for m in got] == ["s0", "s2"]
+    assert [m.id for m in receive_messages(primary.url, "orders.sel", 2)] == ["s1", "s3"]
 
 
 def test_not_found_from_the_primary_reaches_the_client(start_node, clients):
