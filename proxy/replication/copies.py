@@ -181,6 +181,11 @@ class PrimaryCopy:
             return False
         if now - self._stuck_since < self.service.lease_ttl():
             return False
+        if replica_set.answering(now, self.service.lease_ttl()):
+            # another in-sync backup answers: the silent one is dropped (ReplicaSet.lagging),
+            # not this primary (issue #42: a backup cut off from its peers made the primary
+            # step down, and the cut-off backup took the queue and could reach no copy)
+            return False
         self.service.stale(self.entry, f"nothing accepted for {now - self._stuck_since:.1f} s: the "
                                        f"in-sync backups ({', '.join(sorted(replica_set.isr))}) do "
                                        "not answer; one of them takes over")

@@ -289,6 +289,12 @@ class ReplicaSet:
         ``min_in_sync`` (issue #42; with fewer the primary steps down instead, copies.py)."""
         out = []
         left = 1 + len(self.isr)
+        # with min_in_sync >= 2, silent backups are dropped only while another in-sync backup
+        # answers: when none does, this primary is the one cut off, and steps down instead
+        # (copies.py _starved), leaving the in-sync set whole for the one that takes over
+        if silent_after is not None and self.min_in_sync >= 2 \
+                and not self.answering(now, silent_after):
+            silent_after = None
         for node, stream in self.streams.items():
             since = stream.behind_since()
             if since is not None and now - since > self.catchup_timeout:
@@ -300,6 +306,16 @@ class ReplicaSet:
                 left -= 1
                 out.append((node, f"no acknowledgement for {now - stream.unacked[0].sent_at:.1f}s"))
         return out
+
+    def answering(self, now: float, silent_after: float) -> bool:
+        """Whether some in-sync backup acknowledges: nothing it was sent waits longer than
+        ``silent_after``."""
+        for node in self.isr:
+            stream = self.streams.get(node)
+            if stream is not None and (not stream.unacked
+                                       or now - stream.unacked[0].sent_at <= silent_after):
+                return True
+        return False
 
     # -- the in-sync set ----------------------------------------------------------------
     def wanted_isr(self) -> frozenset:
