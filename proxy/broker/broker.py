@@ -208,28 +208,26 @@ class Broker:
     def _expired(self, queue: LocalQueue) -> None:
         """Messages past their ttl (§3.2.1): dead-lettered if the queue says so, else dropped."""
         expired, queue.expired = queue.expired, []
-        for message in expired:
-            queue.forget(message)
-            if queue.dead_letter:
-                queue.stats.dead_lettered += 1
-                if not self.dead_letter(queue, message, "expired"):
-                    continue  # journaled once the dead-letter queue has it
-            journal_queues.dequeued(self.journal, message)  # after the dead-letter copy
+        self._taken_out(queue, expired, "expired")
         log.debug("queue %s: %d messages expired", queue.name, len(expired))
 
     def _limited(self, queue: LocalQueue) -> None:
         """Messages that came back ``delivery_limit`` times: dead-lettered, or dropped when the
         queue has no dead-letter address (docs/queue-semantics.md)."""
         limited, queue.limited = queue.limited, []
-        for message in limited:
+        self._taken_out(queue, limited, "delivery-limit")
+        log.info("queue %s: %d messages at the delivery limit (%d) %s", queue.name, len(limited),
+                 queue.delivery_limit, "dead-lettered" if queue.dead_letter else "dropped")
+
+    def _taken_out(self, queue: LocalQueue, messages: list, reason: str) -> None:
+        """Messages the queue let go of by itself: to its dead-letter queue, or dropped."""
+        for message in messages:
             queue.forget(message)
             if queue.dead_letter:
                 queue.stats.dead_lettered += 1
-                if not self.dead_letter(queue, message, "delivery-limit"):
+                if not self.dead_letter(queue, message, reason):
                     continue  # journaled once the dead-letter queue has it
             journal_queues.dequeued(self.journal, message)  # after the dead-letter copy
-        log.info("queue %s: %d messages at the delivery limit (%d) %s", queue.name, len(limited),
-                 queue.delivery_limit, "dead-lettered" if queue.dead_letter else "dropped")
 
     def _arm(self, queue: LocalQueue) -> None:
         """The queue's one timer, for its earliest scheduled message (proxy.queues.schedule)."""
