@@ -304,7 +304,10 @@ FAULTS = ROOT / "tests" / "faults"
 def pytest_itemcollected(item):
     if _uses_brokers(item.path):
         item.add_marker(pytest.mark.brokers)
-    if _uses_brokers(item.path) or FAULTS in item.path.parents:  # about half the run's time
+    # about half the run's time: the brokers' tests and tests/faults, but for the replication
+    # faults (no broker in them; 2.5 minutes), which balance the other process
+    if _uses_brokers(item.path) or (FAULTS in item.path.parents
+                                    and item.path.name != "test_replication_faults.py"):
         item.add_marker(pytest.mark.side)
     if NEMESIS in item.path.parents:  # its gap limits are timed: alone, after the rest
         item.add_marker(pytest.mark.serial)

@@ -110,8 +110,8 @@ async def test_fedgate_queues_connections_and_rules_print_tables(tmp_path):
     try:
         code, out = await fedgate("queues", *where)
         lines = out.splitlines()
-        assert code == 0 and lines[0].split()[:3] == ["NAME", "DEPTH", "UNACKED"]
-        assert lines[1].split()[:3] == ["orders", "0", "0"]
+        assert code == 0 and lines[0].split()[:4] == ["NAME", "DEPTH", "SCHEDULED", "UNACKED"]
+        assert lines[1].split()[:4] == ["orders", "0", "0", "0"]
         code, out = await fedgate("queues", "--json", *where)
         assert code == 0 and [q["name"] for q in json.loads(out)["queues"]] == ["orders"]
         code, out = await fedgate("connections", *where)

@@ -81,7 +81,7 @@ def test_a_selector_on_a_backup_node_is_applied_by_the_primary(start_node, etcd_
 def test_priority_and_a_scheduled_message_survive_the_primary_killed(start_node, etcd_url,  # noqa: F811
                                                                       cluster_name):  # noqa: F811
     nodes = three(start_node, etcd_url, cluster_name)
-    due = time.time() + LEASE_TTL + 15.0  # beyond the failover and the first take, under load
+    due = time.time() + LEASE_TTL + 10.0  # beyond the failover and the first take, under load
     later = Message(id="later", body="x",
                     annotations={symbol("x-opt-delivery-time"): int(due * 1000)})
     send(nodes["n1"].url, ADDRESS, [later] + [Message(id=f"p{i}", body=i, priority=p)

@@ -261,29 +261,8 @@ public final class JmsClient {
     private static void sendx(String url, String queueName, String spec) throws Exception {
         try (Connection connection = connect(url)) {
             Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
-            MessageProducer producer = session.createProducer(session.createQueue(queueName));
-            int sent = 0;
-            for (String item : spec.split(";")) {
-                String[] f = item.split(":", 4);
-                TextMessage message = session.createTextMessage(f[0]);
-                message.setStringProperty("id", f[0]);
-                if (f.length > 3 && !f[3].isEmpty()) {
-                    for (String pair : f[3].split(",")) {
-                        String[] kv = pair.split("=", 2);
-                        if (kv[1].matches("-?[0-9]+")) {
-                            message.setIntProperty(kv[0], Integer.parseInt(kv[1]));
-                        } else if (kv[1].equals("true") || kv[1].equals("false")) {
-                            message.setBooleanProperty(kv[0], Boolean.parseBoolean(kv[1]));
-                        } else {
-                            message.setStringProperty(kv[0], kv[1]);
-                        }
-                    }
-                }
-                producer.setDeliveryDelay(Long.parseLong(f[2]));
-                producer.send(message, DeliveryMode.PERSISTENT, Integer.parseInt(f[1]), 0);
-                sent++;
-            }
-            print("{\"sent\": " + sent + "}");
+            fill(session, session.createProducer(session.createQueue(queueName)), spec);
+            print("{\"sent\": " + spec.split(";").length + "}");
         }
     }
 
@@ -298,6 +277,8 @@ public final class JmsClient {
                     String[] kv = pair.split("=", 2);
                     if (kv[1].matches("-?[0-9]+")) {
                         message.setIntProperty(kv[0], Integer.parseInt(kv[1]));
+                    } else if (kv[1].equals("true") || kv[1].equals("false")) {
+                        message.setBooleanProperty(kv[0], Boolean.parseBoolean(kv[1]));
                     } else {
                         message.setStringProperty(kv[0], kv[1]);
                     }
