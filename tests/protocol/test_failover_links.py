@@ -295,3 +295,49 @@ def test_a_backup_cut_off_from_its_peers_is_dropped_and_the_primary_goes_on(tmp_
         await world.close()
 
     run(play)
+
+
+def test_etcd_down_past_the_fence_window_with_the_lease_kept_leaves_no_queue_without_a_primary(
+        tmp_path):
+    """Issue #42, found by the nemesis (the etcd leader killed): etcd is away long enough for
+    the primary to fence itself, not long enough for its lease to end (a new etcd leader
+    keeps the leases). The primary's release of its claim failed (etcd unreachable), and its
+    lease, renewed once etcd was back, kept the claim alive: nobody served the queue. The
+    fenced node must release the claim once it acts again, and a copy in sync take over;
+    every accepted message is then delivered."""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world)
+        primary = await make_primary(world, nodes, ADDRESS)
+        others = [n for n in "abc" if n != primary]
+        producer = await world.client(others[0], "producer")
+        sender = producer.sender(ADDRESS)
+        await world.until(lambda: sender.credit > 0, what="credit")
+        for i in range(20):
+            sender.send(f"m{i}", message_id=i)
+        await world.until(lambda: sender.accepted() == 20, what="accepted")
+
+        etcd.stop()
+        await world.until(lambda: not nodes[primary].coordinator.acting(), timeout=TTL,
+                          what="the primary fenced")
+        await asyncio.sleep(1.0)
+        etcd.start()
+        await world.until(lambda: all(n.coordinator.acting() for n in nodes.values()),
+                          timeout=TTL, what="every node acting again")
+        await world.until(
+            lambda: any(view(nodes[n], ADDRESS).get("role") == "primary" for n in "abc"),
+            timeout=TTL + 2, what="a primary of orders.x again")
+        for i in range(20, 30):
+            sender.send(f"m{i}", message_id=i)
+        await world.until(lambda: sender.accepted() == 30, timeout=TTL + 5,
+                          what="every message accepted")
+        consumer = Consumer((await world.client(others[1], "consumer")).receiver(ADDRESS))
+        consumer.link.flow(CREDIT)
+
+        def all_there() -> bool:
+            consumer.step()
+            return set(range(30)) <= set(consumer.ids())
+        await world.until(all_there, timeout=10, what="every accepted message received")
+        await world.close()
+
+    run(play)
