@@ -148,7 +148,7 @@ class QueueProducer(engine.ClientLinkEndpoint):
         ptr = self.link_ptr
         self.received += 1
         queue = self.queue
-        if schedule.MARK in payload:  # a delay becomes a time now (docs/queue-semantics.md)
+        if schedule.marked(payload):  # a delay becomes a time now (docs/queue-semantics.md)
             payload = schedule.fix_delay(payload)
         if queue.max_bytes and queue.refuses(len(payload)):
             # overflow reject-publish: sent on credit given before the queue filled

@@ -220,7 +220,7 @@ class LocalQueue:
         size = len(payload)
         self.bytes += size
         self.memory.used += size
-        if schedule.MARK in payload and schedule.hold(self, message):
+        if schedule.marked(payload) and schedule.hold(self, message):
             return
         self._ready(message)
 
@@ -251,7 +251,7 @@ class LocalQueue:
             self._released(len(message.payload))
             self.limited.append(message)
             return
-        if schedule.MARK in message.payload and schedule.hold(self, message):
+        if schedule.marked(message.payload) and schedule.hold(self, message):
             return
         messages = self.messages
         if message.priority != DEFAULT_PRIORITY and type(messages) is deque:

@@ -7,7 +7,9 @@ timer per queue for the earliest (``LocalQueue.next_due``). A delay is turned in
 time where the message arrives (``fix_delay``), before it is journaled or replicated,
 so that a restart or a failover keeps its time (the wall clock, not the process's).
 
-Only payloads whose bytes hold ``MARK`` are decoded (their sections before the body).
+Only payloads whose first ``HEAD`` bytes hold ``MARK`` are decoded (their sections before
+the body): the check costs every message a bounded search, not one over a large body (a
+message whose annotations start more than 64 KiB in is not scheduled).
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ import time
 from proxy.amqp import message_header
 
 MARK = b"x-opt-delivery-"
+HEAD = 65536  # bytes searched for MARK: the sections before the body
+
+
+def marked(payload: bytes) -> bool:
+    """Whether the message may carry a delivery time or delay (then it is decoded)."""
+    return payload.find(MARK, 0, HEAD) >= 0
 DELIVERY_TIME = "x-opt-delivery-time"
 DELIVERY_DELAY = "x-opt-delivery-delay"
 
@@ -30,7 +38,7 @@ def _number(value) -> float | None:
 
 def due_of(payload: bytes) -> float:
     """The delivery time a message asks for, in seconds since the epoch; 0: none."""
-    if MARK not in payload:
+    if not marked(payload):
         return 0.0
     annotations = message_header.message_annotations(payload)
     at = _number(annotations.get(DELIVERY_TIME))
@@ -45,7 +53,7 @@ def due_of(payload: bytes) -> float:
 def fix_delay(payload: bytes) -> bytes:
     """A message with ``x-opt-delivery-delay`` (and no time): the time it is due, from now,
     added as ``x-opt-delivery-time``. Any other payload is returned as it is."""
-    if b"x-opt-delivery-delay" not in payload:
+    if payload.find(b"x-opt-delivery-delay", 0, HEAD) < 0:
         return payload
     annotations = message_header.message_annotations(payload)
     delay = _number(annotations.get(DELIVERY_DELAY))
