@@ -35,15 +35,12 @@ class PriorityStore:
         return level
 
     def append(self, message) -> None:
-        priority = message.priority
-        if priority > self.high:
-            self.high = priority
-        level = self._level(priority)
-        if message.seq not in level:
-            self.count += 1
-        level[message.seq] = message
+        self._put(message)
 
     def appendleft(self, message) -> None:
+        self._put(message).move_to_end(message.seq, last=False)
+
+    def _put(self, message) -> OrderedDict:
         priority = message.priority
         if priority > self.high:
             self.high = priority
@@ -51,7 +48,7 @@ class PriorityStore:
         if message.seq not in level:
             self.count += 1
         level[message.seq] = message
-        level.move_to_end(message.seq, last=False)
+        return level
 
     def _top(self) -> OrderedDict | None:
         if self.count:

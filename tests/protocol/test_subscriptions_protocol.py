@@ -5,7 +5,7 @@ tests/interop/test_jms_semantics.py."""
 
 from __future__ import annotations
 
-from memory import Harness
+from memory import Harness, put_selector
 from proton import Endpoint, Message, Terminus, symbol
 
 from proxy.amqp.termini import capability_names, set_capabilities
@@ -24,16 +24,7 @@ def subscriber(c, address: str | None, *, name: str, credit: int = 10, durable=F
             link.source.durability = Terminus.DELIVERIES
             link.source.expiry_policy = Terminus.EXPIRE_NEVER
         if selector is not None:
-            data = link.source.filter
-            data.put_map()
-            data.enter()
-            data.put_symbol(symbol("jms-selector"))
-            data.put_described()
-            data.enter()
-            data.put_symbol(symbol("apache.org:selector-filter:string"))
-            data.put_string(selector)
-            data.exit()
-            data.exit()
+            put_selector(link.source, selector, "jms-selector")
     link.open()
     c.inbox[link] = []
     if credit:

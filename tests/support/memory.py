@@ -38,6 +38,20 @@ class Received:
     raw: bytes
 
 
+def put_selector(source, selector: str, name: str = "selector") -> None:
+    """A JMS selector filter on ``source`` (§3.5.8), as Qpid JMS and proton's Selector send it."""
+    data = source.filter
+    data.put_map()
+    data.enter()
+    data.put_symbol(symbol(name))
+    data.put_described()
+    data.enter()
+    data.put_symbol(symbol("apache.org:selector-filter:string"))
+    data.put_string(selector)
+    data.exit()
+    data.exit()
+
+
 class Client:
     """A proton client connection driven in memory."""
 
@@ -100,16 +114,7 @@ class Client:
         if browse:
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
         if selector is not None:  # as Qpid JMS and proton's Selector() send it
-            data = link.source.filter
-            data.put_map()
-            data.enter()
-            data.put_symbol(symbol("selector"))
-            data.put_described()
-            data.enter()
-            data.put_symbol(symbol("apache.org:selector-filter:string"))
-            data.put_string(selector)
-            data.exit()
-            data.exit()
+            put_selector(link.source, selector)
         if filters is not None:
             link.source.filter.put_dict(filters)
         if presettled:
