@@ -6,7 +6,7 @@ tests/interop/test_jms_semantics.py."""
 from __future__ import annotations
 
 from memory import Harness, put_selector
-from proton import Endpoint, Message, Terminus, symbol
+from proton import Endpoint, Message, Terminus
 
 from proxy.amqp.termini import capability_names, set_capabilities
 
