@@ -58,7 +58,7 @@ class ReplicationService:
         self.entries: dict[str, ReplicatedAddress] = {}  # by resource
         self.peer_options = None  # upstream options for node-to-node links (the pools' defaults)
         self._tasks: set[asyncio.Task] = set()
-        self._ring = None  # (member ids, their ketama ring)
+        self._rings: dict[tuple, HashRing] = {}  # member ids -> their ketama ring
         # fragmented addresses -> a function giving the fragment group to tell (fragments)
         self.fragment_listeners: dict = {}
         node.serve_kind("replicated", self)
@@ -271,18 +271,26 @@ class ReplicationService:
             return listed[:settings.replicas]
         if not live:
             return [self.node_id]
-        names = tuple(sorted(live))
-        if self._ring is None or self._ring[0] != names:
-            self._ring = (names, HashRing(nodes=list(names)))  # made again when members change
-        return [c["nodename"] for c in self._ring[1].range(address, size=settings.replicas)]
+        ring = self._ring_of(tuple(sorted(live)))
+        return [c["nodename"] for c in ring.range(address, size=settings.replicas)]
 
     def fragment_placement(self, wire: str, home: str, settings: ReplicationSettings) -> list[str]:
         """A fragment's replica set: its home member, then the ring's next live members."""
         others = sorted(m for m in self.members() if m != home)
         if not others or settings.replicas < 2:
             return [home]
-        ring = HashRing(nodes=others)
+        ring = self._ring_of(tuple(others))
         return [home] + [c["nodename"] for c in ring.range(wire, size=settings.replicas - 1)]
+
+    def _ring_of(self, names: tuple[str, ...]) -> HashRing:
+        """The ketama ring of ``names``, made once per member set (making one hashes 160 points
+        per node: too dear for every describe() and every placement look-up)."""
+        ring = self._rings.get(names)
+        if ring is None:
+            if len(self._rings) >= 32:  # members changed many times: forget the old sets
+                self._rings.clear()
+            ring = self._rings[names] = HashRing(nodes=list(names))
+        return ring
 
     def peer_of(self, handler) -> str | None:
         """The node id of another fedgate node whose upstream connection ``handler`` serves (its
