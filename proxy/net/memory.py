@@ -236,6 +236,7 @@ class MemoryNetwork:
         self.dead: set[str] = set()
         self._killed: dict = {}  # listeners of killed hosts, for revive
         self.partitions: set[frozenset] = set()
+        self.deaf: set[tuple[str, str]] = set()  # (a, b): a hears nothing back on links it opened to b
         self.latency: dict[frozenset, float] = {}  # a pair of hosts -> seconds each write takes
         self.in_flight = 0  # chunks written, not yet delivered
         self.busy: dict[str, float] = defaultdict(float)  # host -> seconds handling input
@@ -258,6 +259,12 @@ class MemoryNetwork:
 
     def heal(self, a: str, b: str) -> None:
         self.partitions.discard(frozenset((a, b)))
+        self.deaf.discard((a, b))
+
+    def deafen(self, a: str, b: str) -> None:
+        """A one-way partition: on the connections host a opened to host b, what a sends
+        arrives and what b sends is dropped (connections b opened to a are untouched)."""
+        self.deaf.add((a, b))
 
     def slow(self, a: str, b: str, seconds: float) -> None:
         """Every write between hosts a and b arrives ``seconds`` later (0: at once), in order."""
@@ -324,7 +331,8 @@ class MemoryNetwork:
         pipe = sender._pipe
         source = sender._host
         target = pipe.server_host if sender is pipe.client else pipe.client_host
-        if frozenset((source, target)) in self.partitions:
+        if frozenset((source, target)) in self.partitions or (
+                sender is pipe.server and (pipe.client_host, source) in self.deaf):
             self._loop().call_soon(sender._taken, len(data))
             return  # dropped on the floor
         self.in_flight += 1

@@ -156,7 +156,8 @@ class ReplicatedAddress:
         what producers had not had accepted. A link from another fedgate node (its proxy) is
         ended with ``amqp:link:detach-forced``: that node finds the new owner itself
         (``_proxy_ended``). A link still waiting after ``parked_limit`` ends its connection
-        (``amqp:connection:forced``: a reset) and the client's failover list takes it elsewhere."""
+        (``amqp:connection:forced``: a reset) and the client's failover list takes it elsewhere;
+        on a fenced node, already after ``relay_limit`` when no peer answered its relay."""
         parked = []
         for endpoint in [*queue.consumers, *queue.producers, *queue.browsers]:
             if not getattr(endpoint, "attached", True) or endpoint.link_ptr not in endpoint.handler.links:
@@ -169,24 +170,37 @@ class ReplicatedAddress:
         if not parked:
             return
         log.warning("%s: %d client links wait for the new primary", description, len(parked))
+        loop = asyncio.get_running_loop()
         limit = self.service.parked_limit()
-
-        def too_long() -> None:
-            for pending in parked:
-                handler = pending.handler
-                endpoint = handler.links.get(pending.link_ptr)
-                stuck = endpoint is pending or (endpoint is not None and not getattr(
-                    endpoint, "up_attached", True))  # no primary, nor a node on the way to it
-                if stuck and getattr(handler.output, "close", None) is not None:
-                    log.warning("queue %s: no primary known after %.1f s: closing the connection "
-                                "of a link that waited for it", self.wire, limit)
-                    # a reset, not a close frame, for Container clients (AmqpProtocol.close)
-                    handler.output.close("amqp:connection:forced", f"{description}; no new "
-                                         f"primary known after {limit:g} s", reset=True)
-            self.node.broker.run_pending()
-
-        asyncio.get_running_loop().call_later(limit, too_long)
+        # fenced, this node sends its clients' links on through a peer (relay_url); one that no
+        # peer answers within ``relay_limit`` means this node is cut off from its peers too (a
+        # one-way partition): its clients are better served by their failover list at once
+        # than after ``limit`` (docs/nemesis.md, finding 13)
+        loop.call_later(self.service.relay_limit(), self._shed_stuck, parked, description,
+                        self.service.relay_limit(), True)
+        loop.call_later(limit, self._shed_stuck, parked, description, limit, False)
         self._go_on()
+
+    def _shed_stuck(self, parked: list, description: str, waited: float, fenced_only: bool) -> None:
+        """Close (reset) the connection of each parked link still stuck after ``waited`` s:
+        neither served here nor attached on a node on the way to the primary. ``fenced_only``:
+        only while this node may not act (cut off from etcd)."""
+        if fenced_only and (not self.service.automatic or self.service.coordinator.acting()):
+            return
+        for pending in parked:
+            handler = pending.handler
+            endpoint = handler.links.get(pending.link_ptr)
+            stuck = endpoint is pending or (endpoint is not None and not getattr(
+                endpoint, "up_attached", True))  # no primary, nor a node on the way to it
+            if stuck and getattr(handler.output, "close", None) is not None:
+                why = ("this node is cut off from etcd and no peer answers" if fenced_only
+                       else "no primary known")
+                log.warning("queue %s: %s after %.1f s: closing the connection of a link that "
+                            "waited for the primary", self.wire, why, waited)
+                # a reset, not a close frame, for Container clients (AmqpProtocol.close)
+                handler.output.close("amqp:connection:forced", f"{description}; {why} after "
+                                     f"{waited:g} s", reset=True)
+        self.node.broker.run_pending()
 
     def _proxy_ended(self, condition) -> bool:
         """The primary ended a proxy link made here: if it was fenced (it ends every link with

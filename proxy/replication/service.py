@@ -313,6 +313,11 @@ class ReplicationService:
         closed: twice the lease (a new owner is known within about one), 4 s at least."""
         return max(4.0, 2 * self.lease_ttl())
 
+    def relay_limit(self) -> float:
+        """Seconds a fenced node waits for a peer to answer a parked link's relay before the
+        client's connection is closed (half a lease: a peer that answers does so at once)."""
+        return max(1.0, self.lease_ttl() / 2)
+
     def url_of(self, node_id: str) -> str | None:
         return self.members().get(node_id)
 

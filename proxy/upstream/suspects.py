@@ -266,16 +266,24 @@ class SuspectSender(UpstreamLinkOwner):
             suspect.condition = condition
         self.queue.appendleft(suspect)  # first again, once judged
         sent_at = self.sent_at if self.others_up else None
-        self.verdict = asyncio.get_running_loop().call_later(self.grace, self._judge, suspect, sent_at)
+        loop = asyncio.get_running_loop()
+        self.verdict = loop.call_later(self.grace, self._judge, suspect, sent_at, loop.time())
 
-    def _judge(self, suspect: Suspect, sent_at: int | None) -> None:
-        """Its own failure only if the pool's other connections were up and stayed up.
+    def _judge(self, suspect: Suspect, sent_at: int | None, failed_at: float = 0.0) -> None:
+        """Its own failure only if the pool's other connections were up, stayed up, and heard
+        from the primary after it failed (a heartbeat comes within ``grace``).
 
         ``sent_at`` is None when none was up at the send (the primary restarting,
-        the network down): nothing tells the message's fault from theirs.
+        the network down): nothing tells the message's fault from theirs. Connections that
+        hear nothing are no proof either: a one-way partition leaves them open and silent
+        until their idle timeout, which may come after ``grace`` (issue #42: suspects were
+        rejected to their senders for a network fault).
         """
         self.verdict = None
-        if sent_at is not None and self.upstream.disruptions == sent_at and suspect in self.queue:
+        heard = any(m.protocol is not None and m.protocol.heard_at > failed_at
+                    for m in self.upstream.members)
+        if sent_at is not None and self.upstream.disruptions == sent_at and heard \
+                and suspect in self.queue:
             suspect.failures += 1
             if suspect.failures >= self.limit:
                 self.queue.remove(suspect)

@@ -353,14 +353,18 @@ COMBINED = ("latency-kill", "pause-backup-kill-primary", "etcd-pause", "power-lo
 
 def schedule(seed: int, seconds: float, *, kinds=None, quiet: float = 6.0) -> list[dict]:
     """Episodes for ``seconds`` of faults: ``{"fault", "target", "at", "length"}``, the kinds in
-    a seeded order, each once before any comes again."""
+    a seeded order, each once before any comes again. A kind may name its target
+    (``"one-way@primary"``)."""
     rng = random.Random(seed)
     kinds = list(kinds or FAULTS)
     rng.shuffle(kinds)  # every kind once before any comes again: a short run covers the most
     out, at = [], quiet
     while at < seconds:
-        fault = kinds[len(out) % len(kinds)]
-        target = rng.choice(("primary", "backup", "random")) if fault in TARGETED else "-"
+        fault, _, target = kinds[len(out) % len(kinds)].partition("@")  # "one-way@primary": fixed
+        if fault in TARGETED:
+            target = target or rng.choice(("primary", "backup", "random"))
+        else:
+            target = "-"
         length = FAULTS[fault][1]
         out.append({"fault": fault, "target": target, "at": round(at, 2), "length": length})
         at += length + quiet

@@ -6,7 +6,7 @@ every kind), ``combined`` (faults chosen to overlap: a backup paused while the p
 killed, latency on every link with a kill, etcd paused, the etcd leader killed (etcd of three
 members), power loss of every node, a rolling restart), and the control run (a plain local queue, which a kill -9 is allowed to lose: the
 checker must say so, or it proves nothing). ``make nemesis`` runs 20 seeds or more of each
-(``NEMESIS_SEED``, ``NEMESIS_SEEDS``, ``NEMESIS_SECONDS``).
+(``NEMESIS_SEED``, ``NEMESIS_SEEDS``, ``NEMESIS_SECONDS``, ``NEMESIS_KINDS``).
 
 Pass: 0 lost and 0 unexpected, no client left with a link the server ended
 (``link-closed``), and for every single fault the longest time without an acceptance stays
@@ -32,6 +32,7 @@ import harness
 SEEDS = {"single": 5, "combined": 10}
 SEED = int(os.environ.get("NEMESIS_SEED", "0")) or None
 SECONDS = float(os.environ.get("NEMESIS_SECONDS", "45"))
+KINDS = [k for k in os.environ.get("NEMESIS_KINDS", "").split(",") if k]  # "one-way@primary,kill"
 GAP_LIMIT = harness.LEASE_TTL + 2.0
 # faults during which nothing can be accepted anywhere, by design: the gap is their length too
 WHOLE_CLUSTER = ("etcd-pause", "power-loss")
@@ -66,6 +67,8 @@ def record(mode: str, result: dict) -> None:
 @pytest.mark.parametrize("mode", ["single", "combined"])
 def test_nemesis(tmp_path, start_node, toxi, cluster_name, mode):  # noqa: F811
     kinds = harness.SINGLE if mode == "single" else harness.COMBINED
+    if KINDS:  # NEMESIS_KINDS: one fault again and again, to reproduce a finding
+        kinds = KINDS
     seed = SEED or SEEDS[mode]
     episodes = harness.schedule(seed, SECONDS, kinds=kinds)
     # a schedule with the etcd leader killed runs on etcd of three members

@@ -341,3 +341,53 @@ def test_etcd_down_past_the_fence_window_with_the_lease_kept_leaves_no_queue_wit
         await world.close()
 
     run(play)
+
+
+def test_a_primary_that_hears_nothing_back_sends_its_clients_elsewhere_within_a_lease(tmp_path):
+    """A one-way partition of the primary (found by the nemesis: 6.7 s without an acceptance
+    for a 6 s cut, docs/nemesis.md finding 13): what it sends to etcd and to its peers arrives,
+    nothing comes back. Its renewals still reach etcd, so its lease outlives its own fence by
+    up to a lease; fenced, it parks its clients' links and relays them to a peer, which never
+    answers. It held them for ``parked_limit`` (two leases) before ending their connections;
+    now a relay no peer answered within ``relay_limit`` ends the client's connection at once
+    (a reset: its failover list takes it elsewhere), and a producer on another node goes on
+    with the new primary. Nothing accepted is lost."""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world)
+        primary = await make_primary(world, nodes, ADDRESS)
+        other = next(n for n in nodes if n != primary)
+        local_client = await world.client(primary, "on-the-primary")
+        local = local_client.sender(ADDRESS)
+        remote_client = await world.client(other, "elsewhere")
+        remote = Numbered(remote_client.sender(ADDRESS))
+        await world.until(lambda: local.credit > 0 and remote.sender.credit > 0, what="credit")
+        local.send("before", message_id="before")
+        await world.until(lambda: local.accepted() == 1 and remote.upto(10), what="accepted")
+
+        loop = asyncio.get_running_loop()
+        cut = loop.time()
+        nodes[primary].coordinator.store.deafen()
+        for node in nodes:
+            if node != primary:
+                world.network.deafen(primary, node)
+        await world.until(lambda: new_primary(nodes, primary) is not None, timeout=2 * TTL,
+                          what="a new primary")
+        await world.until(lambda: remote.upto(30), timeout=TTL, what="accepted again elsewhere")
+        # the client on the cut-off node: its connection reset within a lease and a half of
+        # the fence (it was two leases), never a link ended on a live connection
+        fenced_at = TTL * 0.9 - 0.2
+        await world.until(lambda: local_client.lost,
+                          timeout=fenced_at + TTL, what="the connection reset")
+        assert loop.time() - cut <= fenced_at + 1.5 * TTL
+        assert local.closed_with is None
+        reader = Consumer((await world.client(other, "reader")).receiver(ADDRESS, credit=CREDIT))
+
+        def received() -> set:
+            reader.step()
+            return set(reader.ids())
+        await world.until(lambda: received() >= {"before", *range(30)}, timeout=10,
+                          what="every accepted id")
+        await world.close()
+
+    run(play)

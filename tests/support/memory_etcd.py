@@ -22,6 +22,7 @@ leader takes over, since it cannot know how long the old one waited).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from dataclasses import dataclass, field
 
@@ -201,7 +202,7 @@ class _Watch:
             self.server.loop.call_later(delay, self._hand_over, mine)
 
     def _hand_over(self, events) -> None:
-        if self.alive and not self.client.cut:
+        if self.alive and not self.client.cut and self.client.deaf is None:
             self.on_events(events)
 
     def fail(self, exc: Exception) -> None:
@@ -228,6 +229,8 @@ class MemoryStore:
         self.latency = latency
         self.timeout = timeout
         self.cut = False
+        self.deaf: int | None = None  # the session open when deafened (deafen)
+        self.sessions = 0
         self.connected = False
         self.cluster_id: int | None = None
         self.calls: list[tuple[float, str]] = []  # (sent at, operation)
@@ -239,12 +242,26 @@ class MemoryStore:
 
     def heal(self) -> None:
         self.cut = False
+        self.deaf = None
+
+    def deafen(self) -> None:
+        """A one-way partition: what this client sends on its open session still reaches etcd
+        (a keepalive renews the lease, a txn is applied), no answer and no watch event comes
+        back; a session opened meanwhile never completes its handshake."""
+        self.deaf = self.sessions
 
     async def _rpc(self, what: str, handle):
         loop = asyncio.get_running_loop()
         self.calls.append((loop.time(), what))
         if not self.connected:
             raise StoreUnavailable("not connected")
+        if self.deaf is not None:
+            if self.deaf == self.sessions and self.server.up:
+                await asyncio.sleep(self.latency)
+                with contextlib.suppress(Exception):
+                    handle()  # it arrived: applied, and the answer lost
+            await asyncio.sleep(self.timeout)
+            raise StoreUnavailable(f"{what}: deadline exceeded")
         if self.cut or not self.server.up:
             await asyncio.sleep(self.timeout)
             raise StoreUnavailable(f"{what}: deadline exceeded")
@@ -258,6 +275,7 @@ class MemoryStore:
 
     async def connect(self) -> None:
         self.connected = True
+        self.sessions += 1
 
     async def close(self) -> None:
         self.connected = False
