@@ -59,6 +59,7 @@ log = logging.getLogger("fedgate.suspects")
 
 INTERNAL_ERROR = "amqp:internal-error"
 _names = itertools.count(1)
+MOVED_WAIT = 2.0  # seconds a moved owner's suspects wait for it to follow (then: tried here)
 
 
 @dataclass(eq=False, slots=True)
@@ -84,6 +85,7 @@ class SuspectSender(UpstreamLinkOwner):
         self.limit = limit
         self.grace = grace
         self.queue: deque[Suspect] = deque()
+        self.waiting: dict = {}  # owner -> its suspects, while it follows its moved address
         self.current: Suspect | None = None  # sent, no outcome yet
         self.current_delivery = None
         self.sent_at = 0  # upstream.disruptions when the current suspect was sent
@@ -133,6 +135,7 @@ class SuspectSender(UpstreamLinkOwner):
         for suspect in self.queue:
             (mine if suspect.owner is owner else kept).append(suspect)
         self.queue = kept
+        mine += self.waiting.pop(owner, [])
         return mine
 
     def adopt(self, suspects: list[Suspect]) -> None:
@@ -152,6 +155,7 @@ class SuspectSender(UpstreamLinkOwner):
         for suspect in self.queue:
             (dropped if suspect.owner is owner else kept).append(suspect)
         self.queue = kept
+        dropped += self.waiting.pop(owner, [])
         if self.current is not None and self.current.owner is owner:
             self.current.done = None  # in flight: its outcome goes nowhere
         return dropped
@@ -247,13 +251,33 @@ class SuspectSender(UpstreamLinkOwner):
             return
         if condition is not None and condition.name and self.queue:
             # the owner's target itself is refused (amqp:not-found ...): its suspects get the
-            # condition, as a link of its own would
+            # condition, as a link of its own would; unless the owner's address moved (a
+            # fragment served by another member now, a fenced primary): then they wait for the
+            # owner to follow it (hand_over), and are tried here again if it does not
             owner = self.queue[0].owner
-            for suspect in [s for s in self.queue if s.owner is owner]:
+            mine = [s for s in self.queue if s.owner is owner]
+            for suspect in mine:
                 self.queue.remove(suspect)
-                self.rejected += 1
-                self._finish(suspect, PN_REJECTED, None, condition)
+            moved = getattr(owner, "moved", None)
+            if moved is not None and moved(condition):
+                self.waiting.setdefault(owner, []).extend(mine)
+                asyncio.get_running_loop().call_later(MOVED_WAIT, self._back, owner)
+            else:
+                for suspect in mine:
+                    self.rejected += 1
+                    self._finish(suspect, PN_REJECTED, None, condition)
         self._next()
+
+    def _back(self, owner) -> None:
+        """The owner did not follow its address elsewhere: its suspects are tried here again."""
+        mine = self.waiting.pop(owner, None)
+        if mine:
+            self.queue.extend(s for s in mine if s.done is not None)
+            if not self.active:
+                self.active = True
+                self.join_pool(alone=True)
+            else:
+                self._next()
 
     def _failed(self, reason: str, condition) -> None:
         suspect, self.current, self.current_delivery = self.current, None, None
@@ -306,5 +330,6 @@ class SuspectSender(UpstreamLinkOwner):
             self.verdict = None
 
     def describe(self) -> dict:
-        return {"waiting": len(self.queue) + (self.current is not None), "sent": self.sent,
+        return {"waiting": len(self.queue) + (self.current is not None)
+                + sum(len(v) for v in self.waiting.values()), "sent": self.sent,
                 "delivered": self.delivered, "rejected": self.rejected}

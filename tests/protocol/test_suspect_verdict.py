@@ -68,3 +68,37 @@ def test_the_verdict_is_dated_from_the_failure():
         await asyncio.sleep(1.1)
         return outcomes
     assert asyncio.run(play()) == [PN_REJECTED]
+
+
+class Owner:
+    moved = None
+
+
+def refused(owner_moves: bool):
+    """A suspect's link refused by the node its owner sent to, with the condition a member
+    whose fragment moved gives (fragments/group.py)."""
+    from proton import Condition
+
+    async def play():
+        sender, outcomes = sender_with(heard_at=0.0)
+        owner = Owner()
+        owner.moved = (lambda condition: True) if owner_moves else None
+        sender.queue[0].owner = owner
+        sender.link_refused(Condition("amqp:resource-limit-exceeded", "'jobs': this node's "
+                                      "fragment is served by another member now"))
+        return sender, owner, outcomes
+    return asyncio.run(play())
+
+
+def test_a_suspect_whose_owner_follows_its_moved_fragment_is_not_rejected_but_handed_over():
+    """Nemesis finding 14: 38 messages of a fragmented queue's producer were rejected to it at
+    the heal of a one-way partition, for a fragment that had moved."""
+    sender, owner, outcomes = refused(owner_moves=True)
+    assert outcomes == [] and not sender.queue
+    handed = sender.hand_over(owner)  # the owner follows the fragment (rehome)
+    assert [s.payload for s in handed] == [b"m"] and not sender.waiting
+
+
+def test_a_suspect_whose_target_is_refused_for_good_gets_the_condition():
+    sender, owner, outcomes = refused(owner_moves=False)
+    assert outcomes == [PN_REJECTED] and not sender.waiting
