@@ -250,6 +250,19 @@ class ClientProcess:
             self.proc.kill()
             self.proc.wait(10)
 
+    def rest(self) -> list[dict]:
+        """After ``kill``: the lines it printed that were not read yet (a line cut short by
+        the kill is left out)."""
+        out, _ = self.proc.communicate(timeout=10)
+        lines = []
+        for raw in (self._pending + (out or b"")).decode(errors="replace").splitlines():
+            try:
+                lines.append(json.loads(raw))
+            except ValueError:
+                pass
+        self._pending = b""
+        return lines
+
 
 @pytest.fixture
 def clients():

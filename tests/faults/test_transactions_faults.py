@@ -58,6 +58,10 @@ def test_killed_among_a_stream_of_commits_every_transaction_is_whole_or_absent(s
         committed.append(line["committed"])
     node.kill()  # while later transactions are being sent and committed
     sender.kill()
+    # what it printed meanwhile: commits answered before the kill, not read yet here (a CI run
+    # found 27 transactions for 25 read)
+    committed += [line["committed"] for line in sender.rest()
+                  if "committed" in line and "done" not in line]
     node.start()
     lines = receive_plain(clients, node.url, "d.stream", 0)
     assert error_of(lines) is None
