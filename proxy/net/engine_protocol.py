@@ -24,8 +24,8 @@ from typing import Callable
 
 class EngineProtocol(asyncio.Protocol):
     # one per socket: slots keep idle connections small
-    __slots__ = ("_closed", "_input", "_timer", "_timer_at", "conn", "heard_at", "loop",
-                 "run_pending", "transport", "written")
+    __slots__ = ("_closed", "_input", "_timer", "_timer_at", "conn", "loop", "run_pending",
+                 "transport", "written")
     write_high_water = 256 * 1024
 
     def __init__(self, run_pending: Callable[[], None]) -> None:
@@ -38,7 +38,6 @@ class EngineProtocol(asyncio.Protocol):
         self._closed = False
         self._input = False  # bytes arrived since proton's last tick
         self.written = 0  # bytes handed to the transport, in all
-        self.heard_at = 0.0  # loop time of the last bytes from the peer (a heartbeat counts)
 
     # -- asyncio callbacks -------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -47,7 +46,6 @@ class EngineProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._input = True
-        self.heard_at = self.loop.time()
         self.conn.receive(data)
         self.run_pending()
         self.flush()

@@ -176,8 +176,8 @@ class ReplicatedAddress:
         # peer answers within ``relay_limit`` means this node is cut off from its peers too (a
         # one-way partition): its clients are better served by their failover list at once
         # than after ``limit`` (docs/nemesis.md, finding 13)
-        loop.call_later(self.service.relay_limit(), self._shed_stuck, parked, description,
-                        self.service.relay_limit(), True)
+        relay = self.service.relay_limit()
+        loop.call_later(relay, self._shed_stuck, parked, description, relay, True)
         loop.call_later(limit, self._shed_stuck, parked, description, limit, False)
         self._go_on()
 

@@ -78,6 +78,11 @@ class UpstreamProtocol(EngineProtocol):
         super().__init__(member.upstream.run_pending)
         self.member = member
         self.conn = member.conn
+        self.heard_at = 0.0  # loop time of the last bytes from the primary (a heartbeat counts)
+
+    def data_received(self, data: bytes) -> None:
+        self.heard_at = self.loop.time()  # suspects.py: proof the primary still answers
+        super().data_received(data)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)

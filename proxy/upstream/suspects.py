@@ -113,13 +113,8 @@ class SuspectSender(UpstreamLinkOwner):
             self.queue.append(Suspect(owner, address, payload, done, 1, reason, member.last_condition))
             taken += 1
         inflight.clear()
-        if not taken:
-            return 0
-        if not self.active:
-            self.active = True
-            self.join_pool(alone=True)
-        else:
-            self._next()
+        if taken:
+            self._wake()
         return taken
 
     def hand_over(self, owner) -> list[Suspect]:
@@ -143,11 +138,7 @@ class SuspectSender(UpstreamLinkOwner):
         if not suspects:
             return
         self.queue.extend(suspects)
-        if not self.active:
-            self.active = True
-            self.join_pool(alone=True)
-        else:
-            self._next()
+        self._wake()
 
     def cancel(self, owner) -> list[Suspect]:
         """Forget ``owner``'s suspects (its client went away); return those not sent yet."""
@@ -273,11 +264,15 @@ class SuspectSender(UpstreamLinkOwner):
         mine = self.waiting.pop(owner, None)
         if mine:
             self.queue.extend(s for s in mine if s.done is not None)
-            if not self.active:
-                self.active = True
-                self.join_pool(alone=True)
-            else:
-                self._next()
+            self._wake()
+
+    def _wake(self) -> None:
+        """Suspects are queued: join the pool's alone member, or send the next one."""
+        if not self.active:
+            self.active = True
+            self.join_pool(alone=True)
+        else:
+            self._next()
 
     def _failed(self, reason: str, condition) -> None:
         suspect, self.current, self.current_delivery = self.current, None, None
