@@ -6,8 +6,11 @@ How this works
 all and per source address (``admit``, before TLS or SASL), TLS handshakes
 under way (``begin_handshake``), connections per user (``admit_user``, once SASL
 has said who), and how long a failed SASL exchange's outcome waits
-(``sasl_failed``: password guessing from one address gets slow). Each
-connection is remembered by its protocol object until ``release``.
+(``sasl_failed``: password guessing from one address gets slow), and the
+node's own ``gates`` (a node that cannot serve anyone well now, e.g. fenced and
+hearing none of its peers, turns clients away before the AMQP open, so their
+failover lists take them elsewhere). Each connection is remembered by its
+protocol object until ``release``.
 
 In a worker (``proxy.workers``) the supervisor applies the node-wide limits
 when it accepts: a worker only remembers what to tell the supervisor when the
@@ -47,6 +50,9 @@ class Admission:
         self.per_ip: dict[str, int] = {}
         self.per_user: dict[str, int] = {}
         self.sasl_failures: dict[str, tuple[int, float]] = {}  # ip -> (failures, last), oldest first
+        # conditions of the node's own that turn new clients away: each a function giving the
+        # reason, or None (proxy.replication.silence: fenced, and a peer answers nothing)
+        self.gates: list[Callable[[], str | None]] = []
 
     def admit(self, protocol) -> str | None:
         """None to accept a new connection, else the reason to refuse it."""
@@ -54,6 +60,10 @@ class Admission:
             # the supervisor admitted it (node-wide counts); we tell it when it closes
             self._ip_of[protocol] = protocol.ip
             return None
+        for gate in self.gates:  # before any AMQP byte: the client's failover list goes on
+            closed = gate()
+            if closed is not None:
+                return closed
         limits = self.limits
         if limits.max_connections and self.connections() + self.handshaking >= limits.max_connections:
             return f"connection limit {limits.max_connections} reached"

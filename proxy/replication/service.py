@@ -39,6 +39,7 @@ from proxy.broker.handler import LinkRefused
 
 from .address import NOT_ALLOWED, PromoteRefused, ReplicatedAddress, ReplicationSettings
 from .links import link_properties
+from .silence import SilentPeers
 
 log = logging.getLogger("fedgate.replication")
 
@@ -59,6 +60,7 @@ class ReplicationService:
         self.peer_options = None  # upstream options for node-to-node links (the pools' defaults)
         self._tasks: set[asyncio.Task] = set()
         self._rings: dict[tuple, HashRing] = {}  # member ids -> their ketama ring
+        self.silent_peers = SilentPeers(self)  # fenced: clients of peers that answer nothing
         # fragmented addresses -> a function giving the fragment group to tell (fragments)
         self.fragment_listeners: dict = {}
         node.serve_kind("replicated", self)
@@ -123,6 +125,7 @@ class ReplicationService:
                     log.warning("%s: started without a copy; out of its record (%s)", resource, changed)
 
     async def stop(self) -> None:
+        self.silent_peers.acting()
         for task in list(self._tasks):
             task.cancel()
         for entry in self.entries.values():
@@ -347,6 +350,10 @@ class ReplicationService:
         entry.owner_changed(claim)
 
     def _fenced(self, fenced: bool) -> None:
+        if fenced and self.automatic:
+            self.silent_peers.fenced()
+        else:
+            self.silent_peers.acting()
         for resource, entry in list(self.entries.items()):
             if fenced:
                 entry.fence("this node's lease may have expired (cut off from etcd)")

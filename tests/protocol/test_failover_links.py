@@ -18,6 +18,7 @@ import asyncio
 import collections
 
 import pytest
+from proton import Delivery
 
 from playbook import World, run
 from test_replication_playbooks import CREDIT, TTL, Consumer, etcd_cluster, make_primary, view
@@ -30,12 +31,17 @@ class Numbered:
     """A sender of messages 0, 1, 2, ... as credit allows; ``upto(n)``: true once n are accepted
     (and, with a consumer, n distinct ids received)."""
 
-    def __init__(self, sender, consumer=None) -> None:
-        self.sender, self.consumer, self.sent = sender, consumer, 0
+    def __init__(self, sender, consumer=None, base: int = 0) -> None:
+        self.sender, self.consumer, self.sent, self.base = sender, consumer, 0, base
+        self.deliveries = []  # by id
+
+    def accepted_ids(self) -> set:
+        outcomes = self.sender.outcomes
+        return {self.base + i for i, d in enumerate(self.deliveries) if outcomes.get(d) == Delivery.ACCEPTED}
 
     def upto(self, total: int) -> bool:
         while self.sent < total and self.sender.credit > 0:
-            self.sender.send(f"m{self.sent}", message_id=self.sent)
+            self.deliveries.append(self.sender.send(f"m{self.sent}", message_id=self.base + self.sent))
             self.sent += 1
         if self.consumer is None:
             return self.sender.accepted() == total

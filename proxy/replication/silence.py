@@ -1,0 +1,171 @@
+"""A fenced node's upstream connections to peers that answer nothing: its clients go elsewhere.
+
+A node in a one-way partition (what it sends arrives, nothing comes back) fences itself: etcd
+does not answer. Its clients whose links are proxied to a primary on another node wait for
+outcomes that never come, until the upstream connection's idle timeout (two heartbeats) and
+the heal: the nemesis measured 14 s for a 6 s cut, 21-34 s for two (docs/nemesis.md, finding
+15). The node's own trouble is known to it (fenced), so while fenced it looks at its upstream
+connections to peers at the fence and then every ``relay_limit`` (half a lease): one that
+owed answers (transfers without an outcome, attaches or its own open unanswered) at a look
+and heard nothing at all by the next (a live peer sends at least its outcomes) is silent, and the connections of the clients
+proxied through that peer's pools are ended (``amqp:connection:forced``, a reset), so their
+failover lists take them to a node that hears. Links of other fedgate nodes through here are
+left alone (those nodes find the primary themselves).
+
+A node cut off only from etcd hears its peers: nothing changes for it. A peer that is alive
+and slow for a whole relay limit with work owed (a primary waiting a lease for a silent
+backup) costs this fenced node's clients a reconnect and a resend, never a message.
+
+While a peer stays silent, new client connections are refused before the AMQP open (the
+admission ``gates``): python-qpid-proton's Container goes back to the first URL of its list
+after a connection that was opened, which is this node for its own clients, so a reset alone
+brings them back here; a refused connect moves it on to the next URL. In a node with workers
+the supervisor admits connections, and the gate is not asked.
+
+States: ``idle`` (acting) -> ``watching`` (fenced: a look every ``relay_limit``; a peer pool
+owing answers at one look and unheard at the next becomes ``silent``, and with it every peer
+pool unheard since the fence: their clients are sent away, new clients turned away, until
+they are heard again) -> ``idle`` (acting again: every note
+dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from urllib.parse import urlsplit
+
+log = logging.getLogger("fedgate.replication")
+
+
+def owes(member) -> bool:
+    """Whether the peer owes this upstream connection an answer: an open, an attach, or an
+    outcome of a transfer it was sent."""
+    if member.state.value == "connecting":
+        return True
+    if member.attaching:
+        return True
+    return any(getattr(e, "inflight", None) or getattr(e, "txn_inflight", None)
+               for e in member.endpoints)
+
+
+class SilentPeers:
+    """While fenced: ends the client connections proxied to peers that answer nothing, and
+    turns new clients away while such a peer stays silent."""
+
+    def __init__(self, service) -> None:
+        self.service = service
+        self.timer: asyncio.TimerHandle | None = None
+        self.owed: dict = {}  # pool member -> (its protocol, heard_at) when it owed an answer
+        self.silent: dict = {}  # pool -> loop time it was found silent
+        self.fenced_at = 0.0
+        self.resets = 0  # client connections ended
+        self.turned_away = 0  # new client connections refused meanwhile
+        admission = getattr(service.node, "admission", None)
+        if admission is not None:
+            admission.gates.append(self.gate)
+
+    def gate(self) -> str | None:
+        """Why a new client connection is refused now, or None. Fenced, and a peer answering
+        nothing: the client's links would go through that peer, or wait for an owner this
+        node cannot learn. Refused before the AMQP open, a client library's failover list goes
+        on to its next URL (python-qpid-proton starts again at the first URL after a
+        connection that was opened, so a node that opens and then ends it keeps it)."""
+        if self.timer is None or not self.silent:
+            return None
+        self.turned_away += 1
+        pool = next(iter(self.silent))
+        return (f"this node is cut off from etcd and {pool.target.display} answers nothing: "
+                f"the client's failover list goes on")
+
+    def fenced(self) -> None:
+        if self.timer is None:
+            self.owed, self.silent = {}, {}
+            self.fenced_at = asyncio.get_running_loop().time()
+            self._look()  # what is owed now; silent if still owed, unheard, at the next look
+
+    def acting(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer, self.owed, self.silent = None, {}, {}
+
+    def _next(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(self.service.relay_limit(), self._look)
+
+    def _peer_pools(self) -> list:
+        service = self.service
+        peers = set()
+        for node_id, url in service.known.items():
+            if node_id != service.node_id and url:
+                parts = urlsplit(url)
+                peers.add((parts.hostname, parts.port))
+        pools = service.node.broker.upstreams.pools.values()
+        return [p for p in pools if (p.target.host, p.target.port) in peers]
+
+    def _look(self) -> None:
+        service = self.service
+        if service.coordinator.acting():
+            self.acting()
+            return
+        now = asyncio.get_running_loop().time()
+        owed = {}
+        for pool in self._peer_pools():
+            members = [*pool.members, pool.alone]
+            since = self.silent.get(pool)
+            if since is not None:
+                if self._heard_since(pool, since):
+                    del self.silent[pool]  # it answers again
+                    log.warning("upstream %s answers again", pool.target.display)
+                else:
+                    self._send_clients_away(pool)  # any that came meanwhile
+                continue
+            for member in members:
+                protocol = member.protocol
+                if protocol is None or not owes(member):
+                    continue
+                before = self.owed.get(member)
+                if before is not None and before == (protocol, protocol.heard_at):
+                    self.silent[pool] = now  # owed at the last look, and not a byte since
+                    self._send_clients_away(pool)
+                    break
+                owed[member] = (protocol, protocol.heard_at)
+        self.owed = owed
+        if self.silent:
+            # a peer silent for a relay limit while this node hears no etcd either: the
+            # silence is most likely this node's (a one-way partition). Peers unheard since the
+            # fence owe nothing yet only because nothing was asked of them (consumers wait for
+            # messages): their clients go too, not one relay limit later each
+            for pool in self._peer_pools():
+                if pool not in self.silent and not self._heard_since(pool, self.fenced_at):
+                    self.silent[pool] = now
+                    self._send_clients_away(pool)
+        self._next()
+
+    @staticmethod
+    def _heard_since(pool, since: float) -> bool:
+        return any(m.protocol is not None and m.protocol.heard_at > since
+                   for m in [*pool.members, pool.alone])
+
+    def _send_clients_away(self, pool) -> None:
+        service = self.service
+        handlers = {}
+        for member in [*pool.members, pool.alone]:
+            for endpoint in member.endpoints:
+                handler = getattr(endpoint, "handler", None)
+                if handler is not None and not service.is_peer(handler):
+                    handlers[id(handler)] = handler
+        waited = service.relay_limit()
+        for handler in handlers.values():
+            close = getattr(handler.output, "close", None)
+            if close is None:
+                continue
+            self.resets += 1
+            # a reset, not a close frame, for Container clients (AmqpProtocol.close)
+            close("amqp:connection:forced", f"this node is cut off from etcd and "
+                  f"{pool.target.display} answered nothing for {waited:g} s", reset=True)
+        if handlers:
+            log.warning("upstream %s answered nothing for %.1f s while this node is fenced: %d "
+                        "client connections sent to their failover lists", pool.target.display,
+                        waited, len(handlers))
+        service.node.broker.run_pending()
