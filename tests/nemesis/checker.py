@@ -18,8 +18,9 @@ message not dequeued counts as ``lost_by_design``, apart from ``lost``.
 
 ``episodes(history, faults)``: for each fault ``{"fault", "target", "start", "end"}`` the
 seconds from its start to the first acceptance after it, the longest time without an
-acceptance from its start to 10 s after its end, and p50/p99 of invoke -> ok latency
-of the enqueues invoked during it.
+acceptance from its start to 10 s after its end (per queue: by any of its producers; and per
+producer: one client's own wait, docs/nemesis.md finding 15), and p50/p99 of invoke -> ok
+latency of the enqueues invoked during it.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def episodes(history: list[dict], faults: list[dict], *, after: float = 10.0,
     seen before) from its start to ``after`` past its end, against what was in flight during
     it: the most enqueues without an outcome at any moment of it, plus every consumer's credit."""
     oks: dict = {}
+    by_producer: dict = {}
     invokes, outcome_at, latency = {}, {}, []
     consumers = set()
     seen, repeats = set(), []
@@ -97,6 +99,7 @@ def episodes(history: list[dict], faults: list[dict], *, after: float = 10.0,
                 outcome_at.setdefault(op["value"], op["time"])
                 if kind == "ok":
                     oks.setdefault(_queue(op), []).append(op["time"])
+                    by_producer.setdefault(op.get("process", ""), []).append(op["time"])
                     if op["value"] in invokes:
                         latency.append((invokes[op["value"]], op["time"] - invokes[op["value"]]))
         elif f == "dequeue" and kind == "ok":
@@ -108,22 +111,31 @@ def episodes(history: list[dict], faults: list[dict], *, after: float = 10.0,
     for fault in faults:
         start, end = fault["start"], fault["end"]
         first = min((t for times in oks.values() for t in times if t >= start), default=None)
-        worst, worst_queue = None, None
-        for queue, times in oks.items():
-            window = [start] + [t for t in times if start <= t <= end + after] + [end + after]
-            gap = max(b - a for a, b in zip(window, window[1:]))
-            if worst is None or gap > worst:
-                worst, worst_queue = gap, queue
+        worst, worst_queue = _longest_gap(oks, start, end + after)
+        producer_gap, producer = _longest_gap(by_producer, start, end + after)
         during = [s for t, s in latency if start <= t <= end]
         in_flight = _most_open(invokes, outcome_at, start, end)
         out.append({**fault,
                     "first_ok_s": None if first is None else round(first - start, 3),
                     "longest_gap_s": _round(worst), "gap_queue": worst_queue,
+                    "producer_gap_s": _round(producer_gap), "gap_producer": producer,
                     "latency_p50_s": _round(_percentile(during, 0.5)),
                     "latency_p99_s": _round(_percentile(during, 0.99)),
                     "duplicated": sum(1 for t in repeats if start <= t <= end + after),
                     "in_flight": in_flight + consumer_credit * len(consumers)})
     return out
+
+
+def _longest_gap(times_by: dict, start: float, end: float) -> tuple:
+    """The longest time without an acceptance from ``start`` to ``end``, and whose (a queue, or
+    a producer), over the keys of ``times_by`` (acceptance times)."""
+    worst, whose = None, None
+    for key, times in times_by.items():
+        window = [start] + [t for t in times if start <= t <= end] + [end]
+        gap = max(b - a for a, b in zip(window, window[1:]))
+        if worst is None or gap > worst:
+            worst, whose = gap, key
+    return worst, whose
 
 
 def _most_open(invokes: dict, outcome_at: dict, start: float, end: float) -> int:

@@ -1,6 +1,6 @@
 """The nemesis's report as a table, Jepsen-style: per fault kind, the runs, messages accepted,
 lost, duplicated, recovered, and unavailability (the longest gap without an acceptance on any
-queue, p50 and max), from the reports ``NEMESIS_RESULTS`` collected (``make nemesis``).
+queue, p50 and max; and one producer's longest wait, max), from the reports ``NEMESIS_RESULTS`` collected (``make nemesis``).
 
     python tests/nemesis/summary.py var/nemesis/results.jsonl
 """
@@ -24,14 +24,18 @@ def main(path: str) -> int:
         totals["runs"] += 1
         for episode in run["episodes"]:
             by_fault[episode["fault"]].append(episode)
-    print("| fault | episodes | longest gap p50 (s) | longest gap max (s) | duplicates (in flight) |")
-    print("|---|---|---|---|---|")
+    print("| fault | episodes | longest gap p50 (s) | longest gap max (s) | one producer's max (s) "
+          "| duplicates (in flight) |")
+    print("|---|---|---|---|---|---|")
     for fault, episodes in sorted(by_fault.items()):
         gaps = sorted(e["longest_gap_s"] for e in episodes if e["longest_gap_s"] is not None)
         p50 = gaps[len(gaps) // 2] if gaps else None
         dup = sum(e.get("duplicated", 0) for e in episodes)
         flight = sum(e.get("in_flight", 0) for e in episodes)
-        print(f"| {fault} | {len(episodes)} | {p50} | {gaps[-1] if gaps else None} | {dup} ({flight}) |")
+        producer = max((e["producer_gap_s"] for e in episodes if e.get("producer_gap_s") is not None),
+                       default=None)  # runs from before it was measured have none
+        print(f"| {fault} | {len(episodes)} | {p50} | {gaps[-1] if gaps else None} | {producer} "
+              f"| {dup} ({flight}) |")
     seeds = sorted({r["seed"] for r in runs if r["mode"] != "control"})
     print(f"\n{totals['lost']} lost of {totals['accepted']} accepted across {len(seeds)} seeds "
           f"({totals['runs']} runs); unexpected {totals['unexpected']}, duplicated "

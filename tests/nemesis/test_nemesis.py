@@ -85,7 +85,8 @@ def test_nemesis(tmp_path, start_node, toxi, cluster_name, mode):  # noqa: F811
     for episode in result["episodes"]:
         print(f"  {episode['fault']:>26} {episode['target']:>8} {episode['node']:>3}: first ok "
               f"{episode['first_ok_s']} s, longest gap {episode['longest_gap_s']} s, "
-              f"({episode['gap_queue']}), p50 {episode['latency_p50_s']} s, p99 "
+              f"({episode['gap_queue']}), one producer's {episode['producer_gap_s']} s "
+              f"({episode['gap_producer']}), p50 {episode['latency_p50_s']} s, p99 "
               f"{episode['latency_p99_s']} s, duplicated {episode['duplicated']} of "
               f"{episode['in_flight']} in flight")
     assert result["accepted"] > 0

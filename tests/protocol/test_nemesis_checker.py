@@ -38,3 +38,22 @@ def test_a_loss_the_docs_allow_is_counted_apart_and_only_that_one():
     result = checker.check(HISTORY, may_lose)
     assert result["lost"] == 1 and result["lost_values"] == ["d"]
     assert result["lost_by_design"] == 1
+
+
+def test_one_producers_wait_is_measured_apart_from_its_queues():
+    """Two producers of queue q: while the one on n1 waits 6 s (its node cut off one way),
+    the one on n2 is accepted every second. The queue's gap is 1 s; the producer's 6.5 s
+    (docs/nemesis.md, finding 15)."""
+    history = []
+    for i in range(12):
+        t = 10.0 + i
+        history += [op("invoke", "enqueue", f"n2-{i}", t, "p-q-n2"),
+                    op("ok", "enqueue", f"n2-{i}", t + 0.01, "p-q-n2")]
+        if not 11.0 <= t < 17.0:
+            history += [op("invoke", "enqueue", f"n1-{i}", t, "p-q-n1"),
+                        op("ok", "enqueue", f"n1-{i}", t + 0.02, "p-q-n1")]
+    (episode,) = checker.episodes(history, [{"fault": "one-way", "target": "backup", "node": "n1",
+                                             "start": 10.5, "end": 12.5}], after=5.0)
+    assert episode["gap_queue"] == "q" and episode["longest_gap_s"] == 1.0
+    # from the fault's start (10.5) to its next acceptance (17.02)
+    assert episode["gap_producer"] == "p-q-n1" and episode["producer_gap_s"] == 6.52
