@@ -34,7 +34,7 @@ log = logging.getLogger("fedgate.server")
 
 class AmqpProtocol(EngineProtocol):
     __slots__ = ("node", "broker", "handler", "peer", "ip", "_failed", "_tls", "_early", "internal",
-                 "_ws", "_read_while_blocked", "_sent_seen", "_moved_at", "_handed")
+                 "_ws", "_read_while_blocked", "_sent_seen", "_moved_at", "_handed", "reads")
 
     def __init__(self, node, *, internal: bool = False, handed=None) -> None:
         super().__init__(node.run_pending)  # one bound method for all connections
@@ -62,6 +62,9 @@ class AmqpProtocol(EngineProtocol):
         # (identity, the client's frames after its AMQP header, what it was answered,
         # whether its user is counted, the fragmented-queue balance it was placed by)
         self._handed = handed
+        # reads so far: whether a peer node was heard meanwhile (proxy.replication: a primary
+        # that hears none of its peers is the one cut off). A count, not a clock: no call
+        self.reads = 0
 
     def connection_made(self, transport) -> None:
         peer = transport.get_extra_info("peername")
@@ -155,6 +158,7 @@ class AmqpProtocol(EngineProtocol):
             return
         if self._failed:
             return
+        self.reads += 1
         budget = self._read_while_blocked
         if budget is not None:  # output blocked: read on within the budget (pause_writing)
             budget -= len(data)

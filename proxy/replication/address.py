@@ -33,6 +33,7 @@ import logging
 from dataclasses import dataclass
 
 from proxy.broker.handler import LinkRefused
+from proxy.queues.local import StoredMessage
 from routing.replication import replicas_of
 
 from .copies import BackupCopy, PrimaryCopy
@@ -97,8 +98,10 @@ class ReplicatedAddress:
         self.pending: set[PendingLink] = set()
         self.recovered_messages: list | None = None  # from this node's journal, if any
         self.failovers = 0
+        self.stood_aside = 0  # times this node stood aside as primary (stand_aside)
         self._resolving = False
         self._handing_back = None  # a timer: a fragment going back to its home member
+        self._aside_until = 0.0  # stood aside (stand_aside): no claim before then
         known = service.coordinator.current_owner(self.resource)
         if known is not None:
             self.owner = (known.owner, known.epoch)
@@ -177,6 +180,8 @@ class ReplicatedAddress:
         # one-way partition): its clients are better served by their failover list at once
         # than after ``limit`` (docs/nemesis.md, finding 13)
         relay = self.service.relay_limit()
+        if self.service.silent_peers.isolated:  # stood aside: known cut off from every peer
+            relay = 0.1
         loop.call_later(relay, self._shed_stuck, parked, description, relay, True)
         loop.call_later(limit, self._shed_stuck, parked, description, limit, False)
         self._go_on()
@@ -185,7 +190,7 @@ class ReplicatedAddress:
         """Close (reset) the connection of each parked link still stuck after ``waited`` s:
         neither served here nor attached on a node on the way to the primary. ``fenced_only``:
         only while this node may not act (cut off from etcd)."""
-        if fenced_only and (not self.service.automatic or self.service.coordinator.acting()):
+        if fenced_only and not self.service.cut_off():
             return
         for pending in parked:
             handler = pending.handler
@@ -193,7 +198,7 @@ class ReplicatedAddress:
             stuck = endpoint is pending or (endpoint is not None and not getattr(
                 endpoint, "up_attached", True))  # no primary, nor a node on the way to it
             if stuck and getattr(handler.output, "close", None) is not None:
-                why = ("this node is cut off from etcd and no peer answers" if fenced_only
+                why = ("this node is cut off and no peer answers" if fenced_only
                        else "no primary known")
                 log.warning("queue %s: %s after %.1f s: closing the connection of a link that "
                             "waited for the primary", self.wire, why, waited)
@@ -420,6 +425,8 @@ class ReplicatedAddress:
         if record is None or (not record.get("primary") and not record.get("isr")):
             # never claimed, or every copy named is gone: its preferred node makes it
             return self._preferred() == self.node_id
+        if asyncio.get_running_loop().time() < self._aside_until:
+            return False  # stood aside: a backup of the in-sync set claims first
         return self._named(record) and self._holds_copy()
 
     def _proxy_to_preferred(self) -> None:
@@ -463,6 +470,9 @@ class ReplicatedAddress:
         self.owner = (self.node_id, claim.epoch)
         self._count_failover(self.node_id)
         self.primary = PrimaryCopy(self.service, self, queue, claim.epoch, self.settings)
+        if self._aside_until:  # it stood aside and no backup took over: it serves again
+            self._aside_until = 0.0
+            self.service.silent_peers.serving_again()
         log.warning("queue %s: this node is its primary now (epoch %d, %d messages)",
                     self.wire, claim.epoch, len(content))
         self.members_changed()
@@ -496,6 +506,26 @@ class ReplicatedAddress:
             self.service.spawn(self.service.release(claim))
         if self.listener is not None:
             self.listener.copy_fenced(self)
+
+    def stand_aside(self, why: str) -> None:
+        """This primary is the one cut off from its peers (copies.py ``_cut_off_alone``): it
+        fences itself and releases its claim, as ``fence`` does, but keeps what it held, as a
+        journal recovery is kept, and claims nothing for two leases: an in-sync backup takes
+        over (this node then becomes its backup and drops what it kept), or, if none did, this
+        node claims again with it (docs/replication.md, 5b)."""
+        primary = self.primary
+        if primary is None or primary.fenced:
+            return
+        kept = [StoredMessage(m.payload, journal_id=m.journal_id, rid=m.rid)
+                for m in primary.replica_set.index.values()]
+        self.stood_aside += 1
+        loop = asyncio.get_running_loop()
+        hold = 2 * self.service.lease_ttl()
+        self._aside_until = loop.time() + hold
+        self.service.silent_peers.isolated_from(loop.time() - self.service.lease_ttl())
+        self.fence(why)
+        self.recovered_messages = kept
+        loop.call_later(hold + 0.05, self._recheck)
 
     def in_sync_changed(self, isr: frozenset) -> None:
         """The primary's in-sync set was written: a fragment held away from home goes back
@@ -550,6 +580,7 @@ class ReplicatedAddress:
             "replicas": self.settings.replicas,
             "placement": self.placement(),
             "failovers": self.failovers,
+            "stood_aside": self.stood_aside,
             "waiting_links": len(self.pending),
         }
         if self.primary is not None:

@@ -45,6 +45,13 @@ BATCHES_IN_FLIGHT = 1
 REATTACH = 1.0  # seconds before a dropped backup is sent a new catch-up
 
 
+def aside_margin(lease: float) -> float:
+    """Beyond a lease of silence, how long a primary with ``min_in_sync = 1`` waits before it
+    tells gone backups (their leases ended) from living ones (docs/replication.md, 5b): etcd
+    revokes an expired lease within half a second, and its watch tells at once."""
+    return max(0.75, lease / 4)
+
+
 class PrimaryCopy:
     def __init__(self, service, entry, queue, epoch: int, settings, *,
                  isr: frozenset = frozenset()) -> None:
@@ -75,6 +82,7 @@ class PrimaryCopy:
         queue.commit_barrier = self._commit_barrier
         self._timer = loop.call_later(LAG_CHECK, self._check_lag)
         self._stuck_since, self._stuck_at = None, -1  # since when nothing was accepted (_starved)
+        self._heard_before = None  # peers' activity when the backups fell silent (_cut_off_alone)
 
     # -- backups ----------------------------------------------------------------------
     def set_backups(self, backups: dict[str, str]) -> None:
@@ -148,9 +156,11 @@ class PrimaryCopy:
         self._timer = None
         if self.fenced:
             return
-        if self._starved():
+        if self._starved() or self._cut_off_alone():
             return
         silent_after = self.service.lease_ttl() if self.service.automatic else None
+        if silent_after is not None and self.replica_set.min_in_sync < 2:
+            silent_after += aside_margin(silent_after)  # _cut_off_alone looks first
         for node, why in self.replica_set.lagging(self.loop.time(), silent_after):
             log.warning("queue %s: backup %s dropped from the in-sync set: %s", self.address, node, why)
             self.replica_set.detach(node, why)
@@ -189,6 +199,42 @@ class PrimaryCopy:
         self.service.stale(self.entry, f"nothing accepted for {now - self._stuck_since:.1f} s: the "
                                        f"in-sync backups ({', '.join(sorted(replica_set.isr))}) do "
                                        "not answer; one of them takes over")
+        return True
+
+    def _cut_off_alone(self) -> bool:
+        """With ``min_in_sync = 1``: none of the in-sync backups answers, while producers wait.
+        Gone (no live member in etcd any more), they are dropped and this primary goes on
+        alone (``lagging``). Alive, and no other peer heard since the silence began (or none
+        to hear, with two or more of them silent): this primary is the one cut off, and it
+        stands aside (docs/replication.md, 5b; docs/nemesis.md, finding 12)."""
+        replica_set = self.replica_set
+        if (replica_set.min_in_sync >= 2 or not self.service.automatic
+                or not replica_set.waiting or not replica_set.isr):
+            self._heard_before = None
+            return False
+        now, lease = self.loop.time(), self.service.lease_ttl()
+        if replica_set.answering(now, lease / 2):
+            self._heard_before = None
+            return False
+        if self._heard_before is None:  # silent for half a lease: who has been heard so far
+            self._heard_before = self.service.peer_activity()
+            return False
+        if replica_set.answering(now, lease + aside_margin(lease)):
+            return False
+        silent = set(replica_set.isr)
+        members = set(self.service.members())
+        if not silent <= members:
+            return False  # a backup is gone: the silent ones are dropped (lagging)
+        now_heard = self.service.peer_activity()
+        heard = [peer for peer, seen in now_heard.items() if peer not in silent
+                 and seen != self._heard_before.get(peer)]
+        others = members - silent - {self.node_id}
+        if heard or (not others and len(silent) < 2):
+            return False  # the backups are the ones cut off, or nothing tells: dropped
+        self.entry.stand_aside(
+            f"its in-sync backups ({', '.join(sorted(silent))}) answer nothing for "
+            f"{lease + aside_margin(lease):.2f} s yet keep their leases, and no other peer was "
+            "heard: this node is the one cut off; a backup takes over")
         return True
 
     # -- the queue's cycle ---------------------------------------------------------------

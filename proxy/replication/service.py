@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from urllib.parse import urlsplit
 
 from uhashring import HashRing
 
@@ -125,7 +126,7 @@ class ReplicationService:
                     log.warning("%s: started without a copy; out of its record (%s)", resource, changed)
 
     async def stop(self) -> None:
-        self.silent_peers.acting()
+        self.silent_peers.stop()
         for task in list(self._tasks):
             task.cancel()
         for entry in self.entries.values():
@@ -320,6 +321,35 @@ class ReplicationService:
         """Seconds a fenced node waits for a peer to answer a parked link's relay before the
         client's connection is closed (half a lease: a peer that answers does so at once)."""
         return max(1.0, self.lease_ttl() / 2)
+
+    def peer_activity(self) -> dict[str, tuple]:
+        """Per peer node: what changes whenever it is heard (reads on the connections it
+        opened to this node, the last bytes on this node's upstream connections to it)."""
+        out: dict[str, list] = {}
+        for protocol in self.node.connections:
+            handler = getattr(protocol, "handler", None)
+            peer = self.peer_of(handler) if handler is not None else None
+            if peer is not None:
+                out.setdefault(peer, [0, 0.0])[0] += getattr(protocol, "reads", 0)
+        by_address = {}
+        for node_id, url in self.known.items():
+            if node_id != self.node_id and url:
+                parts = urlsplit(url)
+                by_address[(parts.hostname, parts.port)] = node_id
+        for pool in self.node.broker.upstreams.pools.values():
+            peer = by_address.get((pool.target.host, pool.target.port))
+            if peer is None:
+                continue
+            entry = out.setdefault(peer, [0, 0.0])
+            for member in [*pool.members, pool.alone]:
+                if member.protocol is not None:
+                    entry[1] = max(entry[1], member.protocol.heard_at)
+        return {peer: tuple(entry) for peer, entry in out.items()}
+
+    def cut_off(self) -> bool:
+        """Whether this node knows itself cut off: from etcd (fenced), or from every peer (a
+        primary stood aside for it, proxy.replication.silence)."""
+        return (self.automatic and not self.coordinator.acting()) or self.silent_peers.isolated
 
     def url_of(self, node_id: str) -> str | None:
         return self.members().get(node_id)

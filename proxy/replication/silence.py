@@ -59,6 +59,8 @@ class SilentPeers:
         self.owed: dict = {}  # pool member -> (its protocol, heard_at) when it owed an answer
         self.silent: dict = {}  # pool -> loop time it was found silent
         self.fenced_at = 0.0
+        self.isolated_at: float | None = None  # a primary here stood aside (isolated_from)
+        self.heard_when_isolated: dict = {}
         self.resets = 0  # client connections ended
         self.turned_away = 0  # new client connections refused meanwhile
         admission = getattr(service.node, "admission", None)
@@ -75,8 +77,53 @@ class SilentPeers:
             return None
         self.turned_away += 1
         pool = next(iter(self.silent))
-        return (f"this node is cut off from etcd and {pool.target.display} answers nothing: "
+        return (f"this node is {self._cut()} and {pool.target.display} answers nothing: "
                 f"the client's failover list goes on")
+
+    @property
+    def isolated(self) -> bool:
+        """A primary here stood aside: this node hears none of its peers (nor they it)."""
+        return self.isolated_at is not None
+
+    def isolated_from(self, since: float) -> None:
+        """A primary here found itself cut off from every peer, silent since ``since``
+        (docs/replication.md, 5b): the peers unheard since then are silent at once, their
+        clients sent away, new clients turned away, until a peer is heard again (at most two
+        leases: then as before)."""
+        loop = asyncio.get_running_loop()
+        self.isolated_at = loop.time()
+        self.heard_when_isolated = self.service.peer_activity()
+        if self.timer is None:
+            self.owed, self.silent = {}, {}
+            self.fenced_at = since
+            self._next()
+        for pool in self._peer_pools():
+            if pool not in self.silent and not self._heard_since(pool, since):
+                self.silent[pool] = self.isolated_at
+                self._send_clients_away(pool)
+
+    def serving_again(self) -> None:
+        """A primary that stood aside here claimed again (no backup did): clients are let in."""
+        if self.isolated_at is None:
+            return
+        self.isolated_at, self.silent = None, {}
+        if self.service.coordinator.acting():
+            self.stop()
+
+    def _cut(self) -> str:
+        return "cut off from its peers" if self.isolated_at is not None else "cut off from etcd"
+
+    def _isolation_over(self, now: float) -> bool:
+        if self.isolated_at is None:
+            return True
+        if now - self.isolated_at > 2 * self.service.lease_ttl() or \
+                self.service.peer_activity() != self.heard_when_isolated:
+            log.warning("this node hears its peers again, or stood aside long enough: clients "
+                        "are let in again")
+            self.isolated_at = None
+            self.silent = {}
+            return True
+        return False
 
     def fenced(self) -> None:
         if self.timer is None:
@@ -85,9 +132,15 @@ class SilentPeers:
             self._look()  # what is owed now; silent if still owed, unheard, at the next look
 
     def acting(self) -> None:
+        """Etcd answers again: the watch ends, unless this node stood aside (isolated)."""
+        if self.isolated_at is not None:
+            return
+        self.stop()
+
+    def stop(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        self.timer, self.owed, self.silent = None, {}, {}
+        self.timer, self.owed, self.silent, self.isolated_at = None, {}, {}, None
 
     def _next(self) -> None:
         loop = asyncio.get_running_loop()
@@ -105,10 +158,10 @@ class SilentPeers:
 
     def _look(self) -> None:
         service = self.service
-        if service.coordinator.acting():
-            self.acting()
-            return
         now = asyncio.get_running_loop().time()
+        if service.coordinator.acting() and self._isolation_over(now):
+            self.stop()
+            return
         owed = {}
         for pool in self._peer_pools():
             members = [*pool.members, pool.alone]
@@ -162,10 +215,10 @@ class SilentPeers:
                 continue
             self.resets += 1
             # a reset, not a close frame, for Container clients (AmqpProtocol.close)
-            close("amqp:connection:forced", f"this node is cut off from etcd and "
+            close("amqp:connection:forced", f"this node is {self._cut()} and "
                   f"{pool.target.display} answered nothing for {waited:g} s", reset=True)
         if handlers:
-            log.warning("upstream %s answered nothing for %.1f s while this node is fenced: %d "
+            log.warning("upstream %s answered nothing for %.1f s while this node is cut off: %d "
                         "client connections sent to their failover lists", pool.target.display,
                         waited, len(handlers))
         service.node.broker.run_pending()

@@ -193,39 +193,7 @@ def test_a_primary_cut_off_from_its_backups_with_min_in_sync_2_steps_down(tmp_pa
     run(play)
 
 
-def test_a_primary_cut_off_from_its_backups_drops_them_after_a_lease_not_catchup_timeout(tmp_path):
-    """min_in_sync = 1, catchup_timeout 10 s: the primary cut off from both backups (a silent
-    partition) waited for their acknowledgements for catchup_timeout, accepting nothing (found
-    by the nemesis: 6.1 s without an acceptance for a 6 s cut). Backups that acknowledge
-    nothing for a lease leave the in-sync set now, and the primary goes on alone within
-    lease_ttl + 2 s; healed, they catch up and are in sync again."""
-    rule = {"name": "orders", "match": "orders.*", "kind": "replicated", "replicas": 3,
-            "catchup_timeout": 10.0}
-
-    async def play():
-        world = World(tmp_path)
-        etcd, nodes = await etcd_cluster(world, rule=rule)
-        primary = await make_primary(world, nodes, ADDRESS)
-        sender = (await world.client(primary, "local-producer")).sender(ADDRESS)
-        await world.until(lambda: sender.credit > 0, what="credit")
-        sender.send("before", message_id=0)
-        await world.until(lambda: sender.accepted() == 1, what="accepted with the backups")
-        loop = asyncio.get_running_loop()
-        cut = loop.time()
-        others = [n for n in nodes if n != primary]
-        for node in others:
-            world.network.partition(primary, node)
-        sender.send("during", message_id=1)
-        await world.until(lambda: sender.accepted() == 2, timeout=TTL + 2, what="accepted alone")
-        assert loop.time() - cut <= TTL + 2
-        assert view(nodes[primary], ADDRESS)["role"] == "primary"
-        for node in others:
-            world.network.heal(primary, node)
-        await world.until(lambda: len(view(nodes[primary], ADDRESS).get("in_sync", [])) == 2,
-                          timeout=15, what="both backups in sync again")
-        await world.close()
-
-    run(play)
+# a primary cut off from its backups with min_in_sync = 1: tests/protocol/test_stand_aside.py
 
 
 def test_a_backup_cut_off_from_its_peers_is_dropped_and_the_primary_goes_on(tmp_path, monkeypatch):

@@ -1,0 +1,165 @@
+"""A primary with ``min_in_sync = 1`` that hears none of its backups: gone, or is it cut off?
+(issue #42, docs/nemesis.md finding 12; docs/replication.md, 5b), on a virtual clock.
+
+Silent backups used to be dropped after a lease, and the primary went on alone. Right when
+they are gone; wrong when the primary is the one cut off from its peers but not from etcd:
+every other node's clients then reached nothing for the whole cut (the nemesis: 6.2 s without
+an acceptance for a 6.1 s cut). Now, at a lease and a margin of silence, backups that still
+hold their leases and a primary that heard no other peer meanwhile mean this primary is cut
+off: it stands aside (fenced, its claim released, its copy kept) and an in-sync backup takes
+over; if none does within two leases, it claims again with what it kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from playbook import World, run
+from test_failover_links import Numbered, new_primary
+from test_replication_playbooks import (CREDIT, TTL, Consumer, etcd_cluster, make_primary,
+                                        placement, service, view)
+
+pytestmark = pytest.mark.timeout(60)
+ADDRESS = "orders.x"
+RULE = {"name": "orders", "match": "orders.*", "kind": "replicated", "replicas": 3,
+        "catchup_timeout": 10.0}
+
+
+async def read_all(world, node: str, wanted: set) -> None:
+    reader = Consumer((await world.client(node, "reader")).receiver(ADDRESS, credit=CREDIT))
+
+    def received() -> set:
+        reader.step()
+        return set(reader.ids())
+    await world.until(lambda: received() >= wanted, timeout=10, what="every accepted id")
+
+
+def test_a_primary_cut_off_from_its_peers_stands_aside_and_a_backup_serves(tmp_path):
+    """The primary partitioned from both backups (both alive, both on etcd): within
+    lease_ttl + 2 s a backup serves and a producer on another node is accepted again; the
+    old primary's own client is sent to its failover list (a reset); nothing accepted is lost.
+    (Before: the primary dropped its backups and went on alone, serving only its own
+    clients, and the producer elsewhere waited for the whole cut.)"""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=RULE)
+        primary = await make_primary(world, nodes, ADDRESS)
+        other = next(n for n in nodes if n != primary)
+        pump = Numbered((await world.client(other, "producer")).sender(ADDRESS))
+        local_client = await world.client(primary, "local-producer")
+        local = Numbered(local_client.sender(ADDRESS), base=1000)
+        await world.until(lambda: pump.upto(20) and local.upto(5), what="accepted")
+
+        loop = asyncio.get_running_loop()
+        cut = loop.time()
+        for node in nodes:
+            if node != primary:
+                world.network.partition(primary, node)
+        local.upto(6)  # waits on the primary: no backup takes it
+        await world.until(lambda: pump.upto(21) and new_primary(nodes, primary) is not None,
+                          timeout=TTL + 2, what="accepted again, by a new primary")
+        assert loop.time() - cut <= TTL + 2
+        assert view(nodes[primary], ADDRESS)["stood_aside"] == 1
+        await world.until(lambda: local_client.lost, timeout=1.0, what="the local client reset")
+        assert local.sender.closed_with is None  # its connection, never its link alone
+        await world.until(lambda: pump.upto(40), timeout=10, what="40 accepted")
+        await read_all(world, other, pump.accepted_ids() | local.accepted_ids())
+        await world.close()
+
+    run(play)
+
+
+def test_backups_that_are_gone_are_dropped_and_the_primary_goes_on_alone(tmp_path):
+    """Both backups gone (cut off from everything, etcd too: their leases end, and they leave
+    the replica set): the primary goes on alone within lease_ttl + 2 s (it waited for
+    catchup_timeout, 10 s, before issue #42), as before this change, and never stands aside."""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=RULE)
+        primary = await make_primary(world, nodes, ADDRESS)
+        local = Numbered((await world.client(primary, "local-producer")).sender(ADDRESS))
+        await world.until(lambda: local.upto(5), what="accepted")
+
+        loop = asyncio.get_running_loop()
+        cut = loop.time()
+        backups = [n for n in nodes if n != primary]
+        for node in backups:
+            nodes[node].coordinator.store.partition()
+            for peer in nodes:
+                if peer != node:
+                    world.network.partition(node, peer)
+        await world.until(lambda: local.upto(6), timeout=TTL + 2, what="accepted alone")
+        assert loop.time() - cut <= TTL + 2
+        assert view(nodes[primary], ADDRESS)["role"] == "primary"
+        assert view(nodes[primary], ADDRESS)["stood_aside"] == 0
+        await read_all(world, primary, local.accepted_ids())
+        await world.close()
+
+    run(play)
+
+
+def test_a_backup_cut_off_while_the_primary_hears_another_node_is_dropped(tmp_path):
+    """replicas = 2 of three nodes: the only backup cut off from its peers (alive, on etcd).
+    The primary hears the third node (its producer's link comes through it): the backup is
+    the one cut off. It is dropped, the primary goes on, and never stands aside."""
+    rule = {**RULE, "replicas": 2}
+
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=rule)
+        primary = await make_primary(world, nodes, ADDRESS)
+        backup = placement(nodes, ADDRESS)[1]
+        third = next(n for n in nodes if n not in (primary, backup))
+        pump = Numbered((await world.client(third, "producer")).sender(ADDRESS))
+        await world.until(lambda: pump.upto(10), what="accepted")
+
+        loop = asyncio.get_running_loop()
+        cut = loop.time()
+        world.network.partition(backup, primary)
+        world.network.partition(backup, third)
+        target = 10
+        while loop.time() - cut < TTL + 2:  # a steady producer: the primary keeps hearing it
+            target += 1
+            pump.upto(target)
+            await asyncio.sleep(0.1)
+        await world.until(lambda: pump.upto(target), timeout=1.0, what="accepted by the primary")
+        assert view(nodes[primary], ADDRESS)["role"] == "primary"
+        assert view(nodes[primary], ADDRESS)["stood_aside"] == 0
+        assert view(nodes[backup], ADDRESS).get("role") != "primary"
+        await world.close()
+
+    run(play)
+
+
+def test_a_primary_that_stood_aside_claims_again_with_its_copy_when_no_backup_does(tmp_path):
+    """It stood aside, and no backup claimed (as when their leases outlived them a little,
+    e.g. an etcd leader change): after two leases it claims the queue again with the copy it
+    kept. Every message accepted before is still there."""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=RULE)
+        primary = await make_primary(world, nodes, ADDRESS)
+        backups = [n for n in nodes if n != primary]
+        local = Numbered((await world.client(primary, "local-producer")).sender(ADDRESS))
+        await world.until(lambda: local.upto(10), what="accepted")
+        for node in backups:  # they will not claim
+            entry = service(nodes[node]).entries["queue/" + ADDRESS]
+            entry._eligible = lambda record: False
+
+        for node in backups:
+            world.network.partition(primary, node)
+        local.upto(11)
+        await world.until(lambda: view(nodes[primary], ADDRESS).get("stood_aside") == 1,
+                          timeout=2 * TTL, what="stood aside")
+        await world.until(lambda: view(nodes[primary], ADDRESS).get("role") == "primary",
+                          timeout=3 * TTL, what="the same node primary again")
+        for node in backups:
+            world.network.heal(primary, node)
+        # serving again, it lets clients in again at once (no longer stood aside)
+        assert not service(nodes[primary]).silent_peers.isolated
+        await read_all(world, primary, local.accepted_ids() | set(range(10)))
+        await world.close()
+
+    run(play)
