@@ -475,7 +475,7 @@ class Run:
         killed at once), may be gone with it."""
         process = op.get("process", "")
         address = process[2:].rsplit("-", 1)[0] if process.startswith("p-") else ""
-        if self.cluster.queues.get(address, {}).get("durable", True):
+        if self.cluster.queues.get(address, {}).get("durable", False):  # the rules' default
             return False
         # accepted in the 10 s before it (a message left unconsumed longer is a finding)
         return any(f["fault"] == "power-loss" and f["start"] - 10.0 <= op.get("time", 0) <= f["end"]
