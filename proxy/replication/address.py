@@ -360,7 +360,8 @@ class ReplicatedAddress:
             record_bytes, record = await self.service.read_record(self.resource)
             log.debug("queue %s: no owner; record %s; this copy %s", self.wire, record,
                       self.backup.describe() if self.backup is not None else None)
-            if record is not None and self._named(record) and not self._holds_copy():
+            if record is not None and self._named(record) and not self._holds_copy() \
+                    and not self._caught_up():
                 # named, but this node came back without its copy (not durable): it steps out
                 # of the record, so that when nobody named holds one the queue is served
                 # again, empty (docs/replication.md: every copy lost)
@@ -407,6 +408,11 @@ class ReplicatedAddress:
     def _holds_copy(self) -> bool:
         """A copy that holds what was accepted: in sync, or brought back by the journal."""
         return (self.backup is not None and self.backup.ready) or self.recovered_messages is not None
+
+    def _caught_up(self) -> bool:
+        """Caught up, never told it was in sync (its primary died in between): not eligible, yet
+        it holds what was accepted before it joined; it waits for the primary, not steps out."""
+        return self.backup is not None and not self.backup.image.catching_up
 
     async def _step_out(self, record_bytes: bytes, record: dict):
         changed = dict(record)

@@ -48,9 +48,18 @@ def placement(nodes: dict, address: str) -> list[str]:
     return service(node).placement(address, entry.settings)
 
 
-async def in_sync(world: World, node, address: str, count: int) -> None:
+async def in_sync(world: World, node, address: str, count: int, nodes: dict | None = None) -> None:
     await world.until(lambda: len(view(node, address).get("in_sync", [])) == count,
                       what=f"{count} backups in sync")
+    if nodes is not None:
+        await backups_ready(world, nodes, view(node, address)["in_sync"], address)
+
+
+async def backups_ready(world: World, nodes: dict, backups: list, address: str) -> None:
+    """The backups in the in-sync set told so (the ``S`` event): only then may they take over
+    (docs/replication.md); a primary killed just before would leave them waiting for it."""
+    await world.until(lambda: all(view(nodes[n], address).get("role") == "ready" for n in backups),
+                      what="the in-sync backups ready")
 
 
 async def make_primary(world: World, nodes: dict, address: str) -> str:
@@ -60,7 +69,7 @@ async def make_primary(world: World, nodes: dict, address: str) -> str:
     starter.receiver(address)
     await world.until(lambda: view(nodes[primary], address).get("role") == "primary",
                       what="a primary")
-    await in_sync(world, nodes[primary], address, len(placement(nodes, address)) - 1)
+    await in_sync(world, nodes[primary], address, len(placement(nodes, address)) - 1, nodes)
     return primary
 
 
@@ -408,6 +417,7 @@ def test_a_wildcard_rule_does_not_make_an_adopted_fragment_a_fragmented_queue_of
         await world.until(lambda: sender.accepted() == 30, what="stored")
         await world.until(lambda: len(view(nodes["a"], f"{address}@a").get("in_sync", [])) == 1,
                           what="a's fragment in sync")
+        await backups_ready(world, nodes, view(nodes["a"], f"{address}@a")["in_sync"], f"{address}@a")
 
         world.network.kill("a")
         nodes["a"].coordinator.store.partition()
@@ -460,6 +470,7 @@ def test_a_member_restarted_with_no_client_of_the_queue_serves_its_fragment_hand
         await world.until(lambda: sender.accepted() == 20, what="stored")
         await world.until(lambda: len(view(nodes["a"], f"{address}@a").get("in_sync", [])) == 1,
                           what="a's fragment in sync")
+        await backups_ready(world, nodes, view(nodes["a"], f"{address}@a")["in_sync"], f"{address}@a")
         world.network.kill("a")
         nodes["a"].coordinator.store.partition()
         await nodes["a"].stop()
@@ -513,6 +524,7 @@ def test_a_stealer_the_adopter_refused_before_it_made_the_queue_tries_again(tmp_
         await world.until(lambda: sender.accepted() == 20, what="stored")
         await world.until(lambda: len(view(nodes["a"], f"{address}@a").get("in_sync", [])) == 1,
                           what="a's fragment in sync")
+        await backups_ready(world, nodes, view(nodes["a"], f"{address}@a")["in_sync"], f"{address}@a")
         backup = view(nodes["a"], f"{address}@a")["in_sync"][0]
         other = next(n for n in "bc" if n != backup)
         nodes[backup].coordinator.store.latency = 0.3  # its claim is known elsewhere first
