@@ -159,8 +159,9 @@ class PrimaryCopy:
         if self._starved() or self._cut_off_alone():
             return
         silent_after = self.service.lease_ttl() if self.service.automatic else None
-        if silent_after is not None and self.replica_set.min_in_sync < 2:
-            silent_after += aside_margin(silent_after)  # _cut_off_alone looks first
+        if silent_after is not None and self.replica_set.min_in_sync < 2 and \
+                not self.replica_set.answering(self.loop.time(), silent_after):
+            silent_after += aside_margin(silent_after)  # none answers: _cut_off_alone looks first
         for node, why in self.replica_set.lagging(self.loop.time(), silent_after):
             log.warning("queue %s: backup %s dropped from the in-sync set: %s", self.address, node, why)
             self.replica_set.detach(node, why)
