@@ -100,7 +100,6 @@ class EtcdCoordinator:
         self.last_error: str | None = None
         self.reconnects = 0
         self.draining = False
-        self.unreachable: tuple = ()  # peers this node cannot reach (set_unreachable)
         self.fatal: CoordinatorError | None = None  # our id taken over while we were cut off
         self._members = Listeners(log)
         self._fenced = Listeners(log)
@@ -305,17 +304,6 @@ class EtcdCoordinator:
         value = member_value(self._registration(), registered_at=self._registered_at)
         await self._txn([], [Put(self.keys.member(self.node_id), value, lease)], [], "draining")
 
-    async def set_unreachable(self, peers: tuple) -> None:
-        """Publish the peers this node cannot reach, in its registration (every member sees
-        it): a node all the others name is the one cut off (proxy.replication.isolation)."""
-        self.unreachable = tuple(peers)
-        lease = self.keeper.lease_id
-        if not self.register or lease is None:
-            return
-        self._must_reach("publish unreachable peers")
-        value = member_value(self._registration(), registered_at=self._registered_at)
-        await self._txn([], [Put(self.keys.member(self.node_id), value, lease)], [], "unreachable")
-
     def describe(self) -> dict:
         now = asyncio.get_running_loop().time()
         return {
@@ -452,7 +440,7 @@ class EtcdCoordinator:
 
     def _registration(self) -> Member:
         return Member(self.local.id, self.local.amqp, self.local.admin, self.local.workers,
-                      self.local.version, None, self.draining, self.unreachable)
+                      self.local.version, None, self.draining)
 
     async def _register(self) -> None:
         loop = asyncio.get_running_loop()

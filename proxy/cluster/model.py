@@ -25,9 +25,6 @@ class Member:
     version: str  # fedgate's version on it
     lease_age_s: float | None  # seconds since it registered its current lease (None: static)
     draining: bool = False  # it is leaving: its fragments of "*" queues are being emptied
-    # peers it cannot reach (proxy.replication.isolation): all the others naming one node
-    # tells that node it is the one cut off
-    unreachable: tuple = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -99,8 +96,7 @@ def parse_member(value: bytes, *, now: float) -> Member | None:
         return Member(id=str(body["id"]), amqp=str(body["amqp"]), admin=body.get("admin"),
                       workers=int(body.get("workers", 1)), version=str(body.get("version", "")),
                       lease_age_s=round(max(0.0, now - registered_at), 3),
-                      draining=bool(body.get("draining", False)),
-                      unreachable=tuple(str(n) for n in body.get("unreachable", ()) or ()))
+                      draining=bool(body.get("draining", False)))
     except (ValueError, KeyError, TypeError):
         return None
 

@@ -37,7 +37,7 @@ from proxy.queues.local import StoredMessage
 from routing.replication import replicas_of
 
 from .copies import BackupCopy, PrimaryCopy
-from .parked import PendingLink, clients_moved, hold_link, park, release_links  # noqa: F401
+from .parked import PendingLink, hold_link, park, release_links  # noqa: F401  (re-exported)
 from .queue import ReplicatedQueue
 from .states import CopyState
 
@@ -47,8 +47,6 @@ NOT_ALLOWED = "amqp:not-allowed"
 RETRY = 1.0  # seconds before trying again to settle who owns a queue
 HAND_BACK = 2.0  # seconds a fragment's home member is in sync before it gets the fragment back
 RECHECK = 0.2  # seconds before looking again when a claim lost to a changed record
-MOVED_RETRY = 0.5  # seconds before a proxy link the owner ended looks for the owner again
-FRAGMENT = "fedgate:fragment"  # fragments.capability.FRAGMENT (fragments imports us, not back)
 
 
 @dataclass(frozen=True)
@@ -147,25 +145,67 @@ class ReplicatedAddress:
                 client.attach_queue_consumer(link, queue)
             return
         upstream = self.node.broker.upstreams.for_url(target, self.service.peer_options)
-        # a fragment is served at home as its fragmented queue's name, marked for that
-        # fragment; elsewhere (adopted) under its wire name (finding 19: home was sent the wire
-        # name, which it refuses, "not served here")
-        remote, marks = self.wire, ()
-        if self.home is not None and target == self.service.url_of(self.home):
-            remote, marks = self.wire.rpartition("@")[0], (FRAGMENT,)
-        elif self.home is None:
-            remote = self.address
         if link.is_sender:
-            endpoint = client.attach_proxy_consumer(link, upstream, remote, capabilities=marks)
+            endpoint = client.attach_proxy_consumer(link, upstream, self.address)
         else:
-            endpoint = client.attach_proxy_producer(link, upstream, remote, capabilities=marks)
+            endpoint = client.attach_proxy_producer(link, upstream, self.address)
         endpoint.moved = self._proxy_ended
         self.proxies = [p for p in self.proxies if not p.closed]
         self.proxies.append(endpoint)
 
     def clients_moved(self, queue, description: str, held: dict) -> None:
-        """This node stopped being the primary: its clients' links wait (parked.py)."""
-        clients_moved(self, queue, description, held)
+        """This node stopped being the primary (fenced, or the queue handed back): its clients'
+        links wait for the new owner and go on there through the proxy path (issue #42), with
+        what producers had not had accepted. A link from another fedgate node (its proxy) is
+        ended with ``amqp:link:detach-forced``: that node finds the new owner itself
+        (``_proxy_ended``). A link still waiting after ``parked_limit`` ends its connection
+        (``amqp:connection:forced``: a reset) and the client's failover list takes it elsewhere;
+        on a fenced node, already after ``relay_limit`` when no peer answered its relay."""
+        parked = []
+        for endpoint in [*queue.consumers, *queue.producers, *queue.browsers]:
+            if not getattr(endpoint, "attached", True) or endpoint.link_ptr not in endpoint.handler.links:
+                continue
+            handler = endpoint.handler
+            if self.service.is_peer(handler):
+                handler.close_link(endpoint.link, "amqp:link:detach-forced", description)
+            else:
+                parked.append(park(endpoint, self, held.get(endpoint, [])))
+        if not parked:
+            return
+        log.warning("%s: %d client links wait for the new primary", description, len(parked))
+        loop = asyncio.get_running_loop()
+        limit = self.service.parked_limit()
+        # fenced, this node sends its clients' links on through a peer (relay_url); one that no
+        # peer answers within ``relay_limit`` means this node is cut off from its peers too (a
+        # one-way partition): its clients are better served by their failover list at once
+        # than after ``limit`` (docs/nemesis.md, finding 13)
+        relay = self.service.relay_limit()
+        if self.service.silent_peers.isolated:  # stood aside: known cut off from every peer
+            relay = 0.1
+        loop.call_later(relay, self._shed_stuck, parked, description, relay, True)
+        loop.call_later(limit, self._shed_stuck, parked, description, limit, False)
+        self._go_on()
+
+    def _shed_stuck(self, parked: list, description: str, waited: float, fenced_only: bool) -> None:
+        """Close (reset) the connection of each parked link still stuck after ``waited`` s:
+        neither served here nor attached on a node on the way to the primary. ``fenced_only``:
+        only while this node may not act (cut off from etcd)."""
+        if fenced_only and not self.service.cut_off():
+            return
+        for pending in parked:
+            handler = pending.handler
+            endpoint = handler.links.get(pending.link_ptr)
+            stuck = endpoint is pending or (endpoint is not None and not getattr(
+                endpoint, "up_attached", True))  # no primary, nor a node on the way to it
+            if stuck and getattr(handler.output, "close", None) is not None:
+                why = ("this node is cut off and no peer answers" if fenced_only
+                       else "no primary known")
+                log.warning("queue %s: %s after %.1f s: closing the connection of a link that "
+                            "waited for the primary", self.wire, why, waited)
+                # a reset, not a close frame, for Container clients (AmqpProtocol.close)
+                handler.output.close("amqp:connection:forced", f"{description}; {why} after "
+                                     f"{waited:g} s", reset=True)
+        self.node.broker.run_pending()
 
     def _proxy_ended(self, condition) -> bool:
         """The primary ended a proxy link made here: if it was fenced (it ends every link with
@@ -174,10 +214,10 @@ class ReplicatedAddress:
         name = condition.name if condition is not None else ""
         if name not in ("amqp:link:detach-forced", "amqp:not-found", "fedgate:stale-epoch"):
             return False
-        # not at once: an owner that still refuses would be asked again without end (23,000
-        # attaches a minute in the nemesis, docs/nemesis.md finding 19)
-        asyncio.get_running_loop().call_later(
-            MOVED_RETRY, self._resolve if self.service.automatic else self._go_on)
+        if self.service.automatic:
+            self._resolve()
+        else:
+            asyncio.get_running_loop().call_later(RETRY, self._go_on)
         return True
 
     def _target(self) -> str | None:
@@ -320,8 +360,7 @@ class ReplicatedAddress:
             record_bytes, record = await self.service.read_record(self.resource)
             log.debug("queue %s: no owner; record %s; this copy %s", self.wire, record,
                       self.backup.describe() if self.backup is not None else None)
-            if record is not None and self._named(record) and not self._holds_copy() \
-                    and not self._caught_up():
+            if record is not None and self._named(record) and not self._holds_copy():
                 # named, but this node came back without its copy (not durable): it steps out
                 # of the record, so that when nobody named holds one the queue is served
                 # again, empty (docs/replication.md: every copy lost)
@@ -368,11 +407,6 @@ class ReplicatedAddress:
     def _holds_copy(self) -> bool:
         """A copy that holds what was accepted: in sync, or brought back by the journal."""
         return (self.backup is not None and self.backup.ready) or self.recovered_messages is not None
-
-    def _caught_up(self) -> bool:
-        """Caught up, never told it was in sync (its primary died in between): not eligible, yet
-        it holds what was accepted before it joined; it waits for the primary, not steps out."""
-        return self.backup is not None and not self.backup.image.catching_up
 
     async def _step_out(self, record_bytes: bytes, record: dict):
         changed = dict(record)

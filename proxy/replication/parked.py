@@ -9,14 +9,9 @@ new link would be, and what was held goes on through the new endpoint.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
 from cproton import pn_delivery_settle, pn_delivery_settled
 
 from proxy.amqp import engine
-
-log = logging.getLogger("fedgate.replication")
 
 
 class PendingLink(engine.ClientLinkEndpoint):
@@ -131,59 +126,3 @@ def release_links(entry, keep=None):
         handler, link = pending.handler, pending.link
         if pending.link_ptr in handler.links and not link.state & link.REMOTE_CLOSED:
             yield pending, handler, link
-
-
-def clients_moved(entry, queue, description: str, held: dict) -> None:
-    """``entry`` (a ReplicatedAddress): this node stopped being the primary (fenced, or the queue handed back): its clients'
-    links wait for the new owner and go on there through the proxy path (issue #42), with
-    what producers had not had accepted. A link from another fedgate node (its proxy) is
-    ended with ``amqp:link:detach-forced``: that node finds the new owner itself
-    (``_proxy_ended``). A link still waiting after ``parked_limit`` ends its connection
-    (``amqp:connection:forced``: a reset) and the client's failover list takes it elsewhere;
-    on a fenced node, already after ``relay_limit`` when no peer answered its relay."""
-    parked = []
-    for endpoint in [*queue.consumers, *queue.producers, *queue.browsers]:
-        if not getattr(endpoint, "attached", True) or endpoint.link_ptr not in endpoint.handler.links:
-            continue
-        handler = endpoint.handler
-        if entry.service.is_peer(handler):
-            handler.close_link(endpoint.link, "amqp:link:detach-forced", description)
-        else:
-            parked.append(park(endpoint, entry, held.get(endpoint, [])))
-    if not parked:
-        return
-    log.warning("%s: %d client links wait for the new primary", description, len(parked))
-    loop = asyncio.get_running_loop()
-    limit = entry.service.parked_limit()
-    # fenced, this node sends its clients' links on through a peer (relay_url); one that no
-    # peer answers within ``relay_limit`` means this node is cut off from its peers too (a
-    # one-way partition): its clients are better served by their failover list at once
-    # than after ``limit`` (docs/nemesis.md, finding 13)
-    relay = entry.service.relay_limit()
-    if entry.service.silent_peers.isolated:  # stood aside: known cut off from every peer
-        relay = 0.1
-    loop.call_later(relay, shed_stuck, entry, parked, description, relay, True)
-    loop.call_later(limit, shed_stuck, entry, parked, description, limit, False)
-    entry._go_on()
-
-
-def shed_stuck(entry, parked: list, description: str, waited: float, fenced_only: bool) -> None:
-    """Close (reset) the connection of each parked link still stuck after ``waited`` s:
-    neither served here nor attached on a node on the way to the primary. ``fenced_only``:
-    only while this node may not act (cut off from etcd)."""
-    if fenced_only and not entry.service.cut_off():
-        return
-    for pending in parked:
-        handler = pending.handler
-        endpoint = handler.links.get(pending.link_ptr)
-        stuck = endpoint is pending or (endpoint is not None and not getattr(
-            endpoint, "up_attached", True))  # no primary, nor a node on the way to it
-        if stuck and getattr(handler.output, "close", None) is not None:
-            why = ("this node is cut off and no peer answers" if fenced_only
-                   else "no primary known")
-            log.warning("queue %s: %s after %.1f s: closing the connection of a link that "
-                        "waited for the primary", entry.wire, why, waited)
-            # a reset, not a close frame, for Container clients (AmqpProtocol.close)
-            handler.output.close("amqp:connection:forced", f"{description}; {why} after "
-                                 f"{waited:g} s", reset=True)
-    entry.node.broker.run_pending()

@@ -40,7 +40,6 @@ from proxy.broker.handler import LinkRefused
 
 from .address import NOT_ALLOWED, PromoteRefused, ReplicatedAddress, ReplicationSettings
 from .links import link_properties
-from .isolation import IsolationWatch
 from .silence import SilentPeers
 
 log = logging.getLogger("fedgate.replication")
@@ -63,7 +62,6 @@ class ReplicationService:
         self._tasks: set[asyncio.Task] = set()
         self._rings: dict[tuple, HashRing] = {}  # member ids -> their ketama ring
         self.silent_peers = SilentPeers(self)  # fenced: clients of peers that answer nothing
-        self.isolation = IsolationWatch(self)  # acting, yet no peer heard: this node is cut off
         # fragmented addresses -> a function giving the fragment group to tell (fragments)
         self.fragment_listeners: dict = {}
         node.serve_kind("replicated", self)
@@ -86,7 +84,6 @@ class ReplicationService:
             self.coordinator.on_owner(prefix, self._owner_changed)
         self.coordinator.on_fenced(self._fenced)
         self.coordinator.on_members(self._members_changed)
-        self.isolation.start()
         self._adopt_recovered()
         if self.automatic:
             self.spawn(self._leave_stale_records())
@@ -130,7 +127,6 @@ class ReplicationService:
 
     async def stop(self) -> None:
         self.silent_peers.stop()
-        self.isolation.stop()
         for task in list(self._tasks):
             task.cancel()
         for entry in self.entries.values():
@@ -335,7 +331,11 @@ class ReplicationService:
             peer = self.peer_of(handler) if handler is not None else None
             if peer is not None:
                 out.setdefault(peer, [0, 0.0])[0] += getattr(protocol, "reads", 0)
-        by_address = self.peers_by_address()
+        by_address = {}
+        for node_id, url in self.known.items():
+            if node_id != self.node_id and url:
+                parts = urlsplit(url)
+                by_address[(parts.hostname, parts.port)] = node_id
         for pool in self.node.broker.upstreams.pools.values():
             peer = by_address.get((pool.target.host, pool.target.port))
             if peer is None:
@@ -345,15 +345,6 @@ class ReplicationService:
                 if member.protocol is not None:
                     entry[1] = max(entry[1], member.protocol.heard_at)
         return {peer: tuple(entry) for peer, entry in out.items()}
-
-    def peers_by_address(self) -> dict[tuple, str]:
-        """(host, port) of every other member's AMQP listener -> its node id."""
-        by_address = {}
-        for node_id, url in self.known.items():
-            if node_id != self.node_id and url:
-                parts = urlsplit(url)
-                by_address[(parts.hostname, parts.port)] = node_id
-        return by_address
 
     def cut_off(self) -> bool:
         """Whether this node knows itself cut off: from etcd (fenced), or from every peer (a

@@ -5,13 +5,12 @@ does not answer. Its clients whose links are proxied to a primary on another nod
 outcomes that never come, until the upstream connection's idle timeout (two heartbeats) and
 the heal: the nemesis measured 14 s for a 6 s cut, 21-34 s for two (docs/nemesis.md, finding
 15). The node's own trouble is known to it (fenced), so while fenced it looks at its upstream
-connections to peers at the fence and then every ``LOOK`` (a quarter second): one that owed
-answers (transfers without an outcome, attaches or its own open unanswered) at one look, and
-heard not a byte by the next nor for ``relay_limit`` (half a lease: a live peer sends at least
-its outcomes), is silent, and the connections of the clients proxied through that peer's
-pools are ended (``amqp:connection:forced``, a reset), so their failover lists take them to a
-node that hears. Links of other fedgate nodes through here are left alone (those nodes find
-the primary themselves).
+connections to peers at the fence and then every ``relay_limit`` (half a lease): one that
+owed answers (transfers without an outcome, attaches or its own open unanswered) at a look
+and heard nothing at all by the next (a live peer sends at least its outcomes) is silent, and the connections of the clients
+proxied through that peer's pools are ended (``amqp:connection:forced``, a reset), so their
+failover lists take them to a node that hears. Links of other fedgate nodes through here are
+left alone (those nodes find the primary themselves).
 
 A node cut off only from etcd hears its peers: nothing changes for it. A peer that is alive
 and slow for a whole relay limit with work owed (a primary waiting a lease for a silent
@@ -23,22 +22,20 @@ after a connection that was opened, which is this node for its own clients, so a
 brings them back here; a refused connect moves it on to the next URL. In a node with workers
 the supervisor admits connections, and the gate is not asked.
 
-States: ``idle`` (acting) -> ``watching`` (fenced: a look every ``LOOK``; a peer pool owing
-answers at one look and unheard since, and for a relay limit, becomes ``silent``, and with it every peer
+States: ``idle`` (acting) -> ``watching`` (fenced: a look every ``relay_limit``; a peer pool
+owing answers at one look and unheard at the next becomes ``silent``, and with it every peer
 pool unheard since the fence: their clients are sent away, new clients turned away, until
-they are heard again) -> ``idle`` (acting again: every note dropped). A primary here that
-stood aside, or ``isolation`` finding this node cut off from every peer, enters ``watching``
-too (``isolated_from``) without being fenced.
+they are heard again) -> ``idle`` (acting again: every note
+dropped).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from urllib.parse import urlsplit
 
 log = logging.getLogger("fedgate.replication")
-
-LOOK = 0.25  # seconds between looks while fenced
 
 
 def owes(member) -> bool:
@@ -147,11 +144,16 @@ class SilentPeers:
 
     def _next(self) -> None:
         loop = asyncio.get_running_loop()
-        self.timer = loop.call_later(LOOK, self._look)
+        self.timer = loop.call_later(self.service.relay_limit(), self._look)
 
     def _peer_pools(self) -> list:
-        peers = self.service.peers_by_address()
-        pools = self.service.node.broker.upstreams.pools.values()
+        service = self.service
+        peers = set()
+        for node_id, url in service.known.items():
+            if node_id != service.node_id and url:
+                parts = urlsplit(url)
+                peers.add((parts.hostname, parts.port))
+        pools = service.node.broker.upstreams.pools.values()
         return [p for p in pools if (p.target.host, p.target.port) in peers]
 
     def _look(self) -> None:
@@ -176,10 +178,8 @@ class SilentPeers:
                 if protocol is None or not owes(member):
                     continue
                 before = self.owed.get(member)
-                if before is not None and before == (protocol, protocol.heard_at) \
-                        and now - protocol.heard_at >= service.relay_limit():
-                    # owed at the last look, not a byte since, nor for a relay limit
-                    self.silent[pool] = now
+                if before is not None and before == (protocol, protocol.heard_at):
+                    self.silent[pool] = now  # owed at the last look, and not a byte since
                     self._send_clients_away(pool)
                     break
                 owed[member] = (protocol, protocol.heard_at)

@@ -21,9 +21,8 @@ import pytest
 from proton import Connection
 
 from playbook import PlaybookClient, World, run
-from test_failover_links import Numbered, new_primary
-from test_replication_playbooks import (CREDIT, TTL, Consumer, etcd_cluster, make_primary,
-                                        placement, service, view)
+from test_failover_links import Numbered
+from test_replication_playbooks import CREDIT, TTL, Consumer, etcd_cluster, make_primary, placement
 
 pytestmark = pytest.mark.timeout(60)
 ADDRESS = "orders.x"
@@ -152,118 +151,6 @@ def test_a_consumer_proxied_to_a_peer_that_owes_nothing_goes_too(tmp_path):
         reset = loop.time()
         await world.until(lambda: consuming.lost, timeout=0.1, what="the consumer reset with it")
         assert reset - began <= TTL + TTL / 2 + 0.5
-        await world.close()
-
-    run(play)
-
-
-def test_a_node_cut_off_from_its_peers_not_from_etcd_sends_its_clients_away(tmp_path):
-    """Finding 17: a node cut off from both peers, still on etcd, is not fenced. Its producer,
-    proxied to the primary elsewhere, waited for the whole cut. Every other live member owing
-    it an answer and none heard for a lease: it is the one cut off, and its client's
-    connection is reset (new ones are refused) while the producer on another node goes on."""
-    async def play():
-        world = World(tmp_path)
-        etcd, nodes = await etcd_cluster(world)
-        primary = await make_primary(world, nodes, ADDRESS)
-        cut_off, other = [n for n in nodes if n != primary]
-        cut_client = await world.client(cut_off, "on-the-cut-node")
-        cut = Numbered(cut_client.sender(ADDRESS))
-        fine = Numbered((await world.client(other, "elsewhere")).sender(ADDRESS), base=1000)
-        await world.until(lambda: cut.upto(10) and fine.upto(10), what="accepted through both")
-
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        for node in nodes:
-            if node != cut_off:
-                world.network.partition(cut_off, node)
-
-        async def keep_sending() -> None:  # as a producer does: what it sends is owed an answer
-            while not cut_client.lost:
-                cut.upto(cut.sent + 1)
-                await asyncio.sleep(0.1)
-        sending = asyncio.ensure_future(keep_sending())
-        await world.until(lambda: cut_client.lost, timeout=3 * TTL, what="the client reset")
-        assert loop.time() - began <= TTL + 1.0, loop.time() - began
-        await sending
-        # the primary drops the silent backup after a lease (the queue's gap), and goes on
-        await world.until(lambda: fine.upto(30), timeout=TTL + 2, what="accepted elsewhere")
-        assert cut.sender.closed_with is None
-        assert service(nodes[cut_off]).isolation.isolations == 1
-        _, again = await world.network.host("again").connect(lambda: PlaybookClient("again"),
-                                                              cut_off, 5672)
-        await world.until(lambda: again.lost, timeout=1.0, what="a new client turned away")
-        await world.close()
-
-    run(play)
-
-
-def test_a_paused_peer_does_not_make_a_node_think_itself_cut_off(tmp_path):
-    """One peer silent (the primary, paused: cut off from everything, etcd too), the other
-    heard: the node keeps its clients; the queue moves by etcd and its producer goes on."""
-    async def play():
-        world = World(tmp_path)
-        etcd, nodes = await etcd_cluster(world)
-        primary = await make_primary(world, nodes, ADDRESS)
-        watcher, other = [n for n in nodes if n != primary]
-        client = await world.client(watcher, "producer")
-        producer = Numbered(client.sender(ADDRESS))
-        busy = Numbered((await world.client(other, "other")).sender(ADDRESS), base=1000)
-        await world.until(lambda: producer.upto(10) and busy.upto(10), what="accepted")
-        for node in nodes:
-            if node != primary:
-                world.network.partition(primary, node)
-        nodes[primary].coordinator.store.partition()
-        for target in range(11, 11 + int(3 * TTL / 0.1)):
-            producer.upto(target)
-            busy.upto(1000 + target)
-            await asyncio.sleep(0.1)
-        await world.until(lambda: producer.upto(producer.sent), timeout=TTL, what="accepted")
-        assert not client.lost
-        assert service(nodes[watcher]).isolation.isolations == 0
-        await world.close()
-
-    run(play)
-
-
-def test_the_primary_cut_off_from_its_peers_does_not_make_the_others_think_themselves_cut_off(
-        tmp_path):
-    """The primary cut off from both peers (on etcd, alive), with no producer of its own: it
-    has nothing waiting, so it sees nothing wrong. The two other nodes, each with a producer
-    it proxies there, find it silent; each asks the other peer (a ping), which answers: the
-    primary is the one cut off, not them, and they keep their clients. Each says in etcd it
-    cannot reach the primary; named by every other member, the primary stands aside, a backup
-    takes over, and both producers go on (docs/nemesis.md, finding 12)."""
-    async def play():
-        world = World(tmp_path)
-        etcd, nodes = await etcd_cluster(world)
-        primary = await make_primary(world, nodes, ADDRESS)
-        watcher, other = [n for n in nodes if n != primary]
-        client = await world.client(watcher, "producer")
-        producer = Numbered(client.sender(ADDRESS))
-        second_client = await world.client(other, "second")
-        second = Numbered(second_client.sender(ADDRESS), base=1000)
-        await world.until(lambda: producer.upto(10) and second.upto(10), what="accepted")
-        loop = asyncio.get_running_loop()
-        cut = loop.time()
-        for node in nodes:
-            if node != primary:
-                world.network.partition(primary, node)
-        for target in range(11, 11 + int(3 * TTL / 0.1)):
-            producer.upto(target)
-            second.upto(target)
-            await asyncio.sleep(0.1)
-            if new_primary(nodes, primary) is not None:
-                break
-        assert new_primary(nodes, primary) is not None
-        assert loop.time() - cut <= TTL + 2
-        assert view(nodes[primary], ADDRESS)["stood_aside"] == 1
-        first, then = producer.sent + 5, second.sent + 5
-        await world.until(lambda: producer.upto(first) and second.upto(then),
-                          timeout=TTL, what="accepted by the new primary")
-        assert not client.lost and not second_client.lost
-        assert service(nodes[watcher]).isolation.isolations == 0
-        assert service(nodes[other]).isolation.isolations == 0
         await world.close()
 
     run(play)
