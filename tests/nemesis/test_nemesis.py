@@ -11,8 +11,8 @@ checker must say so, or it proves nothing). ``make nemesis`` runs 20 seeds or mo
 Pass: 0 lost and 0 unexpected, no client left with a link the server ended
 (``link-closed``), and for every single fault the longest time without an acceptance stays
 within lease_ttl + 2 s of the fault's start and end (a fault's own length excepted where the
-fault stops the whole cluster: etcd paused, every node killed), per queue and, where every
-node keeps running, per producer.
+fault stops the whole cluster: etcd paused, every node killed), per queue; and, where every
+node keeps running, each producer's own wait within 2 x lease_ttl + 2 s.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ WHOLE_CLUSTER = ("etcd-pause", "power-loss")
 # (docs/nemesis.md, finding 15): every node keeps running. Not a pause: a client connected to a
 # frozen node waits for its own idle timeout (these clients set none) or the thaw.
 PER_PRODUCER = ("kill", "etcd-cut", "one-way", "isolate", "peers-cut")
+# one producer may also wait for its node to find itself cut off and send it away, and for its
+# own reconnection: a lease more than its queue (finding 15 measured 14-34 s before its fix)
+PRODUCER_GAP_LIMIT = 2 * harness.LEASE_TTL + 2.0
 
 
 def report_line(name: str, result: dict) -> str:
@@ -58,9 +61,9 @@ def check_episodes(result: dict) -> list[str]:
             problems.append(f"{episode['fault']} on {episode['node']}: {episode['longest_gap_s']} s "
                             f"without an acceptance (allowed {allowed:.1f})")
         waited = episode.get("producer_gap_s")
-        if episode["fault"] in PER_PRODUCER and waited is not None and waited > GAP_LIMIT:
+        if episode["fault"] in PER_PRODUCER and waited is not None and waited > PRODUCER_GAP_LIMIT:
             problems.append(f"{episode['fault']} on {episode['node']}: {episode['gap_producer']} "
-                            f"waited {waited} s for an acceptance (allowed {GAP_LIMIT:.1f})")
+                            f"waited {waited} s for an acceptance (allowed {PRODUCER_GAP_LIMIT:.1f})")
     return problems
 
 
