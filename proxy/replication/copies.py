@@ -43,6 +43,7 @@ LAG_CHECK = 0.5  # seconds between looks for lagging backups
 # from 14.2 to 12.2 µs against 2 in flight (bench/README.md, replicated queues).
 BATCHES_IN_FLIGHT = 1
 REATTACH = 1.0  # seconds before a dropped backup is sent a new catch-up
+COMPLETE_AGAIN = 0.05  # seconds before completing again what the lease's clock held back
 
 
 def aside_margin(lease: float) -> float:
@@ -83,6 +84,7 @@ class PrimaryCopy:
         self._timer = loop.call_later(LAG_CHECK, self._check_lag)
         self._stuck_since, self._stuck_at = None, -1  # since when nothing was accepted (_starved)
         self._heard_before = None  # peers' activity when the backups fell silent (_cut_off_alone)
+        self._complete_timer: asyncio.TimerHandle | None = None  # _complete, when acting again
 
     # -- backups ----------------------------------------------------------------------
     def set_backups(self, backups: dict[str, str]) -> None:
@@ -256,7 +258,10 @@ class PrimaryCopy:
         if self.service.automatic and not self.service.coordinator.acting():
             # the lease's clock says this node may act no more, and the fence has not come yet
             # (a pause just ended: its input is read before its timers run): nothing is
-            # settled; the fence hands what waits to the new primary (docs/nemesis.md, 20)
+            # settled; the fence hands what waits to the new primary (docs/nemesis.md, 20), or
+            # a renewal comes in time and it is settled then
+            if self._complete_timer is None:
+                self._complete_timer = self.loop.call_later(COMPLETE_AGAIN, self._complete_again)
             return
         producers = {}  # each producer's credit is topped up once, after its run (ordered)
         for token in self.replica_set.completed():
@@ -268,6 +273,11 @@ class PrimaryCopy:
                 producers[producer] = None
         for producer in producers:
             producer.after_confirmed()
+
+    def _complete_again(self) -> None:
+        self._complete_timer = None
+        if not self.fenced:
+            self._complete()
 
     # -- the in-sync set ------------------------------------------------------------------
     def _propose(self) -> None:
