@@ -28,6 +28,15 @@ pytestmark = pytest.mark.timeout(60)
 ADDRESS = "orders.x"
 
 
+def deafen(world, nodes: dict, name: str) -> None:
+    """A one-way partition of node ``name``: what it sends arrives (to etcd and to its peers),
+    nothing comes back."""
+    nodes[name].coordinator.store.deafen()
+    for node in nodes:
+        if node != name:
+            world.network.deafen(name, node)
+
+
 def test_a_node_that_hears_nothing_back_sends_its_proxied_producers_elsewhere(tmp_path):
     async def play():
         world = World(tmp_path)
@@ -42,10 +51,7 @@ def test_a_node_that_hears_nothing_back_sends_its_proxied_producers_elsewhere(tm
 
         loop = asyncio.get_running_loop()
         began = loop.time()
-        nodes[deaf].coordinator.store.deafen()
-        for node in nodes:
-            if node != deaf:
-                world.network.deafen(deaf, node)
+        deafen(world, nodes, deaf)
         # the primary and the other node go on: the one-way cut node is nobody's problem
         target = 10
         while not cut_client.lost:
@@ -140,10 +146,7 @@ def test_a_consumer_proxied_to_a_peer_that_owes_nothing_goes_too(tmp_path):
 
         loop = asyncio.get_running_loop()
         began = loop.time()
-        nodes[deaf].coordinator.store.deafen()
-        for node in nodes:
-            if node != deaf:
-                world.network.deafen(deaf, node)
+        deafen(world, nodes, deaf)
         while not producing.lost:
             producer.upto(producer.sent + 1)
             await asyncio.sleep(0.1)
