@@ -331,11 +331,7 @@ class ReplicationService:
             peer = self.peer_of(handler) if handler is not None else None
             if peer is not None:
                 out.setdefault(peer, [0, 0.0])[0] += getattr(protocol, "reads", 0)
-        by_address = {}
-        for node_id, url in self.known.items():
-            if node_id != self.node_id and url:
-                parts = urlsplit(url)
-                by_address[(parts.hostname, parts.port)] = node_id
+        by_address = self.peers_by_address()
         for pool in self.node.broker.upstreams.pools.values():
             peer = by_address.get((pool.target.host, pool.target.port))
             if peer is None:
@@ -345,6 +341,15 @@ class ReplicationService:
                 if member.protocol is not None:
                     entry[1] = max(entry[1], member.protocol.heard_at)
         return {peer: tuple(entry) for peer, entry in out.items()}
+
+    def peers_by_address(self) -> dict[tuple, str]:
+        """(host, port) of every other member's AMQP listener -> its node id."""
+        by_address = {}
+        for node_id, url in self.known.items():
+            if node_id != self.node_id and url:
+                parts = urlsplit(url)
+                by_address[(parts.hostname, parts.port)] = node_id
+        return by_address
 
     def cut_off(self) -> bool:
         """Whether this node knows itself cut off: from etcd (fenced), or from every peer (a

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from urllib.parse import urlsplit
 
 log = logging.getLogger("fedgate.replication")
 
@@ -147,13 +146,8 @@ class SilentPeers:
         self.timer = loop.call_later(self.service.relay_limit(), self._look)
 
     def _peer_pools(self) -> list:
-        service = self.service
-        peers = set()
-        for node_id, url in service.known.items():
-            if node_id != service.node_id and url:
-                parts = urlsplit(url)
-                peers.add((parts.hostname, parts.port))
-        pools = service.node.broker.upstreams.pools.values()
+        peers = self.service.peers_by_address()
+        pools = self.service.node.broker.upstreams.pools.values()
         return [p for p in pools if (p.target.host, p.target.port) in peers]
 
     def _look(self) -> None:
