@@ -152,8 +152,9 @@ def test_a_durable_subscription_with_a_selector_collects_only_what_it_selects(ta
 def test_non_durable_subscribers_each_get_every_message_published_while_there(target, jms):  # noqa: F811
     url, prefix = target
     topic = prefix + "live"
-    one = subscriber(jms, url, topic, prefix + "c1", "-", idle=6000)
-    two = subscriber(jms, url, topic, prefix + "c2", "-", idle=6000)
+    # each takes until 600 ms without a message once the first came (up to 60 s for it)
+    one = subscriber(jms, url, topic, prefix + "c1", "-", idle="60000/600")
+    two = subscriber(jms, url, topic, prefix + "c2", "-", idle="60000/600")
     assert jms("publish", url, topic, spec(0, 5)).result()["sent"] == 5
     expected = [f"t{i}" for i in range(5)]
     assert one.result()["ids"] == expected and two.result()["ids"] == expected

@@ -83,7 +83,9 @@ import org.apache.qpid.jms.message.JmsInboundMessageDispatch;
  *                                              a durable subscriber (client id CLIENT_ID;
  *                                              NAME "-": a plain, non-durable one); prints
  *                                              {"ready": true}, takes until IDLE_MS without a
- *                                              message, closes it (the subscription stays);
+ *                                              message (IDLE_MS may be FIRST_MS/IDLE_MS: up to
+ *                                              FIRST_MS for the first one), closes it (the
+ *                                              subscription stays);
  *                                              prints {"ids": [...]}
  *   shared URL TOPIC NAME CONSUMERS IDLE_MS DURABLE
  *                                              CONSUMERS shared consumers (JMS 2.0, no client
@@ -125,7 +127,7 @@ public final class JmsClient {
                 case "poison" -> poison(args[1], args[2], Long.parseLong(args[3]));
                 case "publish" -> publish(args[1], args[2], args[3]);
                 case "subscribe" -> subscribe(args[1], args[2], args[3], args[4],
-                                              Long.parseLong(args[5]), args.length > 6 ? args[6] : null);
+                                              args[5], args.length > 6 ? args[6] : null);
                 case "shared" -> shared(args[1], args[2], args[3], Integer.parseInt(args[4]),
                                         Long.parseLong(args[5]), Boolean.parseBoolean(args[6]));
                 case "unsubscribe" -> unsubscribe(args[1], args[2], args[3]);
@@ -308,7 +310,11 @@ public final class JmsClient {
     }
 
     private static void subscribe(String url, String topicName, String clientId, String name,
-                                  long idleMs, String selector) throws Exception {
+                                  String idle, String selector) throws Exception {
+        // IDLE_MS, or FIRST_MS/IDLE_MS: up to FIRST_MS for the first message, then IDLE_MS
+        String[] waits = idle.split("/");
+        long idleMs = Long.parseLong(waits[waits.length - 1]);
+        long firstMs = Long.parseLong(waits[0]);
         try (Connection connection = connectAs(url, clientId)) {
             Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
             jakarta.jms.Topic topic = session.createTopic(topicName);
@@ -316,7 +322,15 @@ public final class JmsClient {
                 ? session.createConsumer(topic, selector)
                 : session.createDurableSubscriber(topic, name, selector, false);
             print("{\"ready\": true}");
-            print("{\"ids\": " + quoteAll(drain(consumer, idleMs)) + "}");
+            List<String> ids = new ArrayList<>();
+            Message first = consumer.receive(firstMs);
+            if (first != null) {
+                ids.add(first.getStringProperty("id"));
+                ids.addAll(drain(consumer, idleMs));
+            } else {
+                consumer.close();
+            }
+            print("{\"ids\": " + quoteAll(ids) + "}");
         }
     }
 
@@ -384,26 +398,45 @@ public final class JmsClient {
 
     private static void selectorCases(String url, String prefix, String spec, String[] selectors)
             throws Exception {
-        List<String> results = new ArrayList<>();
+        // the cases share nothing (a queue each): run at once, each on its own connection,
+        // so that the 500 ms idle waits overlap instead of adding up
+        java.util.concurrent.ExecutorService pool =
+            java.util.concurrent.Executors.newFixedThreadPool(selectors.length);
+        List<java.util.concurrent.Future<String>> futures = new ArrayList<>();
         for (int i = 0; i < selectors.length; i++) {
-            String queueName = prefix + i;
-            sendx(url, queueName, spec);
-            try (Connection connection = connect(url)) {
-                Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
-                Queue queue = session.createQueue(queueName);
-                String selected;
-                try {
-                    selected = quoteAll(drain(session.createConsumer(queue, selectors[i]), 500));
-                } catch (JMSException e) {
-                    results.add("{\"error\": " + quote(String.valueOf(e.getMessage()))
-                                + ", \"type\": " + quote(e.getClass().getName()) + "}");
-                    continue;
-                }
-                String rest = quoteAll(drain(session.createConsumer(queue), 500));
-                results.add("{\"selected\": " + selected + ", \"rest\": " + rest + "}");
+            final int index = i;
+            futures.add(pool.submit(() -> selectorCase(url, prefix + index, spec, selectors[index])));
+        }
+        List<String> results = new ArrayList<>();
+        for (java.util.concurrent.Future<String> future : futures) {
+            try {
+                results.add(future.get(120, java.util.concurrent.TimeUnit.SECONDS));
+            } catch (java.util.concurrent.ExecutionException e) {
+                Throwable cause = e.getCause();
+                results.add("{\"error\": " + quote(String.valueOf(cause.getMessage()))
+                            + ", \"type\": " + quote(cause.getClass().getName()) + "}");
             }
         }
+        pool.shutdownNow();
         print("{\"cases\": [" + String.join(", ", results) + "]}");
+    }
+
+    private static String selectorCase(String url, String queueName, String spec, String selector)
+            throws Exception {
+        sendx(url, queueName, spec);
+        try (Connection connection = connect(url)) {
+            Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            Queue queue = session.createQueue(queueName);
+            String selected;
+            try {
+                selected = quoteAll(drain(session.createConsumer(queue, selector), 500));
+            } catch (JMSException e) {
+                return "{\"error\": " + quote(String.valueOf(e.getMessage()))
+                       + ", \"type\": " + quote(e.getClass().getName()) + "}";
+            }
+            String rest = quoteAll(drain(session.createConsumer(queue), 500));
+            return "{\"selected\": " + selected + ", \"rest\": " + rest + "}";
+        }
     }
 
     private static void poison(String url, String queueName, long idleMs) throws Exception {
