@@ -178,7 +178,7 @@ def test_a_backup_restarted_under_load_catches_up_100k_and_then_holds_every_mess
     nodes, n1, n2, n3 = three_nodes(start_node, etcd_url, cluster_name, workers=workers)
     per = CATCHUP_MESSAGES // 4
     fill = Workload(clients, ADDRESS, senders=[(n1.url, f"f{i}") for i in range(4)], receivers=[],
-                    per_sender=per, rate=0, timeout_s=300)
+                    per_sender=per, rate=0, timeout_s=300, kind="go")
     fill.start_senders()
     wait_isr(etcd_url, cluster_name, ADDRESS, ["n2", "n3"], 10.0, primary="n1")
     n3.kill()
@@ -220,7 +220,8 @@ def test_a_backup_restarted_under_load_catches_up_100k_and_then_holds_every_mess
     n2.kill()
     assert wait_primary(nodes, ADDRESS, LEASE_TTL + 10.0) == "n3"
     accepted = {**filled, **outcome.accepted}
-    drain = Workload(clients, ADDRESS, senders=[], receivers=[n3.url], credit=500, timeout_s=300)
+    drain = Workload(clients, ADDRESS, senders=[], receivers=[n3.url], credit=500, timeout_s=300,
+                     kind="go")
     drain.start_receivers()
     rest = drain.result(timeout=240.0, quiet=2.0,
                         want=set(accepted) - outcome.received_ids)

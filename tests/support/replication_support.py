@@ -275,11 +275,18 @@ class Outcome:
 
 
 class Workload:
-    """Numbered messages from ``senders`` ([(url, prefix)]) to ``receivers`` ([url])."""
+    """Numbered messages from ``senders`` ([(url, prefix)]) to ``receivers`` ([url]).
+
+    ``kind="go"``: the go-amqp client (tests/clients/goamqp) instead of python-qpid-proton's,
+    for volume: about 50,000 messages a second against proton's 5,000 here. It reports no
+    acceptance per message: a sender's messages count as accepted when its final line says
+    every one was (no ``failover``)."""
 
     def __init__(self, clients, address: str, *, senders, receivers, per_sender: int = 1000,
                  rate: float = 100.0, credit: int = 20, timeout_s: float = 120.0,
-                 durable: bool = False, failover: bool = False) -> None:
+                 durable: bool = False, failover: bool = False, kind: str = "proton") -> None:
+        assert kind in ("proton", "go") and not (kind == "go" and failover)
+        self.kind = kind
         self.clients, self.address = clients, address
         self.sender_spec, self.receiver_urls = list(senders), list(receivers)
         self.per_sender, self.rate, self.credit = per_sender, rate, credit
@@ -299,13 +306,21 @@ class Workload:
         return self
 
     def add_receiver(self, url: str) -> None:
-        client = self.clients("proton", "receive", url, address=self.address, count=0,
+        client = self.clients(self.kind, "receive", url, address=self.address, count=0,
                               credit=self.credit, check_body=True, timeout_ms=self.timeout_ms,
                               failover=self.failover)
         self.receivers.append(Lines(client, "receiver", url))
 
     def start_senders(self) -> "Workload":
         for url, prefix in self.sender_spec:
+            if self.kind == "go":
+                client = self.clients("go", "send", url, address=self.address,
+                                      count=self.per_sender, prefix=prefix,
+                                      rate=int(self.rate) or None, durable=self.durable,
+                                      timeout_ms=self.timeout_ms)
+                self.senders.append(Lines(client, "sender", url))
+                self.senders[-1].prefix = prefix
+                continue
             client = self.clients("proton", "send", url, address=self.address,
                                   count=self.per_sender, prefix=prefix, rate=self.rate or None,
                                   report_accepted=True, report_sent=True, durable=self.durable,
@@ -320,6 +335,12 @@ class Workload:
     def accepted(self) -> dict:
         out = {}
         for reader in self.senders:
+            if self.kind == "go":  # all or nothing: only the final line tells
+                final = reader.final()
+                if final and final.get("accepted") == self.per_sender:
+                    out.update((f"{reader.prefix}-{seq}", reader.last)
+                               for seq in range(self.per_sender))
+                continue
             for t, line in reader.items("accepted_id"):
                 out.setdefault(line["accepted_id"], t)
         return out

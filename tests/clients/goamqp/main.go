@@ -8,7 +8,7 @@
 //	                      [--sizes S1,S2,...]
 //	goamqp-client receive --url URL --address A --count N [--credit C] [--idle-ms I]
 //	                      [--outcome accept|release|reject|modify-failed|modify-undeliverable]
-//	                      [--max-message-size B]
+//	                      [--max-message-size B] [--check-body]
 //	goamqp-client drain   --url URL --address A [--credit C] [--take N] [--browse]
 //	                      [--max-message-size B]
 //
@@ -29,7 +29,11 @@
 // sender's flow that answers it. When DrainCredit fails or the deadline passes (the
 // drain went unanswered): "drained": false and the error, exit 2 or 3.
 //
-// Exit codes: 0 ok, 2 AMQP/SASL/transport error, 3 timeout, 64 bad command line.
+// receive --check-body: each message's id must be PRODUCER-SEQ and its body what a test
+// sender makes of it (this client's string, or tests/clients/proton_client.py's "message
+// SEQ"); a mismatch prints {"bad_body": ...} and exits 4 at once.
+//
+// Exit codes: 0 ok, 2 AMQP/SASL/transport error, 3 timeout, 4 corrupt message, 64 bad command line.
 package main
 
 import (
@@ -54,6 +58,7 @@ const (
 	exitOK      = 0
 	exitError   = 2
 	exitTimeout = 3
+	exitCorrupt = 4
 	exitUsage   = 64
 	// unsettled sends in flight at once; each waits for its outcome in order
 	sendWindow = 100
@@ -62,7 +67,7 @@ const (
 type options struct {
 	mode, url, address, prefix, username, password, sasl, ca, outcome string
 	count, credit, timeoutMS, idleMS, rate, take                      int
-	presettled, durable, tlsInsecure, browse                          bool
+	presettled, durable, tlsInsecure, browse, checkBody               bool
 	sizes                                                             []int
 	maxMessageSize                                                    uint64
 }
@@ -109,6 +114,7 @@ func main() {
 	sizes := fs.String("sizes", "", "send: body sizes in bytes, S1,S2,... (message i: sizes[i % n])")
 	fs.Uint64Var(&o.maxMessageSize, "max-message-size", 0, "receive, drain: the receiver's max-message-size (0: go-amqp's default)")
 	fs.IntVar(&o.take, "take", 0, "drain: messages to receive and accept before the drain")
+	fs.BoolVar(&o.checkBody, "check-body", false, "receive: each body must be what a test sender makes of its id (exit 4 if not)")
 	fs.BoolVar(&o.browse, "browse", false, "drain: attach with source distribution-mode copy (a browser)")
 	if err := fs.Parse(os.Args[2:]); err != nil || o.url == "" || o.address == "" ||
 		(o.mode == "send" && o.count <= 0) || (o.mode != "drain" && o.credit <= 0) ||
@@ -387,6 +393,22 @@ func messageLine(msg *amqp.Message) map[string]any {
 	return line
 }
 
+// bodyMatches: the body is what a test sender makes of the message's producer and seq
+// (this client's "message SEQ from PRODUCER", or proton_client.py's "message SEQ"), and the
+// id is PRODUCER-SEQ.
+func bodyMatches(msg *amqp.Message) bool {
+	if msg.Properties == nil || msg.ApplicationProperties == nil {
+		return false
+	}
+	producer, seq := msg.ApplicationProperties["producer"], msg.ApplicationProperties["seq"]
+	if idString(msg.Properties.MessageID) != fmt.Sprintf("%v-%v", producer, seq) {
+		return false
+	}
+	body, ok := msg.Value.(string)
+	return ok && (body == fmt.Sprintf("message %v", seq) ||
+		body == fmt.Sprintf("message %v from %v", seq, producer))
+}
+
 func receive(ctx context.Context, o options) int {
 	received := 0
 	finish := func(err error) int {
@@ -447,6 +469,13 @@ func receive(ctx context.Context, o options) int {
 		outstanding--
 		received++
 		line := messageLine(msg)
+		if o.checkBody && !bodyMatches(msg) {
+			emit(map[string]any{"bad_body": map[string]any{"id": line["id"],
+				"body": fmt.Sprintf("%.200v", msg.Value), "producer": line["producer"], "seq": line["seq"]}})
+			emit(map[string]any{"done": false, "received": received, "error": map[string]any{
+				"condition": "corrupt-message", "description": fmt.Sprintf("%v", line["id"])}})
+			return exitCorrupt
+		}
 		if err := settle(ctx, receiver, msg, o.outcome); err != nil {
 			return finish(err)
 		}
