@@ -5,7 +5,8 @@ Owns: the replication events and their batches (``events``), the states of a cop
 backup, delayed completion, the in-sync set), a backup's copy (``replica``), the
 replicated local queue (``queue``). docs/replication.md has the design.
 
-The service (``service``, with the per-address logic in ``address``, the client links
+The service (``service``, with the per-address logic in ``address``, who may claim a queue
+whose owner is gone in ``eligible``, the client links
 waiting for an owner in ``parked``, and the links' glue in ``links`` and ``copies``) plugs into the node through the
 ``fedgate.services`` entry point, as fragments do.
 

@@ -36,6 +36,7 @@ from proxy.broker.handler import LinkRefused
 from proxy.queues.local import StoredMessage
 from routing.replication import replicas_of
 
+from . import eligible
 from .copies import BackupCopy, PrimaryCopy
 from .parked import PendingLink, hold_link, park, release_links  # noqa: F401  (re-exported)
 from .queue import ReplicatedQueue
@@ -360,11 +361,17 @@ class ReplicatedAddress:
             record_bytes, record = await self.service.read_record(self.resource)
             log.debug("queue %s: no owner; record %s; this copy %s", self.wire, record,
                       self.backup.describe() if self.backup is not None else None)
-            if record is not None and self._named(record) and not self._holds_copy():
-                # named, but this node came back without its copy (not durable): it steps out
-                # of the record, so that when nobody named holds one the queue is served
-                # again, empty (docs/replication.md: every copy lost)
-                record_bytes, record = await self._step_out(record_bytes, record)
+            if record is not None and eligible.named(record, self.node_id) and \
+                    not eligible.holds_copy(self):
+                wait = eligible.unconfirmed_wait(self, record)
+                if wait is None:
+                    # named, but this node came back without its copy (not durable): it steps
+                    # out of the record, so that when nobody named holds one the queue is
+                    # served again, empty (docs/replication.md: every copy lost)
+                    record_bytes, record = await eligible.step_out(self, record_bytes, record)
+                elif wait > 0:  # caught up, never told: a copy that was told claims first
+                    asyncio.get_running_loop().call_later(wait, self._recheck)
+                    return
             if not self._eligible(record):
                 nobody = record is None or (not record.get("primary") and not record.get("isr"))
                 if nobody and self._preferred() != self.node_id:
@@ -401,33 +408,8 @@ class ReplicatedAddress:
             seen = max(seen, self.backup.image.epoch)
         return seen
 
-    def _named(self, record: dict) -> bool:
-        return record.get("primary") == self.node_id or self.node_id in record.get("isr", ())
-
-    def _holds_copy(self) -> bool:
-        """A copy that holds what was accepted: in sync, or brought back by the journal."""
-        return (self.backup is not None and self.backup.ready) or self.recovered_messages is not None
-
-    async def _step_out(self, record_bytes: bytes, record: dict):
-        changed = dict(record)
-        if changed.get("primary") == self.node_id:
-            changed["primary"] = None
-        changed["isr"] = [n for n in changed.get("isr", ()) if n != self.node_id]
-        body = json.dumps(changed).encode()
-        if await self.service.coordinator.swap_state("replication/" + self.resource,
-                                                     record_bytes, body):
-            log.warning("queue %s: this node holds no copy any more; out of its record (%s)",
-                        self.wire, changed)
-        return await self.service.read_record(self.resource)
-
     def _eligible(self, record: dict | None) -> bool:
-        """May this node claim the queue? (docs/replication.md: failover)."""
-        if record is None or (not record.get("primary") and not record.get("isr")):
-            # never claimed, or every copy named is gone: its preferred node makes it
-            return self._preferred() == self.node_id
-        if asyncio.get_running_loop().time() < self._aside_until:
-            return False  # stood aside: a backup of the in-sync set claims first
-        return self._named(record) and self._holds_copy()
+        return eligible.eligible(self, record)
 
     def _proxy_to_preferred(self) -> None:
         url = self.service.url_of(self._preferred())

@@ -353,12 +353,15 @@ class BackupCopy:
         self.role = CopyRole(loop.time())
         self.sink: ReplicaSink | None = None
         self.primary: str | None = None
+        # caught up, link lost before the primary said it is in sync (proxy.replication.eligible)
+        self.unconfirmed_at: float | None = None
+        self.unconfirmed_seen: float | None = None  # the owner first seen gone since
 
     @property
     def ready(self) -> bool:
         """Caught up and written into the in-sync set by the primary (an ``S`` event), and not
         dropped by it since. Its link may be gone (the primary died): whether it may take over
-        is for the in-sync set recorded in etcd to say (ReplicatedAddress._eligible)."""
+        is for the in-sync set recorded in etcd to say (proxy.replication.eligible)."""
         return not self.image.catching_up and self.image.in_sync
 
     def accept(self, handler, link, primary: str, epoch: int) -> ReplicaSink | None:
@@ -370,6 +373,7 @@ class BackupCopy:
         if self.sink is not None:
             self.sink.fail(LAGGING, "replaced by a new replication link")
         self._journal_removed(self.image.restart(epoch))
+        self.unconfirmed_at = self.unconfirmed_seen = None
         self.primary = primary
         handler.open_link(link)
         sink = ReplicaSink(handler, link, self, primary, epoch)
@@ -423,6 +427,9 @@ class BackupCopy:
         if sink is not self.sink:
             return
         self.sink = None
+        if not dropped and self.role.state == CopyState.CATCHING_UP and \
+                not self.image.catching_up and not self.image.in_sync:
+            self.unconfirmed_at = self.loop.time()  # caught up; the S never came
         if dropped or self.role.state == CopyState.CATCHING_UP:
             self.image.in_sync = False
             self.role.move(CopyState.LAGGING, self.loop.time(),
@@ -457,7 +464,8 @@ class BackupCopy:
     def describe(self) -> dict:
         return {"state": str(self.role.state), "primary": self.primary, "epoch": self.image.epoch,
                 "depth": self.image.depth, "bytes": self.image.bytes,
-                "catching_up": self.image.catching_up, "in_sync": self.image.in_sync}
+                "catching_up": self.image.catching_up, "in_sync": self.image.in_sync,
+                "unconfirmed": self.unconfirmed_at is not None}
 
 
 class _BatchOnDisk:
