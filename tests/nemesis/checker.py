@@ -18,9 +18,10 @@ message not dequeued counts as ``lost_by_design``, apart from ``lost``.
 
 ``episodes(history, faults)``: for each fault ``{"fault", "target", "start", "end"}`` the
 seconds from its start to the first acceptance after it, the longest time without an
-acceptance from its start to 10 s after its end (per queue: by any of its producers; and per
-producer: one client's own wait, docs/nemesis.md finding 15), and p50/p99 of invoke -> ok
-latency of the enqueues invoked during it.
+acceptance from its start to 10 s after its end or the next fault's start, whichever comes
+first (per queue: by any of its producers; and per producer: one client's own wait,
+docs/nemesis.md finding 15), and p50/p99 of invoke -> ok latency of the enqueues invoked
+during it.
 """
 
 from __future__ import annotations
@@ -108,11 +109,14 @@ def episodes(history: list[dict], faults: list[dict], *, after: float = 10.0,
                 repeats.append(op["time"])
             seen.add(op["value"])
     out = []
+    starts = sorted(f["start"] for f in faults)
     for fault in faults:
         start, end = fault["start"], fault["end"]
+        # a wait caused by the next fault is that fault's, not this one's
+        until = min([end + after] + [s for s in starts if s > start])
         first = min((t for times in oks.values() for t in times if t >= start), default=None)
-        worst, worst_queue = _longest_gap(oks, start, end + after)
-        producer_gap, producer = _longest_gap(by_producer, start, end + after)
+        worst, worst_queue = _longest_gap(oks, start, until)
+        producer_gap, producer = _longest_gap(by_producer, start, until)
         during = [s for t, s in latency if start <= t <= end]
         in_flight = _most_open(invokes, outcome_at, start, end)
         out.append({**fault,
@@ -121,7 +125,7 @@ def episodes(history: list[dict], faults: list[dict], *, after: float = 10.0,
                     "producer_gap_s": _round(producer_gap), "gap_producer": producer,
                     "latency_p50_s": _round(_percentile(during, 0.5)),
                     "latency_p99_s": _round(_percentile(during, 0.99)),
-                    "duplicated": sum(1 for t in repeats if start <= t <= end + after),
+                    "duplicated": sum(1 for t in repeats if start <= t <= until),
                     "in_flight": in_flight + consumer_credit * len(consumers)})
     return out
 

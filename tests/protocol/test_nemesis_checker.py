@@ -57,3 +57,21 @@ def test_one_producers_wait_is_measured_apart_from_its_queues():
     assert episode["gap_queue"] == "q" and episode["longest_gap_s"] == 1.0
     # from the fault's start (10.5) to its next acceptance (17.02)
     assert episode["gap_producer"] == "p-q-n1" and episode["producer_gap_s"] == 6.52
+
+
+def test_a_wait_caused_by_the_next_fault_is_that_faults():
+    """A kill at 10-12 s costs 2 s; a cut at 15-21 s stops the queue from 15.5 to 21. The
+    kill's episode ends where the cut begins (it used to run 10 s past the kill's end and
+    took the cut's 5.5 s wait: long seed 6, 2026-11-27); the cut's episode has it."""
+    history = []
+    for i in range(40):
+        t = 8.0 + i * 0.5
+        if 10.0 <= t < 12.0 or 15.5 <= t < 21.0:
+            continue
+        history += [op("invoke", "enqueue", f"v{i}", t, "p-q-n1"),
+                    op("ok", "enqueue", f"v{i}", t + 0.01, "p-q-n1")]
+    kill, cut = checker.episodes(history, [
+        {"fault": "kill", "target": "primary", "node": "n1", "start": 10.0, "end": 12.0},
+        {"fault": "peers-cut", "target": "random", "node": "n3", "start": 15.0, "end": 21.0}])
+    assert kill["longest_gap_s"] == 2.01
+    assert cut["longest_gap_s"] == 6.0
