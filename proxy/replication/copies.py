@@ -37,6 +37,8 @@ from .states import CopyRole, CopyState
 log = logging.getLogger("fedgate.replication")
 
 LAG_CHECK = 0.5  # seconds between looks for lagging backups
+# an idle in-sync backup of a queue with clients gets an empty batch at each look (LAG_CHECK)
+KEEPALIVE = LAG_CHECK / 2
 # per backup, sent and not acknowledged yet. One: while a batch is on its way, events wait,
 # and a message consumed meanwhile never goes to the backup at all (primary.py's coalescing).
 # With a fast consumer that is most of them: on 2 cores the primary's CPU per message fell
@@ -154,10 +156,32 @@ class PrimaryCopy:
             timer.cancel()
         self._propose()
 
+    def _keepalive(self) -> None:
+        """With etcd, and clients on the queue (here or through a peer): an empty batch to each
+        idle in-sync backup every ``KEEPALIVE``. Producers of other nodes reach this primary
+        through its peers; cut off from them, nothing waits here, and without a batch out
+        nothing showed that the backups answer nothing: the primary held the queue for the
+        whole cut (docs/nemesis.md, finding 17). A queue nobody uses sends nothing."""
+        if not self.service.automatic or not self._in_use():
+            return
+        now, sent = self.loop.time(), False
+        for node, pusher in self.pushers.items():
+            if pusher.credit > 0:
+                number = self.replica_set.take_keepalive(node, now, KEEPALIVE)
+                if number is not None:
+                    pusher.send(number, [])
+                    sent = True
+        if sent:  # a timer's doing: no input cycle flushes it
+            self.node.broker.run_pending()
+
+    def _in_use(self) -> bool:
+        return bool(self.queue.consumers or self.queue.producers)
+
     def _check_lag(self) -> None:
         self._timer = None
         if self.fenced:
             return
+        self._keepalive()
         if self._starved() or self._cut_off_alone():
             return
         silent_after = self.service.lease_ttl() if self.service.automatic else None
@@ -204,14 +228,21 @@ class PrimaryCopy:
         return True
 
     def _cut_off_alone(self) -> bool:
-        """With ``min_in_sync = 1``: none of the in-sync backups answers, while producers wait.
-        Gone (no live member in etcd any more), they are dropped and this primary goes on
-        alone (``lagging``). Alive, and no other peer heard since the silence began (or none
-        to hear, with two or more of them silent): this primary is the one cut off, and it
-        stands aside (docs/replication.md, 5b; docs/nemesis.md, finding 12)."""
+        """None of the in-sync backups answers, while producers wait here (``min_in_sync = 1``;
+        with more, ``_starved`` judges) or while the queue has clients and nothing waits here
+        (any ``min_in_sync``: the keepalives show the silence; clients of other nodes may be
+        the ones waiting, docs/nemesis.md, finding 17). Gone (no live member in etcd any
+        more), they are dropped and this primary goes on alone (``lagging``). Alive, and no
+        other peer heard since the silence began (or none to hear, with two or more of them
+        silent): this primary is the one cut off, and it stands aside (docs/replication.md,
+        5b; docs/nemesis.md, finding 12)."""
         replica_set = self.replica_set
-        if (replica_set.min_in_sync >= 2 or not self.service.automatic
-                or not replica_set.waiting or not replica_set.isr):
+        waiting = bool(replica_set.waiting)
+        # with min_in_sync >= 2 and producers waiting, _starved judges; with nothing waiting
+        # here, clients elsewhere may wait: the keepalives show the silence to both
+        if (not self.service.automatic or not replica_set.isr
+                or (replica_set.min_in_sync >= 2 and waiting)
+                or not (waiting or self._in_use())):
             self._heard_before = None
             return False
         now, lease = self.loop.time(), self.service.lease_ttl()

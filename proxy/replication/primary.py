@@ -43,6 +43,7 @@ MAX_BATCH_BYTES = 1 << 20
 # (bench/README.md, issue #45); FEDGATE_REPLICATION_BATCH_EVENTS sets it for such a benchmark
 MAX_BATCH_EVENTS = int(os.environ.get("FEDGATE_REPLICATION_BATCH_EVENTS", "512"))
 MAX_STREAM_BYTES = 64 << 20  # bytes of events waiting for one backup before it is dropped
+ASKED_AGAIN = 1.0  # a batch sent this soon after the last acknowledgement: silence counts from it
 
 
 @dataclass
@@ -72,6 +73,7 @@ class BackupStream:
     held_through: int = 0  # tickets this backup holds (its acknowledged batches)
     acked_at: float = 0.0
     catchup_acked: bool = False  # the batch with catchup-done was acknowledged
+    last_sent: float = 0.0  # when the last batch went (keepalives: copies.KEEPALIVE)
     dropped: str | None = None  # why it leaves the ISR (lagging, link lost)
 
     def add(self, event: Event, ticket: int, now: float) -> None:
@@ -103,6 +105,16 @@ class BackupStream:
             self.pending_bytes -= event.size
             return True
         return False
+
+    def silent_for(self, now: float) -> float:
+        """How long this backup has owed an answer and not been heard: from its last
+        acknowledgement when it was asked again soon after (a busy stream, or one kept alive
+        by copies.KEEPALIVE), else from the oldest batch it owes; 0 when it owes nothing."""
+        if not self.unacked:
+            return 0.0
+        first = self.unacked[0].sent_at
+        since = self.acked_at if self.acked_at and first - self.acked_at <= ASKED_AGAIN else first
+        return now - since
 
     def behind_since(self) -> float | None:
         """When the oldest event this backup has not acknowledged was made."""
@@ -269,7 +281,24 @@ class ReplicaSet:
         stream.next_number += 1
         stream.unacked.append(SentBatch(number, now, through if through is not None else stream.held_through,
                                         ends_catchup))
+        stream.last_sent = now
         return number, events
+
+    def take_keepalive(self, node: str, now: float, every: float) -> int | None:
+        """The number of an empty batch for ``node``, an in-sync backup sent nothing for
+        ``every`` seconds and owing nothing, or None. Its acknowledgement is all it is for:
+        unanswered, it makes the silence of a backup visible (``answering``) while nothing
+        waits here (docs/nemesis.md, finding 17)."""
+        stream = self.streams.get(node)
+        if (stream is None or node not in self.isr or stream.unacked or stream.pending
+                or stream.unsent_acquires or stream.catchup is not None
+                or now - stream.last_sent < every):
+            return None
+        number = stream.next_number
+        stream.next_number += 1
+        stream.unacked.append(SentBatch(number, now, self.ticket))
+        stream.last_sent = now
+        return number
 
     def acked(self, node: str, number: int, now: float) -> None:
         """``node`` holds batch ``number`` (and, the link being ordered, every earlier one)."""
@@ -301,19 +330,18 @@ class ReplicaSet:
                 out.append((node, f"{now - since:.1f}s behind (catchup_timeout {self.catchup_timeout:g}s)"))
             elif stream.pending_bytes > MAX_STREAM_BYTES:
                 out.append((node, f"{stream.pending_bytes} bytes waiting for it"))
-            elif (silent_after is not None and node in self.isr and stream.unacked
-                  and now - stream.unacked[0].sent_at > silent_after and left - 1 >= self.min_in_sync):
+            elif (silent_after is not None and node in self.isr
+                  and stream.silent_for(now) > silent_after and left - 1 >= self.min_in_sync):
                 left -= 1
-                out.append((node, f"no acknowledgement for {now - stream.unacked[0].sent_at:.1f}s"))
+                out.append((node, f"no acknowledgement for {stream.silent_for(now):.1f}s"))
         return out
 
     def answering(self, now: float, silent_after: float) -> bool:
-        """Whether some in-sync backup acknowledges: nothing it was sent waits longer than
-        ``silent_after``."""
+        """Whether some in-sync backup acknowledges: none has owed an answer unheard for longer
+        than ``silent_after`` (``BackupStream.silent_for``)."""
         for node in self.isr:
             stream = self.streams.get(node)
-            if stream is not None and (not stream.unacked
-                                       or now - stream.unacked[0].sent_at <= silent_after):
+            if stream is not None and stream.silent_for(now) <= silent_after:
                 return True
         return False
 

@@ -163,3 +163,81 @@ def test_a_primary_that_stood_aside_claims_again_with_its_copy_when_no_backup_do
         await world.close()
 
     run(play)
+
+
+@pytest.mark.parametrize("min_in_sync", [1, 2])
+def test_a_primary_cut_off_with_nothing_waiting_on_it_stands_aside(tmp_path, min_in_sync):
+    """The same cut, with every producer of the queue on other nodes (docs/nemesis.md, finding
+    17): nothing waits on the primary, so no unanswered batch told it that its backups are
+    silent, and it held the queue for the whole cut while the producers elsewhere waited
+    (the nemesis: 7-9 s for a 6 s cut). Now a primary whose queue has clients sends an idle
+    in-sync backup an empty batch every ``KEEPALIVE``: unanswered, the silence is seen as with
+    a producer waiting, and it stands aside; a backup serves within lease_ttl + 2 s."""
+    rule = {**RULE, "min_in_sync": min_in_sync}
+
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=rule)
+        primary = await make_primary(world, nodes, ADDRESS)
+        others = [n for n in nodes if n != primary]
+        pumps = [Numbered((await world.client(n, f"producer-{n}")).sender(ADDRESS),
+                          base=1000 * i) for i, n in enumerate(others)]
+        await world.until(lambda: all(p.upto(10) for p in pumps), what="accepted")
+        await world.quiet(2.0)  # idle: nothing waits anywhere
+
+        loop = asyncio.get_running_loop()
+        cut = loop.time()
+        for node in others:
+            world.network.partition(primary, node)
+        await world.until(lambda: all(p.upto(11) for p in pumps) and
+                          new_primary(nodes, primary) is not None,
+                          timeout=TTL + 2, what="accepted again, by a new primary")
+        assert loop.time() - cut <= TTL + 2
+        assert view(nodes[primary], ADDRESS)["stood_aside"] == 1
+        await world.until(lambda: all(p.upto(30) for p in pumps), timeout=10, what="30 each")
+        for node in others:
+            world.network.heal(primary, node)
+        await read_all(world, others[0], set().union(*(p.accepted_ids() for p in pumps)))
+        await world.close()
+
+    run(play)
+
+
+def test_an_idle_queue_with_no_client_sends_no_keepalive(tmp_path):
+    """Nobody uses the queue: no empty batches (an idle cluster of many queues stays quiet)."""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=RULE)
+        primary = await make_primary(world, nodes, ADDRESS)
+        for client in world.clients:  # make_primary's starter goes
+            client.connection.close()
+            client.flush()
+        await world.quiet(1.0)
+        before = {n: len(world.frames(primary, n, "transfer")) for n in nodes if n != primary}
+        await world.quiet(5.0)
+        after = {n: len(world.frames(primary, n, "transfer")) for n in nodes if n != primary}
+        assert after == before
+        await world.close()
+
+    run(play)
+
+
+def test_an_idle_queue_with_clients_keeps_its_primary_and_its_backups(tmp_path):
+    """Clients attached (a consumer on each node, a producer with nothing to send), nothing
+    sent for ten leases: the keepalives are answered, nobody stands aside or is dropped."""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=RULE)
+        primary = await make_primary(world, nodes, ADDRESS)
+        for node in nodes:
+            (await world.client(node, f"consumer-{node}")).receiver(ADDRESS, credit=CREDIT)
+        before = {n: len(world.frames(primary, n, "transfer")) for n in nodes if n != primary}
+        await world.quiet(10 * TTL)
+        after = {n: len(world.frames(primary, n, "transfer")) for n in nodes if n != primary}
+        assert all(after[n] - before[n] >= 10 for n in after), (before, after)  # keepalives
+        state = view(nodes[primary], ADDRESS)
+        assert state["role"] == "primary" and state["stood_aside"] == 0
+        assert sorted(state["in_sync"]) == sorted(n for n in nodes if n != primary)
+        await world.close()
+
+    run(play)
