@@ -195,7 +195,23 @@ class PrimaryCopy:
                 pusher.detach_upstream_link()  # it catches up again after REATTACH
                 self._retry_later(node)
         self._propose()
-        self._timer = self.loop.call_later(LAG_CHECK, self._check_lag)
+        self._timer = self.loop.call_later(self._next_look(), self._check_lag)
+
+    def _next_look(self) -> float:
+        """Seconds to the next look: ``LAG_CHECK``, or sooner when the in-sync backups' silence
+        crosses one of the marks the looks judge by (half a lease, a lease, a lease and the
+        margin) before then: a primary cut off stands aside at the mark, not up to a look
+        later."""
+        streams = [self.replica_set.streams.get(n) for n in self.replica_set.isr]
+        if not self.service.automatic or not streams or None in streams:
+            return LAG_CHECK
+        now, lease = self.loop.time(), self.service.lease_ttl()
+        silence = min(stream.silent_for(now) for stream in streams)
+        if silence <= 0.0:
+            return LAG_CHECK
+        marks = [mark - silence for mark in (lease / 2, lease, lease + aside_margin(lease))
+                 if mark > silence]
+        return min([LAG_CHECK] + [m + 0.001 for m in marks])
 
     def _starved(self) -> bool:
         """Producers wait here for copies this primary cannot reach: with ``min_in_sync`` > 1 and

@@ -46,7 +46,9 @@ const connection = container.connect({
         return { host: url.hostname, port: Number(url.port) };
     },
     reconnect: true, initial_reconnect_delay: 100, max_reconnect_delay: 1000,
-    reconnect_limit: undefined, idle_time_out: 0, username: 'anonymous',
+    // heartbeats (docs/nemesis.md, finding 21): rhea leaves a node silent for twice this
+    // (3 s), as the proton clients do
+    reconnect_limit: undefined, idle_time_out: 1500, username: 'anonymous',
 });
 let up = false;
 let linkClosed = false;

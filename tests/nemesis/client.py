@@ -42,6 +42,11 @@ def emit(**fields) -> None:
     sys.stdout.flush()
 
 
+# seconds of silence after which a client leaves its node for the next URL (proton advertises
+# half of it: the node sends an empty frame at least every 0.75 s)
+IDLE_TIMEOUT = 3.0
+
+
 class Client(MessagingHandler):
     def __init__(self, opts, **kw) -> None:
         super().__init__(**kw)
@@ -53,7 +58,9 @@ class Client(MessagingHandler):
         self.up = False
 
     def connect(self, container) -> None:
-        self.conn = container.connect(urls=self.opts.urls.split(","),
+        # heartbeats (docs/nemesis.md, finding 21): a node paused, or cut off from its
+        # clients, is left after IDLE_TIMEOUT s of silence, as a client of any broker does
+        self.conn = container.connect(urls=self.opts.urls.split(","), heartbeat=IDLE_TIMEOUT,
                                       reconnect=Backoff(initial=0.1, factor=2, max_delay=1.0))
 
     def on_connection_opened(self, event) -> None:

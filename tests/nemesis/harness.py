@@ -410,7 +410,9 @@ class Run:
 
         urls = self.cluster.client_urls(node).split(",")
         url = failover_url(urls, **{"failover.maxReconnectAttempts": -1,
-                                    "jms.prefetchPolicy.all": 50})
+                                    "jms.prefetchPolicy.all": 50,
+                                    # heartbeats, as the other clients (finding 21)
+                                    "failover.nested.amqp.idleTimeout": 3000})
         if mode == "produce":
             return jms_command("nemesis-produce", url, address, process, self.run_id, self.rate,
                                seconds)
