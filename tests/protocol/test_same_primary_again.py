@@ -1,0 +1,59 @@
+"""A proxy link whose primary is fenced and then claims the queue again, at a new epoch, on the
+same node (issue #42, docs/nemesis.md finding 23), on a virtual clock.
+
+The fenced primary ends its peers' proxy links (``amqp:link:detach-forced``: each node finds
+the new primary itself). When the new primary is the same node again, the proxy is on the
+same upstream pool and must attach again. This passes: the nemesis's stuck producer (combined
+seed 6: no outcome for 52 s on another node while its primary was paused, fenced and then
+primary again) took another path, not found yet. The playbook network drops what crosses a
+partition, which TCP never does on a connection that lives on, so a cut while sends are in
+flight is no model of a pause here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from playbook import World, run
+from test_failover_links import Numbered
+from test_replication_playbooks import TTL, etcd_cluster, make_primary, placement, view
+
+pytestmark = pytest.mark.timeout(60)
+ADDRESS = "orders.x"
+RULE = {"name": "orders", "match": "orders.*", "kind": "replicated", "replicas": 2,
+        "catchup_timeout": 10.0}
+
+
+def test_a_proxy_attaches_again_when_its_fenced_primary_claims_the_queue_again(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=RULE)
+        primary = await make_primary(world, nodes, ADDRESS)
+        backup = placement(nodes, ADDRESS)[1]
+        third = next(n for n in nodes if n not in (primary, backup))
+        pump = Numbered((await world.client(third, "producer")).sender(ADDRESS))
+        await world.until(lambda: pump.upto(10), what="10 accepted through the proxy")
+
+        # the backup goes for good: the primary goes on alone
+        world.network.kill(backup)
+        nodes[backup].coordinator.store.partition()
+        await nodes[backup].stop()
+        await world.until(lambda: pump.upto(20), timeout=TTL + 5, what="10 more, alone")
+
+        # the primary cut off from etcd past its lease: fenced; then back, the only node
+        # that may serve the queue, it claims it again at a new epoch
+        epoch = view(nodes[primary], ADDRESS)["epoch"]
+        nodes[primary].coordinator.store.partition()
+        await world.until(lambda: view(nodes[primary], ADDRESS).get("role") != "primary",
+                          timeout=TTL + 2, what="the primary fenced")
+        await world.quiet(TTL)
+        nodes[primary].coordinator.store.heal()
+        await world.until(lambda: view(nodes[primary], ADDRESS).get("role") == "primary"
+                          and view(nodes[primary], ADDRESS)["epoch"] > epoch,
+                          timeout=3 * TTL, what="the same node primary again, a new epoch")
+        await world.until(lambda: pump.upto(30), timeout=TTL + 2,
+                          what="the proxy's producer accepted again")
+        await world.close()
+
+    run(play)
+
