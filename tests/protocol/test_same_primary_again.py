@@ -16,7 +16,7 @@ import pytest
 
 from playbook import World, run
 from test_failover_links import Numbered
-from test_replication_playbooks import TTL, etcd_cluster, make_primary, placement, view
+from test_replication_playbooks import TTL, etcd_cluster, make_primary, placement, service, view
 
 pytestmark = pytest.mark.timeout(60)
 ADDRESS = "orders.x"
@@ -57,3 +57,42 @@ def test_a_proxy_attaches_again_when_its_fenced_primary_claims_the_queue_again(t
 
     run(play)
 
+
+
+def test_links_go_on_when_the_new_primary_becomes_a_known_member_after_its_claim(tmp_path):
+    """The third node learns the new owner from its claim before it has the owner's
+    registration (its AMQP URL): nowhere to send its links yet. When the member shows up, they
+    go on there. (A lead for docs/nemesis.md finding 23 that this rules out: it passed as
+    first written.)"""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=RULE)
+        primary = await make_primary(world, nodes, ADDRESS)
+        backup = placement(nodes, ADDRESS)[1]
+        third = next(n for n in nodes if n not in (primary, backup))
+        pump = Numbered((await world.client(third, "producer")).sender(ADDRESS))
+        await world.until(lambda: pump.upto(10), what="10 accepted through the proxy")
+
+        # the third node does not see the backup's registration for a while
+        watcher = service(nodes[third])
+        members = watcher.members
+        hidden = {backup}
+        watcher.members = lambda: {k: v for k, v in members().items() if k not in hidden}
+        watcher.known.pop(backup, None)
+
+        world.network.kill(primary)
+        nodes[primary].coordinator.store.partition()
+        await nodes[primary].stop()
+        await world.until(lambda: view(nodes[third], ADDRESS).get("primary") == backup,
+                          timeout=2 * TTL, what="the third node told of the new owner")
+        pump.upto(12)
+        await world.quiet(1.0)
+        hidden.clear()  # now it is seen, with the next change of the members: the old one back
+        world.network.reboot(primary)
+        nodes[primary] = await world.node(primary, etcd=etcd, rules=[RULE],
+                                          cluster={"etcd": ["http://memory:2379"], "lease_ttl": TTL})
+        await world.until(lambda: pump.upto(20), timeout=TTL + 2,
+                          what="the proxy's producer accepted by the new primary")
+        await world.close()
+
+    run(play)
