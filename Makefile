@@ -84,6 +84,7 @@ nemesis: venv
 	mkdir -p var/nemesis
 	for seed in $$(seq $(NEMESIS_SEED) $$(( $(NEMESIS_SEED) + $(NEMESIS_SEEDS) - 1 ))); do \
 		NEMESIS_SEED=$$seed NEMESIS_SECONDS=$(NEMESIS_SECONDS) NEMESIS_RESULTS=var/nemesis/results.jsonl \
+			NEMESIS_KEEP=var/nemesis/runs \
 			$(PY) -m pytest -q -s tests/nemesis || exit 1; \
 	done
 	$(PY) tests/nemesis/summary.py var/nemesis/results.jsonl

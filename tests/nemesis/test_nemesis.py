@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import time
+from pathlib import Path
 
 import pytest
 from etcd_servers import cluster_name  # noqa: F401 (fixture)
@@ -39,7 +42,9 @@ GAP_LIMIT = harness.LEASE_TTL + 2.0
 WHOLE_CLUSTER = ("etcd-pause", "power-loss")
 # faults after which each producer on its own must be accepted again within the same limit
 # (docs/nemesis.md, finding 15): every node keeps running. Not a pause: a client connected to a
-# frozen node waits for its own idle timeout (these clients set none) or the thaw.
+# frozen node leaves it after its idle timeout (3 s, finding 21), and may try it again first
+# (python-qpid-proton starts its URL list over after a connection that was opened), where
+# the kernel accepts the connection and nothing answers for another idle timeout.
 PER_PRODUCER = ("kill", "etcd-cut", "one-way", "isolate", "peers-cut")
 # one producer may also wait for its node to find itself cut off and send it away, and for its
 # own reconnection: a lease more than its queue (finding 15 measured 14-34 s before its fix)
@@ -67,6 +72,20 @@ def check_episodes(result: dict) -> list[str]:
     return problems
 
 
+def keep(tmp_path, name: str) -> None:
+    """``NEMESIS_KEEP``: a directory each run's node logs, configurations, history and faults are
+    copied to (``<dir>/<name>-<time>/``): pytest keeps only its last three temporary trees,
+    and a finding is read in these files."""
+    target = os.environ.get("NEMESIS_KEEP")
+    if not target:
+        return
+    out = Path(target) / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    for pattern in ("*.log", "*.jsonl", "*.toml"):
+        for path in tmp_path.glob(pattern):
+            shutil.copy2(path, out / path.name)
+
+
 def record(mode: str, result: dict) -> None:
     """``NEMESIS_RESULTS``: a JSON-lines file every run's report is appended to (summary.py)."""
     path = os.environ.get("NEMESIS_RESULTS")
@@ -92,6 +111,7 @@ def test_nemesis(tmp_path, start_node, toxi, cluster_name, mode):  # noqa: F811
         result = harness.Run(cluster, tmp_path, seed=seed, run_id=f"{mode}{seed}").run(episodes)
     finally:
         cluster.stop()
+        keep(tmp_path, f"{mode}{seed}")
     print(report_line(mode, result))
     record(mode, result)
     for episode in result["episodes"]:
