@@ -92,6 +92,9 @@ class FragmentGroup:
         self.replicas: FragmentReplicas | None = None  # rule replicas > 1
         self.tried: set[str] = set()
         self.held: deque = deque()  # stolen messages waiting for local credit, oldest first
+        # producers forwarded while this node's own fragment was served elsewhere: home again
+        # when it is handed back (serve_own; docs/nemesis.md, finding 22)
+        self.away_producers: set = set()
         self._rr = 0
         self._retry: asyncio.TimerHandle | None = None
         self._retry_delay = RETRY_FIRST
@@ -214,6 +217,8 @@ class FragmentGroup:
         endpoint = client.attach_proxy_producer(link, self.upstream_for(key), address,
                                                 capabilities=(FRAGMENT,) if peer else ())
         self._follow(endpoint, lambda: self.ring.get_node(self._identity(client, link)))
+        if self.queue is None and self.replicas is not None and self.replicas.own is not None:
+            self.away_producers.add(endpoint)
 
     def _follow(self, endpoint, choose) -> None:
         """A link forwarded to another member's fragment follows it when it moves: that member
@@ -476,7 +481,27 @@ class FragmentGroup:
         queue.holds_drain = self.holds_drain
         self.queue = queue
         self.replicas.go_on()
+        self._bring_home()
         self.evaluate()
+
+    def _bring_home(self) -> None:
+        """Producers forwarded to another member's fragment while this node's own was served
+        elsewhere go on into it now, through this node's own listener, marked for its fragment
+        (as replicated queues' proxies follow their owner home). They stayed where they were
+        sent, and a later cut of that member stopped them while their own node served its
+        fragment (docs/nemesis.md, finding 22)."""
+        away, self.away_producers = self.away_producers, set()
+        url = self.replicas.service.url_of(self.node.node_id)
+        if url is None or self.draining_here:
+            return
+        pool = self.node.upstreams.for_url(url, self.rule.upstream)
+        for endpoint in away:
+            if endpoint.closed:
+                continue
+            endpoint.remote_address = endpoint.address = self.address
+            endpoint.capabilities = (FRAGMENT,)
+            endpoint.rehome(pool)
+        self.node.broker.run_pending()
 
     def lose_own(self) -> None:
         """Another member holds this node's fragment now: serve none until it is back."""
