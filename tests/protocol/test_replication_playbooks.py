@@ -73,6 +73,22 @@ async def make_primary(world: World, nodes: dict, address: str) -> str:
     return primary
 
 
+async def three_roles(world: World, nodes: dict, address: str) -> tuple[str, str, str]:
+    """(primary, its first backup, the node that is neither), once the primary serves and its
+    backups are ready."""
+    primary = await make_primary(world, nodes, address)
+    backup = placement(nodes, address)[1]
+    third = next(n for n in nodes if n not in (primary, backup))
+    return primary, backup, third
+
+
+async def lose_node(world: World, nodes: dict, name: str) -> None:
+    """Node ``name`` gone: unreachable, cut off from etcd, stopped."""
+    world.network.kill(name)
+    nodes[name].coordinator.store.partition()
+    await nodes[name].stop()
+
+
 class Consumer:
     """A receiver that accepts what it got and tops its credit up, on any node."""
 

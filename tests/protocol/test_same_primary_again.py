@@ -16,7 +16,7 @@ import pytest
 
 from playbook import World, run
 from test_failover_links import Numbered
-from test_replication_playbooks import TTL, etcd_cluster, make_primary, placement, service, view
+from test_replication_playbooks import TTL, etcd_cluster, lose_node, service, three_roles, view
 
 pytestmark = pytest.mark.timeout(60)
 ADDRESS = "orders.x"
@@ -28,16 +28,12 @@ def test_a_proxy_attaches_again_when_its_fenced_primary_claims_the_queue_again(t
     async def play():
         world = World(tmp_path)
         etcd, nodes = await etcd_cluster(world, rule=RULE)
-        primary = await make_primary(world, nodes, ADDRESS)
-        backup = placement(nodes, ADDRESS)[1]
-        third = next(n for n in nodes if n not in (primary, backup))
+        primary, backup, third = await three_roles(world, nodes, ADDRESS)
         pump = Numbered((await world.client(third, "producer")).sender(ADDRESS))
         await world.until(lambda: pump.upto(10), what="10 accepted through the proxy")
 
         # the backup goes for good: the primary goes on alone
-        world.network.kill(backup)
-        nodes[backup].coordinator.store.partition()
-        await nodes[backup].stop()
+        await lose_node(world, nodes, backup)
         await world.until(lambda: pump.upto(20), timeout=TTL + 5, what="10 more, alone")
 
         # the primary cut off from etcd past its lease: fenced; then back, the only node
@@ -58,7 +54,6 @@ def test_a_proxy_attaches_again_when_its_fenced_primary_claims_the_queue_again(t
     run(play)
 
 
-
 def test_links_go_on_when_the_new_primary_becomes_a_known_member_after_its_claim(tmp_path):
     """The third node learns the new owner from its claim before it has the owner's
     registration (its AMQP URL): nowhere to send its links yet. When the member shows up, they
@@ -67,9 +62,7 @@ def test_links_go_on_when_the_new_primary_becomes_a_known_member_after_its_claim
     async def play():
         world = World(tmp_path)
         etcd, nodes = await etcd_cluster(world, rule=RULE)
-        primary = await make_primary(world, nodes, ADDRESS)
-        backup = placement(nodes, ADDRESS)[1]
-        third = next(n for n in nodes if n not in (primary, backup))
+        primary, backup, third = await three_roles(world, nodes, ADDRESS)
         pump = Numbered((await world.client(third, "producer")).sender(ADDRESS))
         await world.until(lambda: pump.upto(10), what="10 accepted through the proxy")
 
@@ -80,9 +73,7 @@ def test_links_go_on_when_the_new_primary_becomes_a_known_member_after_its_claim
         watcher.members = lambda: {k: v for k, v in members().items() if k not in hidden}
         watcher.known.pop(backup, None)
 
-        world.network.kill(primary)
-        nodes[primary].coordinator.store.partition()
-        await nodes[primary].stop()
+        await lose_node(world, nodes, primary)
         await world.until(lambda: view(nodes[third], ADDRESS).get("primary") == backup,
                           timeout=2 * TTL, what="the third node told of the new owner")
         pump.upto(12)

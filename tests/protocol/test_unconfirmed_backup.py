@@ -18,8 +18,8 @@ import pytest
 
 from playbook import World, run
 from test_failover_links import Numbered
-from test_replication_playbooks import (CREDIT, TTL, Consumer, etcd_cluster, make_primary,
-                                        placement, service, view)
+from test_replication_playbooks import (CREDIT, TTL, Consumer, etcd_cluster, lose_node,
+                                        service, three_roles, view)
 
 pytestmark = pytest.mark.timeout(60)
 ADDRESS = "orders.x"
@@ -30,12 +30,6 @@ CLUSTER = {"etcd": ["http://memory:2379"], "lease_ttl": TTL}
 
 def entry_of(node):
     return next(e for e in service(node).entries.values() if e.address == ADDRESS)
-
-
-async def kill(world: World, nodes: dict, name: str) -> None:
-    world.network.kill(name)
-    nodes[name].coordinator.store.partition()
-    await nodes[name].stop()
 
 
 @pytest.mark.parametrize("primary_back", [False, True])
@@ -50,13 +44,11 @@ def test_a_backup_in_the_record_but_never_told_claims_with_what_it_holds(tmp_pat
     async def play():
         world = World(tmp_path)
         etcd, nodes = await etcd_cluster(world, rule=RULE)
-        primary = await make_primary(world, nodes, ADDRESS)
-        backup = placement(nodes, ADDRESS)[1]
-        third = next(n for n in nodes if n not in (primary, backup))
+        primary, backup, third = await three_roles(world, nodes, ADDRESS)
         pump = Numbered((await world.client(primary, "producer")).sender(ADDRESS))
         await world.until(lambda: pump.upto(10), what="10 accepted with the backup in sync")
 
-        await kill(world, nodes, backup)
+        await lose_node(world, nodes, backup)
         await world.until(lambda: pump.upto(20), timeout=TTL + 5, what="10 more, alone")
         assert view(nodes[primary], ADDRESS)["in_sync"] == []
 
