@@ -15,7 +15,7 @@ import pytest
 
 from playbook import World, run
 from test_replication_playbooks import (FRAGMENTED, TTL, backups_ready, etcd_cluster,
-                                        fragments_view, view)
+                                        fragments_view, lose_node, view)
 
 pytestmark = pytest.mark.timeout(60)
 ADDRESS = "jobs"
@@ -42,9 +42,7 @@ def test_a_producer_forwarded_while_its_fragment_was_away_comes_home(tmp_path):
         await backups_ready(world, nodes, view(nodes["a"], f"{ADDRESS}@a")["in_sync"], f"{ADDRESS}@a")
 
         # a lost: its backup serves its fragment; a started again, as a backup of it
-        world.network.kill("a")
-        nodes["a"].coordinator.store.partition()
-        await nodes["a"].stop()
+        await lose_node(world, nodes, "a")
         await world.until(lambda: any(view(nodes[n], f"{ADDRESS}@a").get("role") == "primary"
                                       for n in "bc"), timeout=2 * TTL, what="a's fragment adopted")
         world.network.reboot("a")
