@@ -15,7 +15,8 @@ the other in-sync copies, or alone as ``min_in_sync = 1`` allows). Stepping out 
 it away. Such an *unconfirmed* copy now waits ``UNCONFIRMED_WAIT`` for a copy that was told
 (one claims at once when the owner goes), then claims with what it holds, provided the record
 names no other backup (one that was told may be down and come back with everything: the
-queue waits for it, as it always did).
+queue waits for it, as it always did). Not for a durable queue: its old primary's journal
+holds what it accepted alone, and the queue waits for it to come back, as before.
 
 Who may do what, when the owner is gone:
 * told (ready), or journal-recovered, and named: claims at once;
@@ -48,8 +49,8 @@ def unconfirmed_wait(entry, record: dict) -> float | None:
     """Seconds before this node's unconfirmed copy may claim (0: now), or None when it may
     not (no such copy, or the record names another backup)."""
     backup = entry.backup
-    if backup is None or backup.unconfirmed_at is None:
-        return None
+    if backup is None or backup.unconfirmed_at is None or entry.settings.durable:
+        return None  # durable: the old primary's journal may hold more; the queue waits for it
     if any(n != entry.node_id for n in record.get("isr", ())):
         return None
     now = asyncio.get_running_loop().time()
