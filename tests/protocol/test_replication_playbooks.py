@@ -74,8 +74,7 @@ async def make_primary(world: World, nodes: dict, address: str) -> str:
 
 
 async def three_roles(world: World, nodes: dict, address: str) -> tuple[str, str, str]:
-    """(primary, its first backup, the node that is neither), once the primary serves and its
-    backups are ready."""
+    """(primary, its first backup, the node that is neither), the primary serving."""
     primary = await make_primary(world, nodes, address)
     backup = placement(nodes, address)[1]
     third = next(n for n in nodes if n not in (primary, backup))
