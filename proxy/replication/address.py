@@ -28,7 +28,6 @@ clients' links and keeps nothing: it will be a backup again.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
 

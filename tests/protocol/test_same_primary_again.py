@@ -24,13 +24,20 @@ RULE = {"name": "orders", "match": "orders.*", "kind": "replicated", "replicas":
         "catchup_timeout": 10.0}
 
 
+async def proxied_producer(tmp_path):
+    """Three nodes; a producer on the node that holds no copy, through the proxy path to the
+    primary, 10 accepted."""
+    world = World(tmp_path)
+    etcd, nodes = await etcd_cluster(world, rule=RULE)
+    roles = await three_roles(world, nodes, ADDRESS)
+    pump = Numbered((await world.client(roles[2], "producer")).sender(ADDRESS))
+    await world.until(lambda: pump.upto(10), what="10 accepted through the proxy")
+    return world, etcd, nodes, roles, pump
+
+
 def test_a_proxy_attaches_again_when_its_fenced_primary_claims_the_queue_again(tmp_path):
     async def play():
-        world = World(tmp_path)
-        etcd, nodes = await etcd_cluster(world, rule=RULE)
-        primary, backup, third = await three_roles(world, nodes, ADDRESS)
-        pump = Numbered((await world.client(third, "producer")).sender(ADDRESS))
-        await world.until(lambda: pump.upto(10), what="10 accepted through the proxy")
+        world, etcd, nodes, (primary, backup, third), pump = await proxied_producer(tmp_path)
 
         # the backup goes for good: the primary goes on alone
         await lose_node(world, nodes, backup)
@@ -60,11 +67,7 @@ def test_links_go_on_when_the_new_primary_becomes_a_known_member_after_its_claim
     go on there. (A lead for docs/nemesis.md finding 23 that this rules out: it passed as
     first written.)"""
     async def play():
-        world = World(tmp_path)
-        etcd, nodes = await etcd_cluster(world, rule=RULE)
-        primary, backup, third = await three_roles(world, nodes, ADDRESS)
-        pump = Numbered((await world.client(third, "producer")).sender(ADDRESS))
-        await world.until(lambda: pump.upto(10), what="10 accepted through the proxy")
+        world, etcd, nodes, (primary, backup, third), pump = await proxied_producer(tmp_path)
 
         # the third node does not see the backup's registration for a while
         watcher = service(nodes[third])
