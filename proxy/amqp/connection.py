@@ -116,6 +116,7 @@ class Identity:
     user: str = "anonymous"
     mechanism: str | None = None
     groups: tuple[str, ...] = ()
+    token: object = None  # a token login's grant (proxy.auth.oauth.TokenGrant): scopes, expiry
 
 
 ANONYMOUS = Identity()  # every connection's identity until SASL says otherwise
@@ -127,7 +128,8 @@ class ServerConnection:
     # one per client connection: slots keep idle connections small
     __slots__ = ("_first_frame_checked", "_handshake_deadline", "_header_answered", "_held", "_in", "_out",
                  "_refusal", "_sasl", "admit", "failure_delay", "authenticator", "cert_identity", "connection_ptr", "failure", "handler",
-                 "identity", "phase", "pipe", "settings", "transport_ptr", "placing", "_placed", "_replayed", "_answered", "_unanswered", "first_attach")
+                 "identity", "phase", "pipe", "settings", "transport_ptr", "placing", "_placed", "_replayed", "_answered", "_unanswered", "first_attach",
+                 "_token_deadline")
 
     def __init__(self, settings: ConnectionSettings, authenticator, handler, now: float, *,
                  cert_identity: str | None = None, admit=None, failure_delay=None) -> None:
@@ -164,6 +166,8 @@ class ServerConnection:
         self._answered: bytes | None = b""
         self._unanswered = b""  # handed over: output the client already has, to drop
         self.first_attach = None
+        # a token login: when its token expires (loop time; set by the first tick, None: none)
+        self._token_deadline: float | None = None
 
     @property
     def transport(self) -> Transport | None:
@@ -243,7 +247,7 @@ class ServerConnection:
                 self._handshake_deadline = None
             self._fail(f"SASL authentication failed: {result.reason}")
         elif isinstance(result, SaslSuccess):
-            self.identity = Identity(result.identity, result.mechanism, result.groups)
+            self.identity = Identity(result.identity, result.mechanism, result.groups, result.token)
             refusal = self.admit(self.identity) if self.admit is not None else None
             self.admit = None  # asked once per connection
             if refusal:
@@ -509,11 +513,32 @@ class ServerConnection:
                 return None
             else:
                 deadline = self._handshake_deadline
+        if self.identity.token is not None and self.phase is Phase.AMQP:
+            expires = self.token_deadline(now)
+            if now >= expires:
+                self._token_deadline = None
+                self.failure = self.failure or "token expired"
+                self.close("amqp:unauthorized-access", "token expired")
+                return None
+            deadline = expires if deadline is None else min(deadline, expires)
         if self.phase is Phase.AMQP:
             next_tick = self.pipe.tick(now)
             if next_tick:
                 deadline = next_tick if deadline is None else min(deadline, next_tick)
         return deadline
+
+    def token_deadline(self, now: float) -> float:
+        """Loop time at which the token login's token expires (its exp, from the wall clock)."""
+        if self._token_deadline is None:
+            import time
+
+            self._token_deadline = now + (self.identity.token.expires_at - time.time())
+        return self._token_deadline
+
+    def renew_token(self, grant) -> None:
+        """A new token for this connection (``$cbs`` put-token): its expiry and grants from now."""
+        self.identity = Identity(self.identity.user, self.identity.mechanism, grant.groups, grant)
+        self._token_deadline = None
 
     def _opened(self) -> bool:
         connection = self.connection_ptr

@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Protocol
 
+from proxy.auth.oauth.validate import TokenRefused, looks_like_jwt
 from proxy.auth.users import DEFAULT_ITERATIONS, UsersFile, make_record
 
 log = logging.getLogger("fedgate.sasl")
@@ -28,6 +29,7 @@ class SaslSuccess:
     mechanism: str
     groups: tuple[str, ...] = ()
     additional_data: bytes | None = None  # sasl-outcome additional-data (§5.3.3.6)
+    token: object = None  # a token login's grant (proxy.auth.oauth.TokenGrant)
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,11 @@ class Mechanism(Protocol):
 
 
 class Authenticator:
-    """Holds what mechanisms need to check credentials (the users file)."""
+    """Holds what mechanisms need to check credentials (the users file, the token validator)."""
 
-    def __init__(self, users: UsersFile | None) -> None:
+    def __init__(self, users: UsersFile | None, oauth=None) -> None:
         self.users = users
+        self.oauth = oauth  # proxy.auth.oauth.Validator with [oauth]: PLAIN takes a token too
         # per-process secret for SCRAM's answers about unknown users (RFC 5802 §5.1)
         self.secret = secrets.token_bytes(32)
         # an unknown user's password is checked too, against a record nobody has, so
@@ -74,6 +77,13 @@ class Authenticator:
         return record.groups if record else ()
 
     def check_plain(self, name: str, password: str) -> Step:
+        step = self._check_password(name, password)
+        if isinstance(step, SaslFailure) and self.oauth is not None:
+            if looks_like_jwt(password):  # RabbitMQ's convention: the token as password
+                return token_step(self.oauth, password, "PLAIN")
+        return step
+
+    def _check_password(self, name: str, password: str) -> Step:
         record = self.users.get(name) if self.users else None
         if record is None:
             self._dummy.check_password(password)  # same work, answer thrown away
@@ -81,6 +91,20 @@ class Authenticator:
         if not record.check_password(password):
             return SaslFailure(AUTH, f"wrong password for user {name!r}")
         return SaslSuccess(name, "PLAIN", record.groups)
+
+
+def token_step(validator, token: str | bytes, mechanism: str, authzid: str = "") -> Step:
+    """A token login (proxy.auth.oauth): success carrying the token's grant, or ``auth``.
+
+    The refusal's reason is logged here; the server's next line names the peer."""
+    try:
+        grant = validator.check(token, f"SASL {mechanism}")
+    except TokenRefused as exc:
+        return SaslFailure(AUTH, f"token refused: {exc.reason}")
+    if authzid and authzid != grant.subject:
+        validator.refuse("wrong_user", f"{grant.subject!r} may not act as {authzid!r}", f"SASL {mechanism}")
+        return SaslFailure(AUTH, f"token user {grant.subject!r} may not act as {authzid!r}")
+    return SaslSuccess(grant.subject, mechanism, grant.groups, token=grant)
 
 
 class AnonymousMechanism:

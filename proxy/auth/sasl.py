@@ -23,7 +23,9 @@ Mechanisms: ANONYMOUS, PLAIN (RFC 4616), EXTERNAL (RFC 4422 appendix A: the
 identity is a field of the TLS client certificate the listener verified, see
 ``certificate_identity``) and SCRAM-SHA-256 (RFC 5802 / RFC 7677, in
 ``proxy.scram``). SCRAM's server-final message travels in the success
-outcome's ``additional-data`` (§5.3.3.6).
+outcome's ``additional-data`` (§5.3.3.6). With ``[oauth]``, OAUTHBEARER
+(RFC 7628) and PLAIN with a JWT as password (``proxy.auth.oauth``); frames
+may then be up to ``OAUTH_SASL_MAX_FRAME`` bytes, to carry a token.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from proxy.auth.mechanisms import (
     SaslFailure,
     SaslSuccess,
 )
+from proxy.auth.oauth import OAUTH_SASL_MAX_FRAME
+from proxy.auth.oauth.bearer import OAuthBearerMechanism
 from proxy.auth.scram import ScramSha256Mechanism
 
 log = logging.getLogger("fedgate.sasl")
@@ -75,10 +79,12 @@ def make_mechanism(name: str, authenticator: Authenticator, cert_identity: str |
         return ExternalMechanism(authenticator, cert_identity)
     if name == "SCRAM-SHA-256":
         return ScramSha256Mechanism(authenticator)
+    if name == "OAUTHBEARER":
+        return OAuthBearerMechanism(authenticator)
     raise ValueError(f"unsupported SASL mechanism {name!r}")
 
 
-SUPPORTED_MECHANISMS = ("ANONYMOUS", "PLAIN", "EXTERNAL", "SCRAM-SHA-256")
+SUPPORTED_MECHANISMS = ("ANONYMOUS", "PLAIN", "EXTERNAL", "SCRAM-SHA-256", "OAUTHBEARER")
 
 
 # -- frame codec -----------------------------------------------------------
@@ -170,6 +176,12 @@ class SaslServer:
         self.result: SaslSuccess | SaslFailure | None = None
         self.leftover = b""
         self._buffer = b""
+        # a token (PLAIN's password, OAUTHBEARER) does not fit in 512 bytes: with [oauth],
+        # frames up to the token cap and a little more (docs/oauth.md, cost)
+        self.max_frame = SASL_MAX_FRAME
+        if getattr(authenticator, "oauth", None) is not None and (
+                "PLAIN" in self.offered or "OAUTHBEARER" in self.offered):
+            self.max_frame = OAUTH_SASL_MAX_FRAME
 
     def start(self) -> bytes:
         """The server's opening: SASL protocol header and sasl-mechanisms."""
@@ -196,8 +208,8 @@ class SaslServer:
         if len(buf) < 8:
             return None
         size, doff, ftype, _channel = struct.unpack_from(">IBBH", buf)
-        if size > SASL_MAX_FRAME:
-            raise SaslProtocolError(f"SASL frame of {size} bytes exceeds {SASL_MAX_FRAME}")
+        if size > self.max_frame:
+            raise SaslProtocolError(f"SASL frame of {size} bytes exceeds {self.max_frame}")
         if size < 8 or doff < 2 or doff * 4 > size:
             raise SaslProtocolError(f"malformed SASL frame header (size={size}, doff={doff})")
         if ftype != SASL_FRAME_TYPE:

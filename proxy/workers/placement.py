@@ -67,6 +67,7 @@ class Placement:
         identity = protocol.conn.identity
         head = {**where, "ip": protocol.ip, "user": identity.user, "mechanism": identity.mechanism,
                 "groups": list(identity.groups), "counted": node.admission.user_of(protocol) is not None,
+                "token": identity.token.to_json() if identity.token is not None else None,
                 "answered": answered.hex()}
         if not node.worker.hand_over(fd, head, frames):
             return False
@@ -78,8 +79,11 @@ class Placement:
 
     def adopt(self, sock, head: dict, frames: bytes) -> None:
         """Serve a client connection another worker of this node began."""
+        token = head.get("token")  # a token login's grant ([oauth]), rebuilt here
+        if token is not None:
+            token = self.node.oauth.from_json(token)
         identity = Identity(str(head.get("user", "anonymous")), head.get("mechanism"),
-                            tuple(head.get("groups", ())))
+                            tuple(head.get("groups", ())), token)
         answered = bytes.fromhex(str(head.get("answered", "")))
         handed = (identity, frames, answered, bool(head.get("counted")), head.get("balance"))
         node = self.node

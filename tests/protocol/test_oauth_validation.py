@@ -1,0 +1,176 @@
+"""Token validation (proxy.auth.oauth, docs/oauth.md): in memory, keys made per run.
+
+Each refusal is asserted by its reason (the label in /metrics); the client
+only ever sees the SASL outcome ``auth``. The hostile tokens (``alg: none``,
+HMAC over the public key, a 64 KB token, garbage) are refused before any
+signature check, in bounded time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from oauth_issuer import AUDIENCE, ISSUER, Issuer
+
+from proxy.auth.acl import AclEntry
+from proxy.auth.mechanisms import Authenticator, SaslFailure, SaslSuccess
+from proxy.auth.oauth import MAX_TOKEN_BYTES, KeySet, OAuthSection, TokenRefused, Validator
+from proxy.auth.oauth.bearer import OAuthBearerMechanism, parse_gs2
+from proxy.auth.oauth.keys import keys_from_jwks
+
+
+@pytest.fixture(scope="module")
+def issuer():
+    return Issuer()
+
+
+def validator(issuer, acl=(), **section) -> Validator:
+    settings = OAuthSection(issuer=ISSUER, audience=AUDIENCE, keys=("x.pem",), **section)
+    keys = KeySet()
+    keys.fetched = keys_from_jwks(issuer.jwks())
+    return Validator(settings, keys, acl)
+
+
+def reason_of(v: Validator, token) -> str:
+    with pytest.raises(TokenRefused) as refused:
+        v.validate(token)
+    return refused.value.reason
+
+
+@pytest.mark.parametrize("kind", ["rsa", "ec", "ed"])
+def test_each_algorithm_is_accepted(issuer, kind):
+    grant = validator(issuer).validate(issuer.token("alice", "fedgate.send:orders.*", kind=kind))
+    assert grant.subject == "alice" and grant.send == ("orders.*",)
+    assert grant.expires_at > time.time()
+
+
+def test_refusals_by_reason(issuer):
+    v = validator(issuer)
+    other = Issuer()  # same kid names, other keys: the signature does not verify
+    cases = {
+        "expired": issuer.token(ttl=-120),  # past the 30 s leeway
+        "bad_audience": issuer.token(aud="someone-else"),
+        "bad_issuer": issuer.token(iss="https://evil.test/"),
+        "unknown_key": issuer.token(kid=issuer.add_key("rsa", publish=False)),
+        "bad_algorithm": issuer.unsigned(),
+        "bad_signature": other.token(kid=issuer.kid_of("rsa")),
+        "not_yet_valid": issuer.token(nbf=int(time.time()) + 600),
+        "malformed": "a.b.c",
+        "no_subject": issuer.token(sub=None),
+    }
+    assert {reason: reason_of(v, token) for reason, token in cases.items()} == {r: r for r in cases}
+    assert reason_of(v, issuer.hmac_with_public_key()) == "bad_algorithm"
+    assert reason_of(v, issuer.token(exp=None)) == "expired"  # exp is required
+
+
+def test_leeway_allows_a_little_clock_skew(issuer):
+    v = validator(issuer, leeway=30.0)
+    assert v.validate(issuer.token(ttl=-10)).subject == "alice"
+    assert reason_of(validator(issuer, leeway=0.0), issuer.token(ttl=-10)) == "expired"
+
+
+def test_a_key_of_the_wrong_type_for_alg_is_refused(issuer):
+    """A token that says ES256 but names the RSA key's kid never reaches a verifier."""
+    import jwt
+
+    kid = issuer.kid_of("rsa")
+    token = jwt.encode(issuer.claims(), issuer.keys[issuer.kid_of("ec")][1], algorithm="ES256",
+                       headers={"kid": kid})
+    assert reason_of(validator(issuer), token) == "bad_algorithm"
+
+
+def test_hostile_tokens_cost_little(issuer):
+    v = validator(issuer)
+    huge = "e" * (64 * 1024)
+    garbage = "eyJhbGciOiJSUzI1NiJ9." + "A" * 12000 + ".x"
+    start = time.perf_counter()
+    for _ in range(200):
+        assert reason_of(v, huge) == "too_large"
+    per_huge = (time.perf_counter() - start) / 200
+    start = time.perf_counter()
+    for _ in range(200):
+        assert reason_of(v, garbage) == "malformed"
+    per_garbage = (time.perf_counter() - start) / 200
+    start = time.perf_counter()
+    good = issuer.token()
+    for _ in range(50):
+        v.validate(good)
+    per_good = (time.perf_counter() - start) / 50
+    print(f"64 KB token {per_huge * 1e6:.1f} us, 12 KB malformed {per_garbage * 1e6:.1f} us, "
+          f"valid RS256 {per_good * 1e6:.1f} us")
+    assert per_huge < 0.001 and per_garbage < 0.005
+    assert len(huge) > MAX_TOKEN_BYTES
+
+
+def test_scopes_and_map_become_acl_grants(issuer):
+    acl = (AclEntry(group="ops", receive=("ops.#",)),)
+    v = validator(issuer, acl, map=({"claim": "realm_access.roles", "value": "auditor",
+                                     "receive": ["audit.#"], "read": True, "groups": ["ops"]},))
+    grant = v.validate(issuer.token("bob", "openid fedgate.send:orders.* fedgate.receive:replies.bob "
+                                    "fedgate.admin other.scope fedgate.send: fedgate.bogus",
+                                    realm_access={"roles": ["auditor"]}))
+    assert grant.admin and grant.read and grant.groups == ("ops",)
+    assert grant.scopes == ("fedgate.send:orders.*", "fedgate.receive:replies.bob", "fedgate.admin",
+                            "fedgate.receive:audit.#", "fedgate.read")
+    from proxy.amqp.connection import Identity
+
+    who = Identity("bob", "PLAIN", grant.groups, grant)
+    assert grant.allows(who, "orders.eu", "send") and not grant.allows(who, "orders.eu", "receive")
+    assert grant.allows(who, "audit.x.y", "receive") and grant.allows(who, "ops.q", "receive")
+    assert not grant.allows(who, "payments", "send")
+    bare = v.validate(issuer.token("carol", "openid"))
+    assert not bare.allows(Identity("carol", "PLAIN", (), bare), "orders.eu", "send")  # nothing granted
+
+
+def test_oauthbearer_response_parsing(issuer):
+    assert parse_gs2(b"n,,\x01auth=Bearer abc\x01\x01") == ("", {"auth": b"Bearer abc"})
+    assert parse_gs2(b"n,a=al=2Cice,\x01host=h\x01auth=Bearer t\x01\x01")[0] == "al,ice"
+    for bad in (b"p=tls-unique,,\x01auth=Bearer t\x01\x01", b"n,,auth=Bearer t", b"x"):
+        with pytest.raises(ValueError):
+            parse_gs2(bad)
+    auth = Authenticator(None, validator(issuer))
+    mech = OAuthBearerMechanism(auth)
+    token = issuer.token("alice", "fedgate.send:a")
+    step = mech.start(b"n,,\x01auth=Bearer " + token.encode() + b"\x01\x01")
+    assert isinstance(step, SaslSuccess) and step.identity == "alice" and step.token.send == ("a",)
+    step = mech.start(b"n,a=mallory,\x01auth=Bearer " + token.encode() + b"\x01\x01")
+    assert isinstance(step, SaslFailure) and "may not act as" in step.reason
+    assert auth.oauth.refused["wrong_user"] == 1
+
+
+def test_plain_tries_the_users_file_then_the_token(issuer, tmp_path):
+    from proxy.auth.users import UsersFile, make_record
+
+    users = UsersFile(tmp_path / "u.json", {"svc": make_record("svc", "pw", iterations=4096)})
+    auth = Authenticator(users, validator(issuer))
+    assert auth.check_plain("svc", "pw") == SaslSuccess("svc", "PLAIN", ())
+    step = auth.check_plain("anything", issuer.token("alice", "fedgate.receive:x"))
+    assert isinstance(step, SaslSuccess) and step.identity == "alice" and step.token.receive == ("x",)
+    refused = auth.check_plain("anything", issuer.token(ttl=-3600))
+    assert isinstance(refused, SaslFailure) and refused.code == 1 and "expired" in refused.reason
+    assert isinstance(auth.check_plain("svc", "wrong"), SaslFailure)  # not a token: the file's answer
+
+
+def test_jwks_fetched_refetched_on_unknown_kid_and_rate_limited():
+    issuer = Issuer().serve()
+    try:
+        async def scenario():
+            clock = [1000.0]
+            keys = KeySet(jwks_url=issuer.jwks_url, min_interval=10.0, clock=lambda: clock[0])
+            await keys.start()
+            assert set(keys.fetched) == set(issuer.published) and issuer.fetches == 1
+            new = issuer.rotate("ec")
+            clock[0] += 5  # within min_interval: no fetch
+            assert keys.candidates(new) == [] and keys.fetches["rate_limited"] == 1
+            clock[0] += 6
+            assert keys.candidates(new) == []  # this miss starts the fetch...
+            assert keys.candidates(new) == []  # ... and a second miss does not start another
+            await asyncio.wait_for(keys._task, 10)
+            assert len(keys.candidates(new)) == 1 and issuer.fetches == 2
+            await keys.stop()
+
+        asyncio.run(scenario())
+    finally:
+        issuer.stop()
