@@ -33,7 +33,7 @@ from aiohttp import web, web_response
 from aiohttp.http_exceptions import HttpProcessingError
 
 from . import console, first_run, health, inspect_api, openapi, replication, rules_api
-from .auth import Tokens, allowed, bearer_token
+from .auth import Tokens, allowed, bearer_token, role_for
 from .cluster import CLUSTER, ClusterSync, follow_etcd, get_cluster, push_rules
 from .errors import ApiError, from_http_exception, json_response
 from .inspect_api import ADMIN_URL, NODE, STARTED
@@ -116,13 +116,14 @@ async def auth_middleware(request: web.Request, handler):
     if (method, path) in PUBLIC:
         return await handler(request)
     token = bearer_token(request.headers.get("Authorization"))
-    role = request.app[TOKENS].role_of(token) if token else None
+    role = role_for(request.app[TOKENS], getattr(request.app[NODE], "oauth", None), token) if token else None
     if role is None:
         raise ApiError(401, "unauthorized", "a bearer token is required"
                        if token is None else "unknown token",
                        headers={"WWW-Authenticate": 'Bearer realm="fedgate"'})
     if not allowed(role, request.method):
-        raise ApiError(403, "forbidden", f"a {role!r} token may not {request.method}")
+        raise ApiError(403, "forbidden", f"a {role!r} token may not {request.method}" if role
+                       else "this token grants no admin API role")
     return await handler(request)
 
 

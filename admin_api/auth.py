@@ -9,6 +9,13 @@ A presented token is hashed once and compared with *every* configured
 digest with ``hmac.compare_digest`` (no early exit), so the time taken does
 not tell how much of a token was right nor which entry matched.
 
+With ``[oauth]`` (docs/oauth.md) a JWT from the identity provider works
+too (``role_for``): a configured token is tried first, then a bearer value
+that looks like a JWT is validated as the SASL layer does; the
+``fedgate.admin`` scope (or an ``[[oauth.map]]`` entry with ``admin``) is
+``admin``, ``fedgate.read`` (or ``read``) is ``read``; a valid token with
+neither gets 403, a refused one 401 (the reason logged and counted).
+
 ``/healthz``, ``/readyz`` and the web console's static files (no data in
 them: the console calls the API with a token the user types in) need no
 token; everything else does.
@@ -54,6 +61,20 @@ class Tokens:
             if hmac.compare_digest(presented, entry.digest) and role != ADMIN:
                 role = entry.role
         return role
+
+
+NO_ROLE = ""  # a valid JWT that grants no admin API role: 403, not 401
+
+
+def role_for(tokens: Tokens, oauth, token: str) -> str | None:
+    """The role of a bearer token: configured tokens, then ([oauth]) a JWT; None: unknown."""
+    role = tokens.role_of(token)
+    if role is None and oauth is not None:
+        from proxy.auth.oauth import looks_like_jwt
+
+        if looks_like_jwt(token):
+            role = oauth.admin_role(token)
+    return role
 
 
 def bearer_token(header: str | None) -> str | None:

@@ -97,6 +97,14 @@ def _link(handler, endpoint) -> dict[str, Any]:
 def _connection(protocol, handler) -> dict[str, Any]:
     identity = handler.identity
     links = list(handler.links.values())
+    item = _connection_item(protocol, handler, identity, links)
+    grant = getattr(identity, "token", None)
+    if grant is not None:  # a token login ([oauth]): sub, expiry, the scopes granted
+        item["token"] = grant.describe()
+    return item
+
+
+def _connection_item(protocol, handler, identity, links) -> dict[str, Any]:
     return {
         "id": handler.connection_id,
         "peer": handler.peer,

@@ -123,6 +123,16 @@ def render(node) -> str:
     out.family("fedgate_connections_handed_over_total", "counter",
                "Client connections handed to another worker after their first attach (placement).",
                [({}, node.placement.handed_over)])
+    oauth = getattr(node, "oauth", None)
+    if oauth is not None:  # [oauth]: refused tokens by reason (SASL and admin API), JWKS fetches
+        from proxy.auth.oauth.validate import REASONS
+
+        out.family("fedgate_oauth_refused_total", "counter",
+                   "Tokens refused (SASL logins and admin API), by reason (docs/oauth.md).",
+                   [({"reason": r}, oauth.refused.get(r, 0)) for r in REASONS])
+        out.family("fedgate_oauth_jwks_fetches_total", "counter",
+                   "Fetches of the JWKS document by result (rate_limited: a refetch not started).",
+                   [({"result": r}, oauth.keys.fetches.get(r, 0)) for r in ("ok", "failed", "rate_limited")])
     out.family("fedgate_links", "gauge", "Attached client links by role.", [
         ({"role": "consumer"}, sum(1 for e in endpoints if isinstance(e, QueueConsumer))),
         ({"role": "producer"}, sum(1 for e in endpoints if isinstance(e, QueueProducer))),

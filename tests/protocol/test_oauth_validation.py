@@ -174,3 +174,19 @@ def test_jwks_fetched_refetched_on_unknown_kid_and_rate_limited():
         asyncio.run(scenario())
     finally:
         issuer.stop()
+
+
+def test_admin_api_roles_from_tokens(issuer):
+    from admin_api.auth import NO_ROLE, Tokens, allowed, role_for
+
+    v = validator(issuer, map=({"claim": "groups", "value": "ops", "admin": True},))
+    configured = Tokens.from_config(({"token": "static-admin-token", "role": "admin"},))
+    assert role_for(configured, v, "static-admin-token") == "admin"  # configured tokens first
+    assert role_for(configured, v, issuer.token("a", "fedgate.admin")) == "admin"
+    assert role_for(configured, v, issuer.token("a", "", groups=["ops"])) == "admin"
+    assert role_for(configured, v, issuer.token("r", "fedgate.read")) == "read"
+    assert role_for(configured, v, issuer.token("n", "openid")) == NO_ROLE
+    assert not allowed(NO_ROLE, "GET")
+    assert role_for(configured, v, issuer.token(ttl=-3600)) is None
+    assert role_for(configured, None, issuer.token("a", "fedgate.admin")) is None  # no [oauth]
+    assert v.refused["expired"] == 1
