@@ -77,10 +77,15 @@ class Authenticator:
         return record.groups if record else ()
 
     def check_plain(self, name: str, password: str) -> Step:
+        """The users file first, then ([oauth]) the password as a token (RabbitMQ's convention).
+
+        Without a users file there is no user name to hide: a token goes straight to the validator."""
+        token = self.oauth is not None and looks_like_jwt(password)
+        if token and self.users is None:
+            return token_step(self.oauth, password, "PLAIN")
         step = self._check_password(name, password)
-        if isinstance(step, SaslFailure) and self.oauth is not None:
-            if looks_like_jwt(password):  # RabbitMQ's convention: the token as password
-                return token_step(self.oauth, password, "PLAIN")
+        if isinstance(step, SaslFailure) and token:
+            return token_step(self.oauth, password, "PLAIN")
         return step
 
     def _check_password(self, name: str, password: str) -> Step:

@@ -156,3 +156,18 @@ class Issuer:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+
+
+def node_config(issuer: Issuer, **oauth) -> dict:
+    """A node taking this issuer's tokens: PLAIN (token as password) and OAUTHBEARER, SASL required.
+
+    PLAIN without TLS on loopback in the tests; a DMZ listener has [tls]."""
+    from admin_client import ADMIN_TOKEN
+
+    return {
+        "sasl": {"mechanisms": ["PLAIN", "OAUTHBEARER"], "require": True, "allow_plain_without_tls": True},
+        "oauth": {"issuer": issuer.issuer, "audience": issuer.audience, "jwks_url": issuer.jwks_url,
+                  "leeway": 0.0, "jwks_min_interval": 0.5, **oauth},
+        "admin": {"tokens": [{"token": ADMIN_TOKEN, "role": "admin"}]},
+        "limits": {"handshake_timeout": 5.0},
+    }
