@@ -190,3 +190,21 @@ def test_admin_api_roles_from_tokens(issuer):
     assert role_for(configured, v, issuer.token(ttl=-3600)) is None
     assert role_for(configured, None, issuer.token("a", "fedgate.admin")) is None  # no [oauth]
     assert v.refused["expired"] == 1
+
+
+def test_token_authorizer(issuer):
+    from proxy.amqp.connection import Identity
+    from proxy.auth.acl import Acl
+    from proxy.auth.oauth import token_authorizer
+
+    acl = Acl((AclEntry(user="svc", send=("jobs",)),))
+    authorize = token_authorizer(acl)
+    grant = validator(issuer).validate(issuer.token("alice", "fedgate.send:orders.*"))
+    alice = Identity("alice", "PLAIN", (), grant)
+    svc = Identity("svc", "PLAIN")
+    assert authorize(alice, "orders.x", "send") and not authorize(alice, "jobs", "send")
+    assert authorize(svc, "jobs", "send") and not authorize(svc, "orders.x", "send")
+    assert authorize(alice, "$cbs", "send") and not authorize(svc, "$cbs", "send")  # renewal: tokens only
+    assert authorize(alice, None, "receive")  # a temporary queue, as for users-file users
+    assert not token_authorizer(Acl(()))(Identity("bob", "PLAIN", (), validator(issuer).validate(
+        issuer.token("bob", "openid"))), "orders.x", "send")  # no [[acl]]: still nothing granted

@@ -11,13 +11,15 @@ carries, as ``proxy.auth.acl`` entries; refusals counted by reason) and
 from proxy.auth.oauth.keys import KeySet
 from proxy.auth.oauth.settings import OAuthSection
 from proxy.auth.oauth.validate import (
+    CBS_ADDRESS,
     MAX_TOKEN_BYTES,
     OAUTH_SASL_MAX_FRAME,
     TokenGrant,
     TokenRefused,
     Validator,
     looks_like_jwt,
+    token_authorizer,
 )
 
-__all__ = ["KeySet", "MAX_TOKEN_BYTES", "OAUTH_SASL_MAX_FRAME", "OAuthSection", "TokenGrant",
-           "TokenRefused", "Validator", "looks_like_jwt"]
+__all__ = ["CBS_ADDRESS", "KeySet", "MAX_TOKEN_BYTES", "OAUTH_SASL_MAX_FRAME", "OAuthSection", "TokenGrant",
+           "TokenRefused", "Validator", "looks_like_jwt", "token_authorizer"]

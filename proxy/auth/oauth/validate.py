@@ -77,6 +77,24 @@ class TokenGrant:
                 "read": self.read, "groups": list(self.groups)}
 
 
+CBS_ADDRESS = "$cbs"  # token renewal in band (proxy.amqp.cbs)
+
+
+def token_authorizer(acl: Acl):
+    """The broker's authorize hook with ``[oauth]``: a token login by its grant (which holds
+    the ``[[acl]]`` entries too), others by ``acl``; ``$cbs`` for token logins only."""
+
+    def authorize(identity, address: str | None, direction: str) -> bool:
+        grant = getattr(identity, "token", None)
+        if address == CBS_ADDRESS:
+            return grant is not None
+        if grant is not None:
+            return grant.allows(identity, address, direction)
+        return acl.allows(identity, address, direction)
+
+    return authorize
+
+
 def looks_like_jwt(text: str) -> bool:
     """Worth validating as a token (PLAIN tries the users file first, then this)."""
     return text.count(".") == 2 and len(text) > 16
