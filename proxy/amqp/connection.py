@@ -528,11 +528,11 @@ class ServerConnection:
         return deadline
 
     def token_deadline(self, now: float) -> float:
-        """Loop time at which the token login's token expires (its exp, from the wall clock)."""
+        """Loop time at which the token login's token expires (exp + leeway, from the wall clock)."""
         if self._token_deadline is None:
             import time
 
-            self._token_deadline = now + (self.identity.token.expires_at - time.time())
+            self._token_deadline = now + (self.identity.token.closes_at - time.time())
         return self._token_deadline
 
     def renew_token(self, grant) -> None:

@@ -67,7 +67,9 @@ def test_refusals_by_reason(issuer):
 
 def test_leeway_allows_a_little_clock_skew(issuer):
     v = validator(issuer, leeway=30.0)
-    assert v.validate(issuer.token(ttl=-10)).subject == "alice"
+    grant = v.validate(issuer.token(ttl=-10))
+    assert grant.subject == "alice"
+    assert grant.closes_at == grant.expires_at + 30  # a connection on it lives to exp + leeway
     assert reason_of(validator(issuer, leeway=0.0), issuer.token(ttl=-10)) == "expired"
 
 

@@ -63,6 +63,13 @@ class TokenGrant:
     read: bool = False
     groups: tuple[str, ...] = ()
     acl: Acl | None = field(default=None, compare=False, repr=False)
+    leeway: float = 0.0  # [oauth] leeway: a connection closes this long after exp
+
+    @property
+    def closes_at(self) -> float:
+        """When a connection on this token is closed (seconds since the epoch): exp + leeway,
+        the last instant the token would still be accepted."""
+        return self.expires_at + self.leeway
 
     def allows(self, identity, address: str | None, direction: str) -> bool:
         return self.acl.allows(identity, address, direction) if self.acl is not None else False
@@ -238,7 +245,7 @@ class Validator:
         entry = AclEntry(user=subject, send=tuple(dict.fromkeys(send)),
                          receive=tuple(dict.fromkeys(receive)))
         return TokenGrant(subject, expires_at, tuple(scopes), entry.send, entry.receive, admin, read,
-                          tuple(groups), Acl(self.acl_entries + (entry,)))
+                          tuple(groups), Acl(self.acl_entries + (entry,)), self.section.leeway)
 
     def from_json(self, data: dict) -> TokenGrant:
         """A grant handed over by another worker (``TokenGrant.to_json``)."""
