@@ -73,7 +73,9 @@ class CbsNode:
 
     # -- put-token -----------------------------------------------------------------------
     def put_token(self, handler, request: Message) -> tuple[int, str]:
-        props = request.properties or {}
+        props = request.properties
+        if not isinstance(props, dict):  # application-properties of another type: not a request
+            return 400, "application-properties must be a map"
         if props.get("operation") != "put-token":
             return 400, "operation must be put-token"
         if props.get("type") != "jwt":
@@ -161,11 +163,14 @@ class CbsRequests(engine.ClientLinkEndpoint):
             status, description = self.node.put_token(handler, request)
         pn_delivery_update(delivery, PN_ACCEPTED)
         pn_delivery_settle(delivery)
-        reply = Message(correlation_id=request.id, address=request.reply_to,
-                        properties={"status-code": int32(status), "status-description": description})
+        answer = {"status-code": int32(status), "status-description": description}
+        try:
+            reply = Message(correlation_id=request.id, address=request.reply_to, properties=answer).encode()
+        except Exception:  # a message-id or reply-to of a type proton will not write back
+            reply = Message(properties=answer).encode()
         for endpoint in list(handler.links.values()):
             if isinstance(endpoint, CbsReplies):
-                endpoint.send(reply.encode())
+                endpoint.send(reply)
                 break
         else:
             log.info("connection %s: $cbs answer %d dropped: no receiver on $cbs", handler.connection_id,

@@ -183,11 +183,13 @@ class Fuzzer:
 
     PREFIXES = ("raw", "sasl", "amqp", "link", "link", "bare")
 
-    def __init__(self, seed: int, *, max_frames: int = 16, queue: str = "fuzz") -> None:
+    def __init__(self, seed: int, *, max_frames: int = 16, queue: str = "fuzz",
+                 tokens: tuple[str, ...] = ()) -> None:
         self.rng = random.Random(seed)
         self.max_frames = max_frames
         self.queue = queue
         self.counter = 0
+        self.tokens = tuple(tokens)  # valid JWTs: streams on the token path too (fuzz.tokens)
 
     # -- random values -------------------------------------------------------------------
     def rand_bytes(self, low: int = 0, high: int = 64) -> bytes:
@@ -254,6 +256,10 @@ class Fuzzer:
 
     # -- streams -----------------------------------------------------------------------------
     def connection(self) -> Stream:
+        if self.tokens and self.rng.random() < 0.4:
+            from fuzz.tokens import token_stream
+
+            return token_stream(self)
         kind = self.rng.choice(self.PREFIXES)
         if kind == "raw":
             return Stream(kind, self.raw_stream(), 1)

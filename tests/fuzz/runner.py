@@ -120,9 +120,10 @@ async def _batch(host: str, port: int, streams, concurrency: int, close_timeout:
 
 
 def run(*, host: str, port: int, pid: int, url: str, seed: int, cases: int, concurrency: int = 16,
-        batch_cases: int = 500, close_timeout: float = 15.0, check=None) -> Report:
-    """Send at least ``cases`` fuzz cases; ``check()`` runs after every batch (node alive, ...)."""
-    fuzzer = Fuzzer(seed)
+        batch_cases: int = 500, close_timeout: float = 15.0, check=None, tokens=()) -> Report:
+    """Send at least ``cases`` fuzz cases; ``check()`` runs after every batch (node alive, ...).
+    ``tokens``: valid JWTs, for streams on the token path too (``fuzz.tokens``)."""
+    fuzzer = Fuzzer(seed, tokens=tokens)
     report = Report(seed=seed)
     canary = Canary(url)
     loop = asyncio.new_event_loop()

@@ -257,3 +257,50 @@ def test_fuzzed_tokens_are_refused_with_a_reason_never_an_exception(issuer):
             assert exc.reason in REASONS
         slowest = max(slowest, time.perf_counter() - start)
     assert slowest < 0.05
+
+
+def test_put_token_requests_fuzzed(issuer):
+    """$cbs put-token requests (proxy.amqp.cbs) decoded from mutated encodings: every one is
+    answered with a status (202, 400, 401, 403), nothing escapes."""
+    import random
+    from types import SimpleNamespace
+
+    from proton import Message
+
+    from proxy.amqp.cbs import CbsNode
+    from proxy.amqp.connection import Identity
+
+    v = validator(issuer)
+    node = CbsNode(v)
+    grant = v.validate(issuer.token("cbs-user", "fedgate.send:a"))
+    renewed = []
+    connection = SimpleNamespace(identity=Identity("cbs-user", "PLAIN", (), grant),
+                                 renew_token=renewed.append)
+    handler = SimpleNamespace(server_connection=connection, peer="test", connection_id=1, links={},
+                              broker=SimpleNamespace(authorize=lambda *a: True))
+    good = Message(id="r", reply_to="cbs", body=issuer.token("cbs-user", "fedgate.send:a"),
+                   properties={"operation": "put-token", "type": "jwt", "name": "x"}).encode()
+    assert node.put_token(handler, decoded(good)) == (202, "Accepted") and len(renewed) == 1
+    rng = random.Random(int(time.time()))
+    statuses = set()
+    for _ in range(400):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 6)):
+            data[rng.randrange(len(data))] = rng.getrandbits(8)
+        message = decoded(bytes(data))
+        if message is None:
+            continue  # proton could not decode it: the node answers 400 (CbsRequests)
+        status, _ = node.put_token(handler, message)
+        statuses.add(status)
+    assert statuses <= {202, 400, 401, 403} and statuses & {400, 401}
+
+
+def decoded(data: bytes):
+    from proton import Message
+
+    message = Message()
+    try:
+        message.decode(data)
+    except Exception:
+        return None
+    return message
