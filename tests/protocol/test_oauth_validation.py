@@ -304,3 +304,17 @@ def decoded(data: bytes):
     except Exception:
         return None
     return message
+
+
+def test_key_files_that_do_not_load_name_their_key(tmp_path):
+    from proxy.auth.oauth.keys import KeyFileError
+
+    (tmp_path / "bad.pem").write_text("-----BEGIN PUBLIC KEY-----\nnot a key\n-----END PUBLIC KEY-----\n")
+    for keys, key in ((("missing.pem",), "oauth.keys[0]"), (("missing.pem", "bad.pem"), "oauth.keys[0]")):
+        section = OAuthSection(issuer=ISSUER, audience=AUDIENCE, keys=keys)
+        with pytest.raises(KeyFileError) as exc:
+            KeySet.from_config(section, lambda p: tmp_path / p)
+        assert exc.value.key == key
+    section = OAuthSection(issuer=ISSUER, audience=AUDIENCE, keys=("bad.pem",))
+    with pytest.raises(KeyFileError, match="oauth.keys.0.: .*bad.pem"):
+        KeySet.from_config(section, lambda p: tmp_path / p)

@@ -35,6 +35,15 @@ FETCH_TIMEOUT = 10.0
 MAX_JWKS_BYTES = 1 << 20
 
 
+class KeyFileError(ValueError):
+    """A key file named in ``[oauth]`` that is missing or holds no public key (``key``: its config key)."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"{key}: {detail}")
+        self.key = key
+        self.detail = detail
+
+
 def load_pem(path: Path):
     """A public key from a PEM file: a public key, or a certificate's."""
     data = Path(path).read_bytes()
@@ -80,7 +89,14 @@ class KeySet:
 
     @classmethod
     def from_config(cls, section, resolve=Path) -> "KeySet":
-        pem = {Path(p).name.removesuffix(".pem"): load_pem(resolve(p)) for p in section.keys}
+        pem = {}
+        for index, name in enumerate(section.keys):
+            try:
+                pem[Path(name).name.removesuffix(".pem")] = load_pem(resolve(name))
+            except (OSError, ValueError, TypeError) as exc:  # missing, unreadable, not a public key
+                raise KeyFileError(f"oauth.keys[{index}]", f"{resolve(name)}: {exc}") from None
+        if section.jwks_ca and not Path(resolve(section.jwks_ca)).is_file():
+            raise KeyFileError("oauth.jwks_ca", f"file {resolve(section.jwks_ca)} not found")
         return cls(pem, section.jwks_url, refresh=section.jwks_refresh,
                    min_interval=section.jwks_min_interval,
                    ca=str(resolve(section.jwks_ca)) if section.jwks_ca else None)
