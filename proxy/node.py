@@ -55,7 +55,9 @@ from proxy import plugins
 from proxy.links.redirects import apply_rules_change
 from proxy.net.network import Network, TcpNetwork
 from proxy.queues.durable import open_journal, restore
-from proxy.queues.local import QueueRegistry
+from proxy.paging.pager import Pager
+from proxy.paging.store import PageStore
+from proxy.queues.registry import QueueRegistry
 from proxy.server import AmqpProtocol
 from proxy.workers.placement import Placement
 from proxy.admission import Admission
@@ -200,6 +202,15 @@ class Node:
         if worker is not None and worker.count > 1:  # each worker journals the queues it owns
             journal_dir = self.data_dir / "workers" / str(worker.index) / "journal"
         self.journal = open_journal(journal_dir, config.journal, wanted=wanted)
+        self.pager = None  # bodies on disk beyond max_memory (proxy.paging, docs/paging.md)
+        if config.limits.max_memory and config.paging.enabled:
+            self.pager = Pager(
+                PageStore(journal_dir.parent / "paging", segment_size=config.paging.segment_size,
+                          threads=config.paging.io_thread),
+                self.queues.memory, lambda: self.queues.queues.values(),
+                read_ahead=config.paging.read_ahead,
+                read_ahead_bytes=config.paging.read_ahead_bytes,
+                max_disk=config.limits.max_disk, min_free_disk=config.limits.min_free_disk)
         self.broker = Broker(
             node_id=self.node_id,
             queues=self.queues,
@@ -227,6 +238,9 @@ class Node:
             self.broker.connection_ids = itertools.count(worker.index + 1, worker.count)
         if self.journal is not None:
             self.journal.on_progress.append(self.broker.run_pending)
+        if self.pager is not None:
+            self.pager.on_loaded = self.broker.queue_loaded
+            self.pager.run_pending = self.broker.run_pending
         self.run_pending = self.broker.run_pending  # shared by every client connection
         self.upstreams = self.broker.upstreams
         self.routing.subscribe(
@@ -440,6 +454,8 @@ class Node:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         host, port = self.config.listen
         loop = asyncio.get_running_loop()
+        if self.pager is not None:
+            self.pager.start(loop)
         self._recover_durable_queues(loop)
         self.exchanges.start()
         await self._join_cluster()
@@ -506,6 +522,8 @@ class Node:
             protocol.abort()
         self.exchanges.close()
         self.upstreams.close()
+        if self.pager is not None:
+            self.pager.close()
         if self.journal is not None:
             try:
                 self.journal.close()

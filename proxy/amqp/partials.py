@@ -46,7 +46,7 @@ class PartialTransfers:
     def __init__(self) -> None:
         self.sizes: dict = _partial_sizes
         self.total = 0
-        self.memory = None  # set by the node: an object with ``limit`` and ``used``
+        self.memory = None  # set by the node: proxy.queues.memory.MemoryUse
 
     def grew(self, link, delivery) -> bool:
         """``delivery`` on ``link`` got more bytes: False if the node has no room for them."""
@@ -60,10 +60,10 @@ class PartialTransfers:
             sizes[link] = size  # an existing key stays (the held one)
         self.total += size - old
         memory = self.memory
-        if self.total + memory.used <= memory.limit:
+        if self.total + memory.resident <= memory.ceiling:
             return True
         self._recount()
-        if self.total + memory.used <= memory.limit:
+        if self.total + memory.resident <= memory.ceiling:
             return True
         self.done(link)
         return False

@@ -35,7 +35,8 @@ from proxy.metrics import Histogram
 from proxy.net.network import TcpNetwork
 from proxy.queues import durable as journal_queues
 from proxy.queues.endpoints import DEAD_LETTER_COPY
-from proxy.queues.local import DROP_HEAD, LocalQueue, QueueRegistry, StoredMessage
+from proxy.queues.local import DROP_HEAD, LocalQueue, StoredMessage
+from proxy.queues.registry import QueueRegistry
 from proxy.transactions.manager import Transactions
 from proxy.upstream.pool import UpstreamRegistry
 
@@ -143,6 +144,11 @@ class Broker:
             self.dirty_handlers.clear()
             for handler in handlers:
                 handler.flush()
+
+    def queue_loaded(self, queue: LocalQueue) -> None:
+        """Paged messages of ``queue`` are back in memory (proxy.paging): dispatch it."""
+        self.dirty_queues.add(queue)
+        self.run_pending()
 
     def enqueue(self, queue: LocalQueue, message: StoredMessage, *, expiry: bool = True) -> None:
         queue.enqueue(message, expiry=expiry)
@@ -277,6 +283,8 @@ def _finish_drains(queue: LocalQueue) -> None:
         ptr = consumer.link_ptr
         if pn_link_credit(ptr) > 0:
             if not consumer.handler.can_send(consumer):
+                continue
+            if queue.reading:  # paged messages on their way back from disk (proxy.paging)
                 continue
             if hold is not None and hold(consumer):
                 continue

@@ -223,6 +223,10 @@ class LimitsSection:
     # seconds after which one not discharged is rolled back (0 = never)
     max_transactions_per_connection: int = 64
     transaction_timeout: float = 60.0
+    # with [paging] enabled, max_memory is the budget for message bodies in memory, and these
+    # bound the page store: its bytes (0 = unlimited), and the free space left on its disk
+    max_disk: int = 0
+    min_free_disk: int = 256 * 1024 * 1024
 
     def check(self, key: str) -> None:
         if not 512 <= self.max_frame_size <= 16 * 1024 * 1024:
@@ -231,7 +235,8 @@ class LimitsSection:
                      "max_links_per_connection", "max_connections_per_ip",
                      "max_connections_per_user", "max_relay_destinations", "max_pending_handshakes",
                      "max_output_buffer", "max_memory", "max_temp_queues_per_connection",
-                     "max_transactions_per_connection", "transaction_timeout"):
+                     "max_transactions_per_connection", "transaction_timeout", "max_disk",
+                     "min_free_disk"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{key}.{name}", "must not be negative")
         if self.idle_timeout < 0 or self.handshake_timeout < 0:
@@ -338,6 +343,24 @@ class JournalSection:
 
 
 @dataclass(frozen=True)
+class PagingSection:
+    """Bodies of waiting messages on disk beyond ``[limits] max_memory`` (docs/paging.md),
+    under ``<data_dir>/paging``. Only with a ``max_memory``: without one nothing pages."""
+
+    enabled: bool = True
+    read_ahead: int = 1000  # messages kept in memory ahead of a queue's consumers
+    read_ahead_bytes: int = 4 * 1024 * 1024  # and at most these bytes of them
+    segment_size: int = 64 * 1024 * 1024
+    io_thread: bool = True  # false: the I/O on the event loop (tests on a virtual clock)
+
+    def check(self, key: str) -> None:
+        if self.read_ahead < 1 or self.read_ahead_bytes < 1:
+            raise ConfigError(f"{key}.read_ahead", "at least 1")
+        if not 4096 <= self.segment_size <= 1024 * 1024 * 1024:
+            raise ConfigError(f"{key}.segment_size", "between 4096 and 1073741824")
+
+
+@dataclass(frozen=True)
 class Config:
     node: NodeSection = field(default_factory=NodeSection)
     peers: dict[str, str] = field(default_factory=dict)
@@ -348,6 +371,7 @@ class Config:
     websocket: WebSocketSection = field(default_factory=WebSocketSection)
     queues: QueuesSection = field(default_factory=QueuesSection)
     journal: JournalSection = field(default_factory=JournalSection)
+    paging: PagingSection = field(default_factory=PagingSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)  # [cluster]: static or etcd
     queue: tuple[QueueDecl, ...] = ()
     rules: tuple[dict, ...] = ()
@@ -386,6 +410,7 @@ _SECTIONS = {
     "websocket": WebSocketSection,
     "queues": QueuesSection,
     "journal": JournalSection,
+    "paging": PagingSection,
     "cluster": ClusterSection,
 }
 

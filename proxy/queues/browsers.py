@@ -74,7 +74,7 @@ class QueueBrowser(engine.ClientLinkEndpoint):
             return
         batch = self.queue.browse(self.after, credit, self.selector)
         for message in batch:
-            delivery = engine.send_message(ptr, str(next(self.tags)).encode(), message.payload)
+            delivery = engine.send_message(ptr, str(next(self.tags)).encode(), self.queue.body(message))
             if self.presettled:
                 pn_delivery_settle(delivery)
             self.after = max(self.after, message.seq)

@@ -30,17 +30,16 @@ callbacks back into proton transfers.
 from __future__ import annotations
 
 import itertools
-import logging
 from collections import deque
 from dataclasses import dataclass, field
 from time import monotonic
-from typing import Callable, Iterable, Protocol
+from typing import ClassVar, Iterable, Protocol
 
 from proxy.amqp import message_header
+from proxy.paging.store import PAGED, STORED, WRITING, Page
 from proxy.queues import schedule, selective
+from proxy.queues.memory import MemoryUse
 from proxy.queues.store import DEFAULT_PRIORITY, PriorityStore
-
-log = logging.getLogger("fedgate.queues")
 
 
 @dataclass(slots=True)
@@ -70,6 +69,9 @@ class StoredMessage:
     priority: int = 4
     # times it came back from a consumer (released, modified, orphaned): delivery_limit
     attempts: int = 0
+    # its record in the page store (proxy.paging.store.Page), None: none; while the body is
+    # on disk only, ``payload`` is that Page too (docs/paging.md)
+    page: object = None
 
 
 class Consumer(Protocol):
@@ -81,50 +83,6 @@ class Consumer(Protocol):
     def credit(self) -> int: ...
 
     def deliver(self, message: StoredMessage) -> None: ...
-
-
-class MemoryUse:
-    """Bytes held by all local queues of a node, against ``[limits] max_memory`` (0: no limit).
-
-    Over the limit, queues give their producers no new credit (they join
-    ``blocked``); once use falls below ``RESUME`` of the limit, ``on_room`` is
-    called with them, for their producers to be topped up again. Producers that
-    send to no one queue (the anonymous relay: each message has its own
-    destination) ask ``withholds`` instead and wait in ``waiting``; they are
-    topped up at the same moment. Consumers go on draining meanwhile, and what
-    was sent on credit already given is taken.
-    """
-
-    RESUME = 0.9
-
-    __slots__ = ("limit", "used", "blocked", "waiting", "on_room")
-
-    def __init__(self, limit: int = 0) -> None:
-        self.limit = limit
-        self.used = 0
-        self.blocked: set = set()
-        self.waiting: set = set()  # producers (with ``top_up()``) given no credit by ``withholds``
-        self.on_room: Callable[[set], None] = lambda queues: None
-
-    @property
-    def over(self) -> bool:
-        return bool(self.limit) and self.used >= self.limit
-
-    def withholds(self, producer) -> bool:
-        """Over the limit: True, no new credit for ``producer``; its ``top_up()`` is called
-        once use falls below ``RESUME`` of the limit (``freed``)."""
-        if self.limit and self.used >= self.limit:
-            self.waiting.add(producer)
-            return True
-        return False
-
-    def freed(self) -> None:
-        if self.used < self.limit * self.RESUME:
-            queues, self.blocked = self.blocked, set()
-            producers, self.waiting = self.waiting, set()
-            self.on_room(queues)
-            for producer in producers:
-                producer.top_up()
 
 
 REJECT_PUBLISH = "reject-publish"
@@ -205,6 +163,12 @@ class LocalQueue:
     scheduled: list = field(default_factory=list)
     # the queue's one timer for scheduled messages, kept by the broker
     timer: object = None
+    # paging (proxy.paging, docs/paging.md): bodies of waiting messages on disk only, and
+    # whether a read-ahead is under way
+    paged_bytes: int = 0
+    paged_count: int = 0
+    reading: bool = False
+    pages: ClassVar[bool] = True  # whether the pager may take its messages' bodies to disk
 
     # -- producer side -----------------------------------------------------
     def enqueue(self, message: StoredMessage, *, expiry: bool = True) -> None:
@@ -219,7 +183,10 @@ class LocalQueue:
         self.stats.enqueued += 1
         size = len(payload)
         self.bytes += size
-        self.memory.used += size
+        memory = self.memory
+        memory.used += size
+        if memory.pager is not None and memory.used - memory.paged > memory.limit:
+            memory.pager.wake()
         if schedule.marked(payload) and schedule.hold(self, message):
             return
         self._ready(message)
@@ -248,7 +215,7 @@ class LocalQueue:
             message.attempts += 1
         if failed and self.delivery_limit and message.attempts >= self.delivery_limit:
             self.stats.delivery_limited += 1
-            self._released(len(message.payload))
+            self._left(message)
             self.limited.append(message)
             return
         if schedule.marked(message.payload) and schedule.hold(self, message):
@@ -273,7 +240,15 @@ class LocalQueue:
         if memory.blocked or memory.waiting:
             memory.freed()
 
+    def _left(self, message: StoredMessage) -> None:
+        """``message`` left the queue for good (its page record too)."""
+        if message.page is not None:
+            self.memory.pager.gone(self, message)
+        self._released(len(message.payload))
+
     def _resized(self, message: StoredMessage, payload: bytes) -> None:
+        if message.page is not None:  # the record on disk is the old body
+            self.memory.pager.gone(self, message)
         change = len(payload) - len(message.payload)
         message.payload = payload
         self.bytes += change
@@ -290,7 +265,9 @@ class LocalQueue:
             message = self.messages.popleft()
             if self.selective:
                 selective.taken(self, message)
-            self._released(len(message.payload))
+            if self.dead_letter and type(message.payload) is Page:
+                self.memory.pager.load_now(self, message)
+            self._left(message)
             dropped.append(message)
         self.stats.dropped += len(dropped)
         return dropped
@@ -308,7 +285,8 @@ class LocalQueue:
         granted less than it wanted marks the queue so it is topped up later.
         """
         memory = self.memory
-        if memory.limit and memory.used >= memory.limit:
+        ceiling = memory.ceiling
+        if ceiling and memory.used - memory.paged >= ceiling:
             memory.blocked.add(self)  # topped up again once the node's use falls (on_room)
             self.producers_blocked = True
             return 0
@@ -369,15 +347,21 @@ class LocalQueue:
         now = 0.0
         while messages:
             message = messages[0]
+            page = message.page
             if message.expires_at:
                 now = now or monotonic()
                 if message.expires_at <= now:
                     messages.popleft()
-                    self._released(len(message.payload))
+                    if self.dead_letter and type(message.payload) is Page:
+                        self.memory.pager.load_now(self, message)
+                    self._left(message)
                     self.stats.expired += 1
                     self.expired.append(message)
                     continue
             if not (consumers or standby):
+                break
+            if page is not None and page.state >= PAGED:  # its body is on disk: read ahead
+                self.memory.pager.read_ahead(self)
                 break
             consumer = self._pick(message)
             if consumer is None:
@@ -386,6 +370,8 @@ class LocalQueue:
                     break
                 self.delivered_to_standby += 1
             messages.popleft()
+            if page is not None:
+                self._handed_out(page)
             self.unacked += 1
             sent += 1
             if acquired is not None:
@@ -393,6 +379,20 @@ class LocalQueue:
             consumer.deliver(message)
         self.stats.delivered += sent
         return sent
+
+    def _handed_out(self, page: Page) -> None:
+        """A message with a page record leaves for a consumer (its body is in memory)."""
+        if page.state == WRITING:
+            page.state = STORED  # the write goes on; the body stays with the message
+        if page.trigger:  # the window ahead of the consumers is half used: read the next
+            page.trigger = False
+            self.memory.pager.read_ahead(self)
+
+    def body(self, message: StoredMessage) -> bytes:
+        """A waiting message's body, read from the page store if it is there (browsers,
+        selectors: it stays paged)."""
+        payload = message.payload
+        return payload if type(payload) is not Page else self.memory.pager.store.read_now(payload)
 
     def _pick(self, message: StoredMessage) -> Consumer | None:
         consumers = self.consumers
@@ -431,7 +431,7 @@ class LocalQueue:
             found = []
             for m in messages:
                 if m.seq > after and not (m.expires_at and m.expires_at <= now) \
-                        and (selector is None or selector.matches(m.payload)):
+                        and (selector is None or selector.matches(self.body(m))):
                     found.append(m)
                     if len(found) == limit:
                         break
@@ -460,7 +460,7 @@ class LocalQueue:
     def settled_accepted(self, message: StoredMessage) -> None:
         self.unacked -= 1
         self.stats.acknowledged += 1
-        self._released(len(message.payload))
+        self._left(message)
 
     def settled_released(self, message: StoredMessage) -> None:
         """Released (§3.4.4): back to the head, delivery-count unchanged."""
@@ -492,7 +492,7 @@ class LocalQueue:
         """Rejected (§3.4.3): returns the message to dead-letter, or None to drop it."""
         self.unacked -= 1
         self.stats.rejected += 1
-        self._released(len(message.payload))
+        self._left(message)
         if self.dead_letter:
             self.stats.dead_lettered += 1
             return message
@@ -517,6 +517,10 @@ class LocalQueue:
     def purge(self) -> int:
         held = [entry[2] for entry in self.scheduled]
         count = len(self.messages) + len(held)
+        if self.paged_count or self.memory.pager is not None:
+            for message in self.messages:
+                if message.page is not None:
+                    self.memory.pager.gone(self, message)
         self._released(sum(len(m.payload) for m in self.messages) + sum(len(m.payload) for m in held))
         self.messages.clear()
         self.scheduled.clear()
@@ -528,67 +532,3 @@ class LocalQueue:
         """Every message held and not out with a consumer: ready, then scheduled."""
         yield from self.messages
         yield from (entry[2] for entry in sorted(self.scheduled))
-
-
-class QueueRegistry:
-    """All local queues of a node, by name; creates them on first use if allowed."""
-
-    def __init__(
-        self,
-        *,
-        auto_create: bool = True,
-        defaults: Callable[[str], dict] | None = None,
-        max_memory: int = 0,
-        temporary_defaults: dict | None = None,
-    ) -> None:
-        self.auto_create = auto_create
-        self.memory = MemoryUse(max_memory)
-        self.temporary_defaults = temporary_defaults or {}  # [queues] limits for temporary queues
-        self._defaults = defaults or (lambda name: {})
-        self.queues: dict[str, LocalQueue] = {}
-        self._temp_ids = itertools.count(1)
-        # stats of deleted queues, so node-wide totals never go down
-        self.retired = QueueStats()
-
-    def get(self, name: str) -> LocalQueue | None:
-        return self.queues.get(name)
-
-    def declare(self, name: str, *, kind: type = LocalQueue, **options) -> LocalQueue:
-        """The queue called ``name``, made (a ``kind``: LocalQueue or a subclass) if absent."""
-        queue = self.queues.get(name)
-        if queue is None:
-            queue = kind(name=name, memory=self.memory, **options)
-            self.queues[name] = queue
-            log.debug("queue %s declared", name)
-        return queue
-
-    def defaults(self, name: str) -> dict:
-        """The options a queue called ``name`` gets when made (config defaults and [[queue]])."""
-        return dict(self._defaults(name))
-
-    def lookup_or_create(self, name: str) -> LocalQueue | None:
-        queue = self.queues.get(name)
-        if queue is None and self.auto_create:
-            queue = self.declare(name, **self._defaults(name))
-        return queue
-
-    def create_temporary(self, prefix: str, creator=None) -> LocalQueue:
-        name = f"{prefix}{next(self._temp_ids)}"
-        while name in self.queues:
-            name = f"{prefix}{next(self._temp_ids)}"
-        return self.declare(name, temporary=True, creator=creator, **self.temporary_defaults)
-
-    def delete(self, name: str) -> LocalQueue | None:
-        queue = self.queues.pop(name, None)
-        if queue is not None:
-            for key, value in vars(queue.stats).items():
-                setattr(self.retired, key, getattr(self.retired, key) + value)
-        return queue
-
-    def totals(self) -> QueueStats:
-        """Message counters summed over every queue, deleted ones included."""
-        total = QueueStats(**vars(self.retired))
-        for queue in self.queues.values():
-            for key, value in vars(queue.stats).items():
-                setattr(total, key, getattr(total, key) + value)
-        return total

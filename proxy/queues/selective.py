@@ -24,7 +24,7 @@ def added(queue, consumer) -> None:
     store = PriorityStore()
     selector = consumer.selector
     for message in queue.messages:
-        if selector.matches(message.payload):
+        if selector.matches(queue.body(message)):  # a paged one is read, and stays paged
             store.append(message)
     consumer.matched = store
     queue.selective.append(consumer)
@@ -112,8 +112,11 @@ def _take_for(queue, consumer):
             return None
         queue.messages.remove(message)
         taken(queue, message)
+        if message.page is not None:  # its body back in memory now (docs/paging.md)
+            queue.memory.pager.load_now(queue, message)
+            queue._handed_out(message.page)
         if message.expires_at and message.expires_at <= monotonic():
-            queue._released(len(message.payload))
+            queue._left(message)
             queue.stats.expired += 1
             queue.expired.append(message)
             continue

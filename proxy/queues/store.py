@@ -111,6 +111,19 @@ class PriorityStore:
             if level:
                 yield from list(level.values())
 
+    def in_order(self):
+        """Delivery order without a copy (nothing may be added or taken meanwhile)."""
+        for priority in range(LEVELS - 1, -1, -1):
+            level = self.levels[priority]
+            if level:
+                yield from level.values()
+
+    def __reversed__(self):
+        """From the tail (the last to be delivered), without a copy (as ``in_order``)."""
+        for level in self.levels:
+            if level:
+                yield from reversed(level.values())
+
     def clear(self) -> None:
         self.levels = [None] * LEVELS
         self.count = 0

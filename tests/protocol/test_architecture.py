@@ -23,7 +23,7 @@ MAX_LINES = 600
 # Rooms on one line are peers and must not import each other.
 LAYERS = [
     ["routing"],
-    ["proxy.net", "proxy.journal", "proxy.auth", "proxy.metrics", "proxy.selectors"],
+    ["proxy.net", "proxy.journal", "proxy.paging", "proxy.auth", "proxy.metrics", "proxy.selectors"],
     ["proxy.amqp", "proxy.config"],
     ["proxy.upstream", "proxy.queues", "proxy.cluster"],
     ["proxy.links"],

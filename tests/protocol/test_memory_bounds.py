@@ -5,7 +5,8 @@ max_memory, and temporary queues per connection.
   its producers get no new credit, and what they send on credit given before
   is rejected with ``amqp:resource-limit-exceeded``; with ``drop-head`` the
   oldest waiting messages go instead (RabbitMQ's two policies).
-* ``[limits] max_memory``: above it, publishers of every queue get no new
+* ``[limits] max_memory`` with ``[paging] enabled = false`` (with paging it is a budget,
+  and producers stop at a disk bound: ``test_paging.py``): above it, publishers of every queue get no new
   credit until consumers bring the node's use down; nothing accepted is lost.
 * ``max_temp_queues_per_connection``: one more dynamic link is refused with
   ``amqp:resource-limit-exceeded``; temporary queues get ``[queues]`` limits.
@@ -24,6 +25,7 @@ from playbook import World, run
 pytestmark = pytest.mark.timeout(30)
 
 BODY = b"x" * 10_000
+NO_PAGING = {"enabled": False}
 
 
 def outcome_conditions(link) -> list:
@@ -101,7 +103,8 @@ def test_max_bytes_drop_head_keeps_the_newest(tmp_path):
 def test_max_memory_stops_publishers_until_consumers_drain(tmp_path):
     async def play():
         world = World(tmp_path)
-        node = await world.node("a", limits={"max_memory": 100_000}, queues={"credit_window": 4})
+        node = await world.node("a", limits={"max_memory": 100_000}, queues={"credit_window": 4},
+                                paging=NO_PAGING)
         producer = await world.client("a", "producer")
         one, two = producer.sender("one"), producer.sender("two")
         sent = 0
@@ -169,7 +172,8 @@ def test_incomplete_transfers_count_against_max_memory(tmp_path):
 
     async def play():
         world = World(tmp_path)
-        node = await world.node("a", limits={"max_memory": 200_000, "max_frame_size": 65536})
+        node = await world.node("a", limits={"max_memory": 200_000, "max_frame_size": 65536},
+                                paging=NO_PAGING)
         _, raw = await world.network.host("raw").connect(RawClient, "a", 5672)
         raw.transport.write(AMQP_HEADER + f.open_frame(max_frame=65536) + f.begin_frame()
                             + b"".join(f.attach_frame(f"s{i}", i, False, f"big{i}") for i in range(5)))
@@ -197,7 +201,8 @@ def test_the_anonymous_relay_gets_no_credit_above_max_memory(tmp_path):
     """The relay's credit was never withheld: a client could fill the node past max_memory."""
     async def play():
         world = World(tmp_path)
-        node = await world.node("a", limits={"max_memory": 100_000}, queues={"credit_window": 4})
+        node = await world.node("a", limits={"max_memory": 100_000}, queues={"credit_window": 4},
+                                paging=NO_PAGING)
         producer = await world.client("a", "producer")
         relay = producer.sender(None)
         await world.until(lambda: relay.credit > 0, what="credit")

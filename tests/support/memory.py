@@ -27,7 +27,7 @@ from proxy.auth.mechanisms import Authenticator
 from proxy.auth.users import UsersFile
 from proxy.broker.broker import Broker
 from proxy.broker.handler import ClientHandler
-from proxy.queues.local import QueueRegistry
+from proxy.queues.registry import QueueRegistry
 from routing import RoutingTable, RuleSet
 
 

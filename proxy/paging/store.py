@@ -1,0 +1,293 @@
+"""The page store: message bodies written out of memory, read back in order.
+
+How this works
+--------------
+Per node (per worker), under ``<data_dir>/paging``: segment files of page records, each
+``length (4 bytes), crc32 (4 bytes), payload``. The event loop decides everything: it
+places a record (``write``: the segment and offset are known at once) and asks for records
+back (``read``); one I/O thread does the ``pwritev`` and ``pread`` calls, in the order they
+were asked, and reports back on the loop. Nothing is fsynced: paged non-durable messages
+may be lost in a crash, and the store is emptied at start (``open``), so it always comes
+back consistent (docs/paging.md, "Crash safety").
+
+A ``Page`` is a record's place and state (``WRITING``, ``STORED``: on disk and in memory
+too, ``PAGED``: on disk only, ``READING``, ``DEAD``). A segment counts its live records; one
+that is full and has none left is deleted (by the I/O thread, after what was asked before).
+A paged message's ``payload`` is its ``Page`` (``len()`` gives the body's size), so byte
+counts stay right wherever they are taken.
+
+``threads=False`` runs the I/O on the loop itself (``call_soon``): the playbooks' virtual
+clock, where a thread's timing is not under the test's control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import struct
+import threading
+import zlib
+from collections import deque
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger("fedgate.paging")
+
+WRITING, STORED, PAGED, READING, DEAD = range(5)
+HEADER = struct.Struct(">II")
+SEGMENT_SIZE = 64 * 1024 * 1024
+IOV_MAX = 512  # buffers per pwritev call (the kernel's limit is 1024)
+
+
+class Page:
+    """Where a message's body is on disk, and what state that copy is in."""
+
+    __slots__ = ("segment", "offset", "size", "state", "trigger")
+
+    def __init__(self, segment: "Segment", offset: int, size: int) -> None:
+        self.segment = segment
+        self.offset = offset  # of the record's header
+        self.size = size  # the body's bytes
+        self.state = WRITING
+        self.trigger = False  # handing it out asks for the next read-ahead (proxy.paging.pager)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"Page({self.segment.number}:{self.offset}+{self.size}, state {self.state})"
+
+
+class Segment:
+    __slots__ = ("number", "path", "fd", "size", "live", "full")
+
+    def __init__(self, number: int, path: Path) -> None:
+        self.number = number
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.size = 0  # bytes placed (written or being written)
+        self.live = 0  # records not dead
+        self.full = False  # no more records go here
+
+
+class PageStore:
+    def __init__(self, directory: str | Path, *, segment_size: int = SEGMENT_SIZE,
+                 threads: bool = True) -> None:
+        self.directory = Path(directory)
+        self.segment_size = segment_size
+        self.threads = threads
+        self.segments: dict[int, Segment] = {}
+        self.current: Segment | None = None
+        self._numbers = 0
+        self.disk_bytes = 0  # bytes of the segment files
+        self.live_bytes = 0  # bytes of live records
+        self.error: OSError | None = None  # the last I/O error (paging stops at a write error)
+        self._jobs: deque = deque()
+        self._pending: list = []  # (page, payload, owner) placed and not yet handed to the thread
+        self._pending_done: list = []  # their callbacks
+        self._flush_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self.writes = 0  # records written
+        self.reads = 0  # records read back
+
+    # -- life --------------------------------------------------------------------------------
+    def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Empty the directory (what a crash left is not wanted) and start the I/O thread."""
+        self._loop = loop
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.threads:
+            self._thread = threading.Thread(target=self._run, name="fedgate-paging", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for segment in self.segments.values():
+            try:
+                os.close(segment.fd)
+            except OSError:
+                pass
+        self.segments.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    # -- the loop's side ---------------------------------------------------------------------
+    def write(self, items: list, done: Callable[[list, OSError | None], None]) -> list[Page]:
+        """Place each ``(payload, owner)``; ``done([(owner, page), ...], error)`` once written."""
+        batch = []
+        for payload, owner in items:
+            page = self._place(len(payload))
+            batch.append((owner, page, payload))
+        self._pending.append((batch, done))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return [page for _, page, _ in batch]
+
+    def read(self, items: list, done: Callable[[list, OSError | None], None]) -> None:
+        """Read each ``(owner, page)``; ``done([(owner, page, payload), ...], error)``."""
+        self._submit(("read", items, done))
+
+    def read_now(self, page: Page) -> bytes:
+        """One record, read here and now (the rare paths that cannot wait: docs/paging.md)."""
+        data = os.pread(page.segment.fd, HEADER.size + page.size, page.offset)
+        return self._check(page, data, 0)
+
+    def dead(self, page: Page) -> None:
+        """The record is no longer wanted; its segment goes when it has none left."""
+        if page.state == DEAD:
+            return
+        page.state = DEAD
+        segment = page.segment
+        segment.live -= 1
+        self.live_bytes -= page.size + HEADER.size
+        if segment.live == 0 and segment.full:
+            self._drop(segment)
+
+    # -- placing -----------------------------------------------------------------------------
+    def _place(self, size: int) -> Page:
+        segment = self.current
+        length = HEADER.size + size
+        if segment is None or (segment.size and segment.size + length > self.segment_size):
+            if segment is not None:
+                segment.full = True
+                if segment.live == 0:
+                    self._drop(segment)
+            self._numbers += 1
+            segment = self.current = Segment(self._numbers,
+                                             self.directory / f"{self._numbers:08d}.page")
+            self.segments[segment.number] = segment
+        page = Page(segment, segment.size, size)
+        segment.size += length
+        segment.live += 1
+        self.disk_bytes += length
+        self.live_bytes += length
+        return page
+
+    def _drop(self, segment: Segment) -> None:
+        if self._pending:  # its writes go to the thread before its delete
+            self._flush()
+        del self.segments[segment.number]
+        self.disk_bytes -= segment.size
+        if self.current is segment:
+            self.current = None
+        self._submit(("delete", segment, None))
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        pending, self._pending = self._pending, []
+        for batch, done in pending:
+            self._submit(("write", batch, done))
+
+    def _submit(self, job) -> None:
+        if self.threads:
+            with self._wake:
+                self._jobs.append(job)
+                self._wake.notify()
+        else:
+            self._loop.call_soon(self._do_and_report, job)
+
+    # -- the I/O thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._jobs and not self._closing:
+                    self._wake.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+            self._do_and_report(job)
+
+    def _do_and_report(self, job) -> None:
+        kind, items, done = job
+        error = None
+        result = None
+        try:
+            if kind == "write":
+                self._write(items)
+                result = [(owner, page) for owner, page, _ in items]
+            elif kind == "read":
+                result = self._read(items)
+            else:
+                os.close(items.fd)
+                os.unlink(items.path)
+        except OSError as exc:
+            error = exc
+            log.error("paging: %s failed: %s", kind, exc)
+            if kind == "write":
+                result = [(owner, page) for owner, page, _ in items]
+            elif kind == "read":  # none of them read: they stay on disk
+                result = [(owner, page, None) for owner, page in items]
+        if done is None:
+            return
+        if self.threads:
+            try:
+                self._loop.call_soon_threadsafe(self._report, done, result, error, kind)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+        else:
+            self._report(done, result, error, kind)
+
+    def _report(self, done, result, error, kind) -> None:
+        if error is not None:
+            self.error = error
+        elif kind == "write":
+            self.writes += len(result)
+        else:
+            self.reads += len(result)
+        done(result, error)
+
+    def _write(self, items: list) -> None:
+        """Records of one batch, by runs of one segment, each run one or more pwritev calls."""
+        index = 0
+        while index < len(items):
+            segment = items[index][1].segment
+            start = items[index][1].offset
+            buffers = []
+            while index < len(items) and items[index][1].segment is segment \
+                    and len(buffers) < IOV_MAX:
+                _, page, payload = items[index]
+                buffers.append(HEADER.pack(page.size, zlib.crc32(payload)))
+                buffers.append(payload)
+                index += 1
+            expected = sum(len(b) for b in buffers)
+            written = os.pwritev(segment.fd, buffers, start)
+            if written != expected:  # a short write: the rest, plainly
+                data = b"".join(buffers)
+                while written < expected:
+                    written += os.pwrite(segment.fd, data[written:], start + written)
+
+    def _read(self, items: list) -> list:
+        """Records in order; neighbours in one segment are read with one pread."""
+        result = []
+        index = 0
+        while index < len(items):
+            first = items[index][1]
+            end = index + 1
+            stop = first.offset + HEADER.size + first.size
+            while end < len(items) and items[end][1].segment is first.segment \
+                    and items[end][1].offset == stop and stop - first.offset < 4 * 1024 * 1024:
+                stop += HEADER.size + items[end][1].size
+                end += 1
+            data = os.pread(first.segment.fd, stop - first.offset, first.offset)
+            for owner, page in items[index:end]:
+                result.append((owner, page, self._check(page, data, page.offset - first.offset)))
+            index = end
+        return result
+
+    @staticmethod
+    def _check(page: Page, data: bytes, at: int) -> bytes:
+        length, crc = HEADER.unpack_from(data, at)
+        payload = data[at + HEADER.size:at + HEADER.size + length]
+        if length != page.size or len(payload) != length or zlib.crc32(payload) != crc:
+            raise OSError(f"page record {page!r} does not read back (length {length}, "
+                          f"crc {crc:#x})")
+        return payload
