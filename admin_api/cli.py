@@ -149,7 +149,7 @@ def _print_table(args, body: dict, key: str, columns: list[tuple[str, str]]) -> 
 
 QUEUE_COLUMNS = [("name", "name"), ("depth", "depth"), ("scheduled", "scheduled"), ("unacked", "unacked"),
                  ("consumers", "consumers"), ("producers", "producers"), ("bytes", "bytes"),
-                 ("max_depth", "max_depth"), ("max_bytes", "max_bytes"), ("temporary", "temporary")]
+                 ("paged", "paged_messages"), ("on_disk", "paged_bytes"), ("max_depth", "max_depth"), ("max_bytes", "max_bytes"), ("temporary", "temporary")]
 CONNECTION_COLUMNS = [("id", "id"), ("peer", "peer"), ("user", "user"), ("mechanism", "mechanism"),
                       ("links", "links"), ("sent", "sent"), ("received", "received"),
                       ("stalled_s", "output_stalled_s")]

@@ -150,8 +150,31 @@ def queue_info(queue) -> dict[str, Any]:
             queue.messages.by_priority() if hasattr(queue.messages, "by_priority")
             else ({4: queue.depth} if queue.depth else {})).items()},
         "selective_consumers": len(queue.selective),
+        # docs/paging.md: bodies on disk only, what is in memory, a read-ahead under way
+        "paged_messages": queue.paged_count,
+        "paged_bytes": queue.paged_bytes,
+        "memory_bytes": queue.bytes - queue.paged_bytes,
+        "paging": bool(queue.paged_count),
+        "reading": queue.reading,
         "stats": dict(vars(queue.stats)),
     }
+
+
+def memory_info(node) -> dict[str, Any]:
+    """Bytes of messages held by local queues, against [limits] max_memory (0: none), and
+    with paging (docs/paging.md) the page store, its bounds and which one holds."""
+    memory = node.queues.memory
+    pager = getattr(node, "pager", None)
+    bound = None
+    if memory.ceiling and memory.resident >= memory.ceiling:
+        bound = "memory"
+    if pager is not None and pager.bound:
+        bound = pager.bound
+    return {"queued_bytes": memory.used, "max_memory": memory.limit,
+            "resident_bytes": memory.resident, "paged_bytes": memory.paged,
+            "publishers_blocked": bool(memory.blocked), "bound": bound,
+            "incomplete_transfer_bytes": partial_transfers.total,
+            "paging": pager.describe() if pager is not None else None}
 
 
 def node_info(request: web.Request) -> dict[str, Any]:
@@ -180,10 +203,7 @@ def node_info(request: web.Request) -> dict[str, Any]:
             "connections_handed_over": node.placement.handed_over,
             "upstreams": len(describe_upstreams(node)),
         },
-        # bytes of messages held by local queues, against [limits] max_memory (0: none)
-        "memory": {"queued_bytes": node.queues.memory.used, "max_memory": node.queues.memory.limit,
-                   "publishers_blocked": bool(node.queues.memory.blocked),
-                   "incomplete_transfer_bytes": partial_transfers.total},
+        "memory": memory_info(node),
         # AMQP transactions: open ones node-wide, what they hold, counters since start
         "transactions": node.broker.transactions.describe(),
     }

@@ -183,6 +183,11 @@ QUEUES = {"type": "object", "properties": {
                         "description": "waiting messages by priority"},
         "delivery_limit": {"type": "integer"},
         "selective_consumers": {"type": "integer", "description": "consumers with a selector"},
+        "paged_messages": {"type": "integer", "description": "bodies on disk only"},
+        "paged_bytes": {"type": "integer", "description": "bytes of bodies on disk only"},
+        "memory_bytes": {"type": "integer", "description": "bytes of bodies in memory"},
+        "paging": {"type": "boolean"}, "reading": {"type": "boolean",
+                                                   "description": "a read-ahead under way"},
         "role": {"type": "string", "description": "replicated queues only"},
         "replication": REPLICATION}}}}}
 PROMOTED = {"type": "object", "properties": {
@@ -347,7 +352,15 @@ def spec() -> dict[str, Any]:
                 "RulesRecord": RECORD,
                 "Node": {"type": "object", "properties": {
                     "id": {"type": "string"}, "rules_version": {"type": "integer"},
-                    "counters": {"type": "object"}}},
+                    "counters": {"type": "object"},
+                    "memory": {"type": "object", "properties": {
+                        "queued_bytes": {"type": "integer"}, "max_memory": {"type": "integer"},
+                        "resident_bytes": {"type": "integer"}, "paged_bytes": {"type": "integer"},
+                        "bound": {"type": ["string", "null"], "enum": [
+                            "memory", "disk", "free-disk", "error", None],
+                            "description": "the bound that stops producers now, if any"},
+                        "paging": {"type": ["object", "null"],
+                                   "description": "the page store (docs/paging.md)"}}}}},
             },
         },
     }

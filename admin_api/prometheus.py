@@ -99,6 +99,34 @@ def replication(out: Exposition, items: list[dict]) -> None:
                [({"queue": i["address"]}, i.get("failovers") or 0) for i in items])
 
 
+def paging(out: Exposition, node, queues: list) -> None:
+    """Bodies on disk (docs/paging.md): per queue and for the node, and the page store."""
+    out.family("fedgate_queue_paged_bytes", "gauge", "Bytes of a queue's bodies on disk only.",
+               [({"queue": name}, q.paged_bytes) for name, q in queues if q.paged_count])
+    out.family("fedgate_queue_paged_messages", "gauge", "Messages of a queue whose body is on "
+               "disk only.", [({"queue": name}, q.paged_count) for name, q in queues if q.paged_count])
+    memory = node.queues.memory
+    out.family("fedgate_resident_bytes", "gauge", "Payload bytes of local queues in memory "
+               "(the paging budget is [limits] max_memory).", [({}, memory.resident)])
+    pager = getattr(node, "pager", None)
+    if pager is None:
+        return
+    store = pager.store
+    out.family("fedgate_paged_bytes", "gauge", "Payload bytes on disk only.", [({}, memory.paged)])
+    out.family("fedgate_page_store_bytes", "gauge", "Bytes of the page store's segment files "
+               "([limits] max_disk).", [({}, store.disk_bytes)])
+    if pager.free_disk is not None:
+        out.family("fedgate_page_store_free_bytes", "gauge", "Free space of the page store's "
+                   "file system ([limits] min_free_disk).", [({}, pager.free_disk)])
+    out.family("fedgate_paged_out_total", "counter", "Messages whose body was written to disk.",
+               [({}, pager.paged_out)])
+    out.family("fedgate_read_back_total", "counter", "Paged messages read back into memory.",
+               [({}, pager.read_back)])
+    out.family("fedgate_paging_bound", "gauge", "1 while a disk bound stops producers at the "
+               "memory budget (disk, free-disk, error).",
+               [({"bound": b}, int(pager.bound == b)) for b in ("disk", "free-disk", "error")])
+
+
 def render(node) -> str:
     out = Exposition()
     handlers = [p.handler for p in list(node.connections) if getattr(p, "handler", None)]
@@ -175,6 +203,7 @@ def render(node) -> str:
                [({"queue": name}, q.bytes) for name, q in queues])
     out.family("fedgate_queued_bytes", "gauge", "Payload bytes all local queues hold ([limits] max_memory).",
                [({}, node.queues.memory.used)])
+    paging(out, node, queues)
     out.family("fedgate_messages_dropped_total", "counter",
                "Messages dropped from a queue's head by overflow drop-head.", [({}, totals.dropped)])
 

@@ -265,7 +265,8 @@ function renderQueues(doc) {
   // replicated queues held on another node (this one a backup, or proxying) have no local figures
   fill('queues', doc.queues.filter((q) => q.stats).map((q) => [
     cell(q.name, 'mono'), cell(q.depth, 'num'), cell(q.scheduled || 0, 'num'), cell(q.consumers, 'num'),
-    cell(q.producers, 'num'), cell(q.unacked, 'num'), cell(q.stats.enqueued, 'num'),
+    cell(q.producers, 'num'), cell(q.unacked, 'num'), cell(q.paged_messages || 0, 'num'),
+    cell(q.stats.enqueued, 'num'),
     cell(q.stats.delivered, 'num'), cell(q.stats.dead_lettered, 'num'),
   ]), 'no queues yet');
 }

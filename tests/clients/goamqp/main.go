@@ -16,7 +16,7 @@
 // [--ca FILE | --tls-insecure] (amqps:// URLs) [--timeout-ms T].
 //
 // send --sizes: message i has a binary body (one data section) of sizes[i % len(sizes)]
-// bytes instead of the string "message SEQ from PREFIX". receive prints per message
+// bytes ("SEQ." repeated) instead of the string "message SEQ from PREFIX". receive prints per message
 // {"id", "producer", "seq", "delivery_count", "size"} (size: the body's bytes: the data
 // sections', or a string or binary value's), then {"done", "received", "error"}.
 // --max-message-size B: the receiver's max-message-size (attach); 0 is go-amqp's default
@@ -37,6 +37,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -285,7 +286,7 @@ func send(ctx context.Context, o options) int {
 		id := fmt.Sprintf("%s-%d", o.prefix, seq)
 		msg := &amqp.Message{Value: fmt.Sprintf("message %d from %s", seq, o.prefix)}
 		if len(o.sizes) > 0 {
-			msg = amqp.NewMessage(make([]byte, o.sizes[seq%len(o.sizes)]))
+			msg = amqp.NewMessage(patternBody(seq, o.sizes[seq%len(o.sizes)]))
 		}
 		msg.Properties = &amqp.MessageProperties{MessageID: id}
 		msg.ApplicationProperties = map[string]any{"producer": o.prefix, "seq": int64(seq)}
@@ -404,9 +405,28 @@ func bodyMatches(msg *amqp.Message) bool {
 	if idString(msg.Properties.MessageID) != fmt.Sprintf("%v-%v", producer, seq) {
 		return false
 	}
+	if len(msg.Data) > 0 { // a sized body (send --sizes): its pattern, whole
+		n, ok := seq.(int64)
+		return ok && bytes.Equal(bytes.Join(msg.Data, nil), patternBody(int(n), bodyLen(msg.Data)))
+	}
 	body, ok := msg.Value.(string)
 	return ok && (body == fmt.Sprintf("message %v", seq) ||
 		body == fmt.Sprintf("message %v from %v", seq, producer))
+}
+
+// patternBody: send --sizes' body for message seq: "SEQ." repeated, cut to size bytes (a
+// body moved, cut or mixed with another message's is seen by --check-body).
+func patternBody(seq, size int) []byte {
+	unit := []byte(fmt.Sprintf("%d.", seq))
+	return bytes.Repeat(unit, size/len(unit)+1)[:size]
+}
+
+func bodyLen(sections [][]byte) int {
+	size := 0
+	for _, section := range sections {
+		size += len(section)
+	}
+	return size
 }
 
 func receive(ctx context.Context, o options) int {

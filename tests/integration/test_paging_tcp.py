@@ -1,0 +1,162 @@
+"""Queues larger than memory with real processes (issue #44, docs/paging.md).
+
+A ``fedgate serve`` process with a small ``[limits] max_memory``, go-amqp clients (Azure's
+Go client) sending and receiving over TCP, the node's RSS read from ``/proc`` while it
+fills, and the admin API for what an operator sees:
+
+* a backlog of fifteen budgets is taken without stopping the producer, with the node's
+  RSS bounded (the budget, the index, a fixed margin), then drained: every id once, in
+  order, bodies checked;
+* kill -9 while paging: durable messages come back from the journal, every one once, and
+  the page store left by the crash is emptied at start;
+* the disk bounds (``max_disk``, ``min_free_disk``) hold the producer at the budget, name
+  the bound in ``/api/v1/node``, and nothing is lost once a consumer drains.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from admin_client import ADMIN, admin
+
+pytestmark = pytest.mark.timeout(240)
+
+SIZE = 2000
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class RssWatch:
+    """The node's RSS every 50 ms while a step runs: its peak."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.start = rss_mb(pid)
+        self.peak = self.start
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, rss_mb(self.pid))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join(5)
+        return self.peak
+
+
+def paging_config(max_memory: int, **limits) -> dict:
+    return {"admin": dict(ADMIN), "limits": {"max_memory": max_memory, **limits}}
+
+
+def ids_of(lines) -> list:
+    return [line["id"] for line in lines if "id" in line]
+
+
+def memory_of(node) -> dict:
+    return admin(node, "/api/v1/node")["memory"]
+
+
+def until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+def test_a_backlog_of_fifteen_budgets_with_rss_bounded_then_drained_in_order(start_node, clients):
+    budget = 8 * 1024 * 1024
+    count = 60_000  # 120 MB of bodies: fifteen budgets
+    node = start_node(paging_config(budget))
+    watch = RssWatch(node.proc.pid)
+    (sent,) = clients("go", "send", node.url, address="backlog", count=count, sizes=SIZE,
+                      timeout_ms=150_000).finish(timeout=170)
+    peak = watch.stop()
+    assert sent["error"] is None and sent["accepted"] == count, sent
+    memory = memory_of(node)
+    queue = admin(node, "/api/v1/queues")["queues"][0]
+    assert queue["depth"] == count and queue["paging"]
+    assert memory["paged_bytes"] >= count * SIZE - 3 * budget, memory
+    assert memory["resident_bytes"] <= budget * 1.25, memory
+    assert memory["bound"] is None and memory["paging"]["error"] is None
+    # the budget (1.25 of it while the writer catches up), the index of 60,000 messages
+    # (about 12 MB) and a fixed margin; all in memory it would be 120 MB of bodies alone
+    growth = peak - watch.start
+    assert growth < budget * 1.25 / 2**20 + 12 + 30, \
+        f"RSS grew {growth:.1f} MB (from {watch.start:.1f} MB)"  # measured: 28 MB
+
+    lines = clients("go", "receive", node.url, address="backlog", count=count, credit=500,
+                    check_body=True, timeout_ms=150_000).finish(timeout=170)
+    assert lines[-1]["error"] is None, lines[-1]
+    assert ids_of(lines) == [f"go-{n}" for n in range(count)], "not every id once, in order"
+    memory = memory_of(node)
+    assert (memory["queued_bytes"], memory["paged_bytes"]) == (0, 0), memory
+    assert memory["paging"]["live_bytes"] == 0
+    assert memory["paging"]["read_back"] >= count - 3 * budget // SIZE
+
+
+def test_kill_while_paging_loses_no_durable_message_and_the_store_starts_empty(start_node,
+                                                                            clients, tmp_path):
+    config = paging_config(2 * 1024 * 1024)
+    config["queue"] = [{"name": "keep", "durable": True}]
+    node = start_node(config)
+    count = 10_000
+    (sent,) = clients("go", "send", node.url, address="keep", count=count, sizes=SIZE,
+                      durable=True, timeout_ms=100_000).finish(timeout=120)
+    assert sent["error"] is None and sent["accepted"] == count, sent
+    assert memory_of(node)["paged_bytes"] > count * SIZE // 2
+    store = tmp_path / "data-n1" / "paging"
+    before = {p.name: p.stat().st_ino for p in store.glob("*.page")}
+    assert before, "nothing paged on disk"
+    node.kill()
+
+    node = start_node(config, name="n1")
+    after = {p.name: p.stat().st_ino for p in store.glob("*.page")}
+    assert not set(before.items()) & set(after.items()), "a page file of the crash was kept"
+    lines = clients("go", "receive", node.url, address="keep", count=count, credit=500,
+                    check_body=True, timeout_ms=100_000).finish(timeout=120)
+    assert lines[-1]["error"] is None, lines[-1]
+    assert ids_of(lines) == [f"go-{n}" for n in range(count)]
+
+
+@pytest.mark.parametrize("limits, bound", [
+    ({"max_disk": 6 * 1024 * 1024}, "disk"),
+    ({"min_free_disk": 1 << 60}, "free-disk"),  # more than any disk has: the floor holds at once
+], ids=["max_disk", "min_free_disk"])
+def test_a_disk_bound_holds_the_producer_at_the_budget_and_loses_nothing(start_node, clients,
+                                                                        limits, bound):
+    budget = 2 * 1024 * 1024
+    node = start_node(paging_config(budget, **limits))
+    count = 8_000  # 16 MB: past either bound
+    sender = clients("go", "send", node.url, address="held", count=count, sizes=SIZE,
+                     timeout_ms=100_000)
+    held = until(lambda: memory_of(node)["bound"] == bound and memory_of(node), 30,
+                 f"the {bound} bound named in /api/v1/node")
+    time.sleep(1.0)  # the producer stays held: the depth no longer grows
+    depth = admin(node, "/api/v1/queues")["queues"][0]["depth"]
+    time.sleep(1.0)
+    assert admin(node, "/api/v1/queues")["queues"][0]["depth"] == depth < count
+    assert sender.proc.poll() is None, "the sender finished: it was not held"
+    # past the budget by no more than the credit given before the bound (1,000 messages)
+    assert memory_of(node)["resident_bytes"] <= budget + 1100 * SIZE, held
+    assert held["paging"]["bound"] == bound
+
+    lines = clients("go", "receive", node.url, address="held", count=count, credit=200,
+                    check_body=True, timeout_ms=100_000).finish(timeout=120)
+    (sent,) = sender.finish(timeout=60)
+    assert sent["error"] is None and sent["accepted"] == count, sent
+    assert lines[-1]["error"] is None, lines[-1]
+    assert ids_of(lines) == [f"go-{n}" for n in range(count)]
