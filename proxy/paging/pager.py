@@ -285,7 +285,7 @@ class Pager:
         page = message.payload
         if type(page) is not Page:
             return
-        message.payload = self.store.read_now(page)
+        message.payload = page.read()
         page.state = STORED  # a read under way for it finds it back already
         queue.paged_bytes -= page.size
         queue.paged_count -= 1

@@ -56,8 +56,20 @@ class Page:
     def __len__(self) -> int:
         return self.size
 
+    def read(self) -> bytes:
+        """The body, read here and now (the rare paths that cannot wait for a read-ahead:
+        browsers, selectors, dead-lettering, a backup's catch-up). Only while it is live."""
+        data = os.pread(self.segment.fd, HEADER.size + self.size, self.offset)
+        return check(self, data, 0)
+
     def __repr__(self) -> str:
         return f"Page({self.segment.number}:{self.offset}+{self.size}, state {self.state})"
+
+
+def body(message) -> bytes:
+    """``message.payload``, read from its page record if it is on disk only (and left there)."""
+    payload = message.payload
+    return payload.read() if type(payload) is Page else payload
 
 
 class Segment:
@@ -135,11 +147,6 @@ class PageStore:
     def read(self, items: list, done: Callable[[list, OSError | None], None]) -> None:
         """Read each ``(owner, page)``; ``done([(owner, page, payload), ...], error)``."""
         self._submit(("read", items, done))
-
-    def read_now(self, page: Page) -> bytes:
-        """One record, read here and now (the rare paths that cannot wait: docs/paging.md)."""
-        data = os.pread(page.segment.fd, HEADER.size + page.size, page.offset)
-        return self._check(page, data, 0)
 
     def dead(self, page: Page) -> None:
         """The record is no longer wanted; its segment goes when it has none left."""
@@ -279,15 +286,15 @@ class PageStore:
                 end += 1
             data = os.pread(first.segment.fd, stop - first.offset, first.offset)
             for owner, page in items[index:end]:
-                result.append((owner, page, self._check(page, data, page.offset - first.offset)))
+                result.append((owner, page, check(page, data, page.offset - first.offset)))
             index = end
         return result
 
-    @staticmethod
-    def _check(page: Page, data: bytes, at: int) -> bytes:
-        length, crc = HEADER.unpack_from(data, at)
-        payload = data[at + HEADER.size:at + HEADER.size + length]
-        if length != page.size or len(payload) != length or zlib.crc32(payload) != crc:
-            raise OSError(f"page record {page!r} does not read back (length {length}, "
-                          f"crc {crc:#x})")
-        return payload
+
+def check(page: Page, data: bytes, at: int) -> bytes:
+    """The body of ``page``'s record at ``at`` in ``data``; OSError if it is not whole."""
+    length, crc = HEADER.unpack_from(data, at)
+    payload = data[at + HEADER.size:at + HEADER.size + length]
+    if length != page.size or len(payload) != length or zlib.crc32(payload) != crc:
+        raise OSError(f"page record {page!r} does not read back (length {length}, crc {crc:#x})")
+    return payload

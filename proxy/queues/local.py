@@ -36,7 +36,7 @@ from time import monotonic
 from typing import ClassVar, Iterable, Protocol
 
 from proxy.amqp import message_header
-from proxy.paging.store import PAGED, STORED, WRITING, Page
+from proxy.paging.store import PAGED, STORED, WRITING, Page, body
 from proxy.queues import schedule, selective
 from proxy.queues.memory import MemoryUse
 from proxy.queues.store import DEFAULT_PRIORITY, PriorityStore
@@ -391,8 +391,7 @@ class LocalQueue:
     def body(self, message: StoredMessage) -> bytes:
         """A waiting message's body, read from the page store if it is there (browsers,
         selectors: it stays paged)."""
-        payload = message.payload
-        return payload if type(payload) is not Page else self.memory.pager.store.read_now(payload)
+        return body(message)
 
     def _pick(self, message: StoredMessage) -> Consumer | None:
         consumers = self.consumers

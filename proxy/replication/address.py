@@ -32,6 +32,7 @@ import logging
 from dataclasses import dataclass
 
 from proxy.broker.handler import LinkRefused
+from proxy.paging.store import body
 from proxy.queues.local import StoredMessage
 from routing.replication import replicas_of
 
@@ -497,7 +498,7 @@ class ReplicatedAddress:
         primary = self.primary
         if primary is None or primary.fenced:
             return
-        kept = [StoredMessage(m.payload, journal_id=m.journal_id, rid=m.rid)
+        kept = [StoredMessage(body(m), journal_id=m.journal_id, rid=m.rid)
                 for m in primary.replica_set.index.values()]
         self.stood_aside += 1
         loop = asyncio.get_running_loop()

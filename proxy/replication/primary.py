@@ -34,6 +34,8 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 
+from proxy.paging.store import body
+
 from .events import ACQUIRE, CATCHUP_DONE, DEQUEUE, ENQUEUE, FRONT, IN_SYNC, RELEASE, Event, rid
 from .states import CopyState
 
@@ -259,7 +261,7 @@ class ReplicaSet:
                 message = self.index.get(value)
                 if message is None:
                     continue  # dequeued since the sync point: consumers shrank the work
-                event = Event(FRONT, value, message.payload, value in self.acquired)
+                event = Event(FRONT, value, body(message), value in self.acquired)
                 events.append(event)
                 size += event.size
             if not catchup and len(events) < MAX_BATCH_EVENTS:  # the end of the catch-up

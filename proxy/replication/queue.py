@@ -19,7 +19,6 @@ from proxy.queues.local import LocalQueue, StoredMessage
 
 @dataclass(eq=False)
 class ReplicatedQueue(LocalQueue):
-    pages = False  # not paged yet: catch-up and batches read payloads (docs/paging.md)
     # replica_set (LocalQueue's field): proxy.replication.primary.ReplicaSet while primary
     changed: object = None  # called with the queue after a report
 

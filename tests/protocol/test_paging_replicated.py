@@ -1,0 +1,110 @@
+"""Paging of replicated queues (issue #44, docs/paging.md): a primary pages its waiting
+messages as any queue does; a backup's catch-up reads them from the page store, leaving
+them there; a backup promoted with a backlog pages it as the new primary.
+
+On the virtual clock, with the page store's I/O on the loop; checked as a user would: every
+id once, in order, bodies intact, and memory for bodies near the budget.
+"""
+
+from __future__ import annotations
+
+import pytest
+from memory_etcd import MemoryEtcd
+from playbook import World, run
+from test_replication_playbooks import TTL, lose_node, make_primary, service, view
+
+pytestmark = pytest.mark.timeout(60)
+
+BUDGET = 20_000
+PAGING = {"io_thread": False, "read_ahead": 8, "segment_size": 16384}
+RULE = {"name": "orders", "match": "orders.*", "kind": "replicated", "replicas": 3}
+
+
+def body(i: int) -> str:
+    return f"{i}:" + "x" * 1000
+
+
+async def fill(world: World, sender, count: int) -> None:
+    for i in range(count):
+        await world.until(lambda: sender.credit > 0, what=f"credit for message {i}")
+        sender.send(body(i), message_id=i)
+    await world.until(lambda: sender.accepted() == count, what=f"{count} accepted")
+
+
+async def drain(world: World, client, address: str, count: int) -> list:
+    receiver = client.receiver(address)
+    while len(receiver.received) < count:
+        receiver.flow(10)
+        got = len(receiver.received)
+        await world.until(lambda: len(receiver.received) >= min(count, got + 10),
+                          what=f"{min(count, got + 10)} of {count}")
+        receiver.settle()
+    await world.quiet(0.2)
+    for message, _ in receiver.received:
+        assert message.body == body(message.id), "a body came back changed"
+    return [message.id for message, _ in receiver.received]
+
+
+def test_a_late_backup_catches_up_from_a_paged_primary_without_loading_it(tmp_path):
+    rule = {**RULE, "replicas": 2, "nodes": ["a", "b"]}
+    peers = {"a": "amqp://a:5672", "b": "amqp://b:5672"}
+
+    async def play():
+        world = World(tmp_path)
+        a = await world.node("a", peers=peers, rules=[rule], limits={"max_memory": BUDGET},
+                             paging=PAGING)
+        producer = await world.client("a", "producer")
+        sender = producer.sender("orders.x")
+        await world.until(lambda: view(a, "orders.x").get("role") == "primary", what="primary")
+        await fill(world, sender, 300)
+        await world.quiet(0.05)
+        queue = a.queues.get("orders.x")
+        paged = queue.paged_count
+        assert paged > 250
+
+        b = await world.node("b", peers=peers, rules=[rule])
+        await world.until(lambda: view(b, "orders.x").get("copy", {}).get("in_sync"),
+                          what="the backup in sync")
+        image = service(b).addresses["orders.x"].backup.image
+        assert len(image.messages) == 300
+        assert queue.paged_count == paged, "the catch-up loaded the paged messages"
+        assert a.queues.memory.resident <= a.queues.memory.ceiling
+
+        consumer = await world.client("a", "consumer")
+        assert await drain(world, consumer, "orders.x", 300) == list(range(300))
+        await world.until(lambda: not image.messages, what="the backup's copy emptied too")
+        await world.close()
+
+    run(play)
+
+
+def test_a_backup_promoted_with_a_backlog_pages_it_and_every_id_arrives(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        etcd = MemoryEtcd()
+        nodes = {}
+        for name in "abc":
+            nodes[name] = await world.node(
+                name, etcd=etcd, rules=[RULE], limits={"max_memory": BUDGET}, paging=PAGING,
+                cluster={"etcd": ["http://memory:2379"], "lease_ttl": TTL})
+        primary = await make_primary(world, nodes, "orders.p")
+        others = [n for n in "abc" if n != primary]
+        producer = await world.client(others[0], "producer")
+        await fill(world, producer.sender("orders.p"), 200)
+        await world.quiet(0.05)
+        assert nodes[primary].queues.get("orders.p").paged_count > 150
+
+        await lose_node(world, nodes, primary)
+        await world.until(lambda: any(view(nodes[n], "orders.p").get("role") == "primary"
+                                      for n in others), timeout=TTL + 3, what="a new primary")
+        new = next(n for n in others if view(nodes[n], "orders.p").get("role") == "primary")
+        await world.quiet(0.1)
+        queue = nodes[new].queues.get("orders.p")
+        assert queue.depth == 200 and queue.paged_count > 150, "the new primary does not page"
+        assert nodes[new].queues.memory.resident <= nodes[new].queues.memory.ceiling
+
+        consumer = await world.client(new, "consumer")
+        assert await drain(world, consumer, "orders.p", 200) == list(range(200))
+        await world.close()
+
+    run(play)
