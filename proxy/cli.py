@@ -129,6 +129,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     config = config_mod.load(args.file)
     if not args.no_files:  # files the config names must exist and load
+        from proxy.config.oauth import oauth_validator
         from proxy.node import build_tls_context
 
         named = [("sasl.users_file", config.sasl.users_file)]
@@ -139,6 +140,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 raise ConfigError(key, f"file {config.resolve_path(path)} not found "
                                        "(--no-files checks the config alone)")
         build_tls_context(config)
+        oauth_validator(config)  # [oauth] keys: PEM files load, jwks_ca exists
         if config.sasl.users_file:
             UsersFile.load(config.resolve_path(config.sasl.users_file))
     rules = config.ruleset()

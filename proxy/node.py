@@ -42,7 +42,10 @@ from typing import Callable
 
 from proxy.amqp import drain, engine
 from proxy.amqp.connection import ConnectionSettings
+from proxy.amqp.cbs import CBS_KIND, CbsNode, with_cbs
 from proxy.auth.acl import Acl
+from proxy.auth.oauth import token_authorizer
+from proxy.config.oauth import oauth_validator
 from proxy.auth.mechanisms import Authenticator
 from proxy.auth.users import UsersFile
 from proxy.broker import relay as anonymous_relay
@@ -103,10 +106,11 @@ def build_tls_context(config: Config) -> ssl.SSLContext | None:
 def offered_mechanisms(config: Config) -> tuple[str, ...]:
     """PLAIN sends the password in the clear: only over TLS unless explicitly allowed."""
     mechanisms = config.sasl.mechanisms
-    if "PLAIN" in mechanisms and config.tls is None and not config.sasl.allow_plain_without_tls:
-        log.warning("PLAIN not offered: the listener has no TLS "
-                    "(set [sasl] allow_plain_without_tls = true to allow it)")
-        mechanisms = tuple(m for m in mechanisms if m != "PLAIN")
+    for clear in ("PLAIN", "OAUTHBEARER"):  # a bearer token is a password too
+        if clear in mechanisms and config.tls is None and not config.sasl.allow_plain_without_tls:
+            log.warning("%s not offered: the listener has no TLS "
+                        "(set [sasl] allow_plain_without_tls = true to allow it)", clear)
+            mechanisms = tuple(m for m in mechanisms if m != clear)
     return mechanisms
 
 
@@ -214,14 +218,14 @@ class Node:
         self.broker = Broker(
             node_id=self.node_id,
             queues=self.queues,
-            resolve=self.routing.resolve if worker is None else worker.resolver(self.routing.resolve),
+            resolve=self._resolver(config, worker),
             credit_window=defaults.credit_window,
             producer_window_growth=defaults.producer_window_growth,
             producer_window_bytes=producer_window_bytes(config.limits.max_memory),
             max_message_size=config.limits.max_message_size,
             max_output_buffer=config.limits.max_output_buffer,
             max_temporary_queues=config.limits.max_temp_queues_per_connection,
-            authorize=self._authorizer(config),
+            authorize=self._authorizer(config, config.oauth is not None),
             exchange_config=config,
             queue_options=queue_options,
             relay_limit=config.limits.max_relay_destinations,
@@ -254,7 +258,11 @@ class Node:
         users = None
         if config.sasl.users_file:
             users = UsersFile.load(config.resolve_path(config.sasl.users_file), missing_ok=True)
-        self.authenticator = Authenticator(users)
+        # [oauth]: JWT bearer tokens (proxy.auth.oauth, docs/oauth.md); None without it
+        self.oauth = oauth_validator(config)
+        self.authenticator = Authenticator(users, self.oauth)
+        if self.oauth is not None:  # $cbs: a token login renews its token in band
+            self.broker.kind_handlers[CBS_KIND] = CbsNode(self.oauth)
         limits = config.limits
         self.tls_context = build_tls_context(config)
         self.websocket = config.websocket.settings()  # None: [websocket] enabled = false
@@ -291,9 +299,15 @@ class Node:
         # plug-ins last: they register through serve_kind / add_view (below)
         self.services = [factory(self) for factory in service_factories]
 
+    def _resolver(self, config: Config, worker):
+        resolve = self.routing.resolve if worker is None else worker.resolver(self.routing.resolve)
+        return with_cbs(resolve) if config.oauth is not None else resolve
+
     @staticmethod
-    def _authorizer(config: Config):
+    def _authorizer(config: Config, tokens: bool = False):
         acl = Acl(config.acl)
+        if tokens:  # token logins: their grants (and [[acl]]); $cbs for them only
+            return token_authorizer(acl)
         return acl.allows if acl.enabled else None
 
     def release(self, protocol: AmqpProtocol) -> None:
@@ -481,6 +495,8 @@ class Node:
             log.warning("the proxy's C fast path (proxy.amqp._fastpath) is %s: proxied messages cost "
                         "about twice the CPU", "switched off" if engine.fastpath_off else "not built")
         self._output_timer = asyncio.get_running_loop().call_later(OUTPUT_CHECK, self._check_output)
+        if self.oauth is not None:
+            await self.oauth.keys.start()  # the JWKS document, then refreshed
         if not drain.answer_drain_at_zero:
             log.warning("this python-qpid-proton keeps its assertions: a receiver's drain at link "
                         "credit 0 is not answered (proxy.amqp.drain; go-amqp's DrainCredit waits)")
@@ -505,6 +521,8 @@ class Node:
         if self._output_timer is not None:
             self._output_timer.cancel()
             self._output_timer = None
+        if self.oauth is not None:
+            await self.oauth.keys.stop()
         await self._drain_before_leaving()
         for service in reversed(self.services):
             await service.stop()

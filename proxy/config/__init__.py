@@ -2,6 +2,7 @@
 
 Owns: ``settings`` (every section), ``exchanges`` (``[[exchanges]]`` and
 ``[[bindings]]``), ``rules_store`` (routing rules kept on disk for the admin
-API), ``errors`` (``ConfigError`` naming the key). May import: ``routing``,
-``proxy.auth`` (ACL entries, SASL mechanism names).
+API), ``errors`` (``ConfigError`` naming the key), ``oauth`` (the ``[oauth]``
+table's token validator and key files). May import: ``routing``,
+``proxy.auth`` (ACL entries, SASL mechanism names, the OAuth validator).
 """

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.auth.acl import AclEntry
+from proxy.auth.oauth.settings import OAuthSection
 from proxy.config.cluster import ClusterSection
 from proxy.config.errors import ConfigError
 from routing import RuleSet, RuleValidationError
@@ -175,7 +176,7 @@ class SaslSection:
             if mech not in SUPPORTED_MECHANISMS:
                 raise ConfigError(f"{key}.mechanisms[{index}]",
                                   f"unsupported mechanism {mech!r} (supported: {', '.join(SUPPORTED_MECHANISMS)})")
-        for mech in ("PLAIN", "SCRAM-SHA-256"):
+        for mech in ("SCRAM-SHA-256",):  # PLAIN: _check_across_sections ([oauth] tokens)
             if mech in self.mechanisms and not self.users_file:
                 raise ConfigError(f"{key}.users_file", f"{mech} needs a users file")
         if self.external_identity not in SUBJECT_FIELDS:
@@ -373,6 +374,7 @@ class Config:
     journal: JournalSection = field(default_factory=JournalSection)
     paging: PagingSection = field(default_factory=PagingSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)  # [cluster]: static or etcd
+    oauth: OAuthSection | None = None  # [oauth]: JWT bearer tokens (docs/oauth.md)
     queue: tuple[QueueDecl, ...] = ()
     rules: tuple[dict, ...] = ()
     acl: tuple[AclEntry, ...] = ()  # [[acl]]: when any is given, what none allows is denied
@@ -412,6 +414,7 @@ _SECTIONS = {
     "journal": JournalSection,
     "paging": PagingSection,
     "cluster": ClusterSection,
+    "oauth": OAuthSection,
 }
 
 
@@ -530,6 +533,10 @@ def _check_across_sections(config: Config) -> None:
         raise ConfigError("node.workers", f"replicated fragments (rules {', '.join(map(str, replicated))}) "
                           "need workers = 1 for now (docs/replication.md)")
     mechanisms = config.sasl.mechanisms
+    if "PLAIN" in mechanisms and not config.sasl.users_file and config.oauth is None:
+        raise ConfigError("sasl.users_file", "PLAIN needs a users file (or [oauth] tokens)")
+    if "OAUTHBEARER" in mechanisms and config.oauth is None:
+        raise ConfigError("sasl.mechanisms", "OAUTHBEARER needs an [oauth] table")
     if "EXTERNAL" in mechanisms and (config.tls is None or not config.tls.ca):
         raise ConfigError("sasl.mechanisms", "EXTERNAL needs [tls] with a 'ca' to verify client certificates")
 
