@@ -45,12 +45,37 @@ def fuzz_node(tmp_path):
     node.stop()
 
 
-def fuzz(node: NodeProcess, seed: int, cases: int) -> runner.Report:
+@pytest.fixture
+def token_fuzz_node(tmp_path):
+    """[oauth] with a JWKS issuer (keys made per run): PLAIN and OAUTHBEARER take tokens; the
+    canary stays ANONYMOUS."""
+    from oauth_issuer import Issuer
+
+    issuer = Issuer().serve()
+    node = NodeProcess(tmp_path, {
+        "node": {"log_level": "warning"},
+        "sasl": {"mechanisms": ["ANONYMOUS", "PLAIN", "OAUTHBEARER"], "allow_plain_without_tls": True},
+        "oauth": {"issuer": issuer.issuer, "audience": issuer.audience, "jwks_url": issuer.jwks_url},
+        "limits": {"handshake_timeout": 2.0, "max_frame_size": 16384, "max_message_size": 100_000,
+                   "idle_timeout": 120.0},
+        "queues": {"auto_create": False},
+        "queue": [{"name": "fuzz", "max_depth": 200}, {"name": "canary"}],
+        "acl": [{"user": "anonymous", "send": ["fuzz", "canary"], "receive": ["fuzz", "canary"],
+                 "dynamic": True}],
+    }).start()
+    tokens = tuple(issuer.token(f"fuzz{i}", "fedgate.send:fuzz fedgate.receive:fuzz", kind=kind)
+                   for i, kind in enumerate(("rsa", "ec", "ed")))
+    yield node, tokens
+    node.stop()
+    issuer.stop()
+
+
+def fuzz(node: NodeProcess, seed: int, cases: int, tokens=()) -> runner.Report:
     def check(report: runner.Report) -> None:
         assert node.alive(), f"node died: {report.summary()}\n{node.log_path.read_text()[-4000:]}"
 
     report = runner.run(host="127.0.0.1", port=node.port, pid=node.proc.pid, url=node.url,
-                        seed=seed, cases=cases, check=check)
+                        seed=seed, cases=cases, check=check, tokens=tokens)
     print(report.summary())
     log = node.log_path.read_text()
     assert "Traceback" not in log, f"{report.summary()}\n{log[-6000:]}"
@@ -63,6 +88,16 @@ def fuzz(node: NodeProcess, seed: int, cases: int) -> runner.Report:
 
 def test_fuzz_short(fuzz_node):
     fuzz(fuzz_node, int(os.environ.get("FUZZ_SEED", "8080")), SHORT_CASES)
+
+
+TOKEN_CASES = 2_000
+
+
+def test_fuzz_token_path(token_fuzz_node):
+    """The token path (docs/oauth.md): mutated JWTs over PLAIN and OAUTHBEARER (tests/fuzz/tokens.py),
+    among the usual streams."""
+    node, tokens = token_fuzz_node
+    fuzz(node, int(os.environ.get("FUZZ_SEED", "4747")), TOKEN_CASES, tokens)
 
 
 @pytest.mark.fuzz_long
