@@ -21,7 +21,6 @@ token's user, checked together with the node's ``[[acl]]`` entries
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -133,11 +132,10 @@ def _values(value) -> list[str]:
 
 
 class Validator:
-    def __init__(self, section, keys, acl_entries=(), clock=time.time) -> None:
+    def __init__(self, section, keys, acl_entries=()) -> None:
         self.section = section
         self.keys = keys
         self.acl_entries = tuple(acl_entries)  # the node's [[acl]], checked with each token's grants
-        self.clock = clock
         self.refused: Counter = Counter()  # reason -> count (SASL and admin API)
 
     def refuse(self, reason: str, detail: str, where: str) -> TokenRefused:
