@@ -120,6 +120,7 @@ class Identity:
 
 
 ANONYMOUS = Identity()  # every connection's identity until SASL says otherwise
+SASL_WAIT_POLL = 0.05  # seconds between looks at a SASL step that waits (a JWKS refetch)
 
 
 class ServerConnection:
@@ -239,6 +240,22 @@ class ServerConnection:
             self._fail(f"SASL protocol error: {exc}")
             return
         self._in = b""
+        self._sasl_done()
+
+    def _resume_sasl(self, now: float) -> float | None:
+        """From ``tick``: a SASL step that waits (a token's JWKS refetch) is answered once
+        ready; until then, the next poll (loop time)."""
+        try:
+            self._out += self._sasl.resume()
+        except SaslProtocolError as exc:
+            self._fail(f"SASL protocol error: {exc}")
+            return None
+        if self._sasl.waiting is not None:
+            return now + SASL_WAIT_POLL
+        self._sasl_done()
+        return now if self._held is not None else None  # a failure's delay starts next tick
+
+    def _sasl_done(self) -> None:
         result = self._sasl.result
         if isinstance(result, SaslFailure):
             delay = self.failure_delay() if self.failure_delay is not None else 0.0
@@ -513,6 +530,10 @@ class ServerConnection:
                 return None
             else:
                 deadline = self._handshake_deadline
+        if self.phase is Phase.SASL and self._sasl is not None and self._sasl.waiting is not None:
+            poll = self._resume_sasl(now)
+            if poll is not None:
+                deadline = poll if deadline is None else min(deadline, poll)
         if self.identity.token is not None and self.phase is Phase.AMQP:
             expires = self.token_deadline(now)
             if now >= expires:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from proxy.auth.oauth.validate import TokenRefused, looks_like_jwt
 from proxy.auth.users import DEFAULT_ITERATIONS, UsersFile, make_record
@@ -43,7 +43,15 @@ class Challenge:
     data: bytes
 
 
-Step = SaslSuccess | SaslFailure | Challenge
+@dataclass(frozen=True)
+class Wait:
+    """No answer yet: ``then()`` gives the step once ``ready()`` (the connection polls it)."""
+
+    ready: Callable[[], bool]
+    then: Callable[[], "Step"]
+
+
+Step = SaslSuccess | SaslFailure | Challenge | Wait
 
 
 class Mechanism(Protocol):
@@ -98,13 +106,20 @@ class Authenticator:
         return SaslSuccess(name, "PLAIN", record.groups)
 
 
-def token_step(validator, token: str | bytes, mechanism: str, authzid: str = "") -> Step:
+def token_step(validator, token: str | bytes, mechanism: str, authzid: str = "", wait: bool = True) -> Step:
     """A token login (proxy.auth.oauth): success carrying the token's grant, or ``auth``.
 
-    The refusal's reason is logged here; the server's next line names the peer."""
+    A token whose ``kid`` is not known while the JWKS document is being fetched again (the
+    miss started it, or one was under way) waits for that fetch once (``Wait``), then is
+    checked again. The refusal's reason is logged here; the server's next line names the peer."""
     try:
-        grant = validator.check(token, f"SASL {mechanism}")
+        grant = validator.validate(token)
     except TokenRefused as exc:
+        keys = validator.keys
+        if wait and exc.reason == "unknown_key" and getattr(keys, "fetching", False):
+            return Wait(lambda: not keys.fetching,
+                        lambda: token_step(validator, token, mechanism, authzid, wait=False))
+        validator.refuse(exc.reason, exc.detail, f"SASL {mechanism}")
         return SaslFailure(AUTH, f"token refused: {exc.reason}")
     if authzid and authzid != grant.subject:
         validator.refuse("wrong_user", f"{grant.subject!r} may not act as {authzid!r}", f"SASL {mechanism}")

@@ -47,6 +47,7 @@ from proxy.auth.mechanisms import (
     PlainMechanism,
     SaslFailure,
     SaslSuccess,
+    Wait,
 )
 from proxy.auth.oauth import OAUTH_SASL_MAX_FRAME
 from proxy.auth.oauth.bearer import OAuthBearerMechanism
@@ -176,6 +177,7 @@ class SaslServer:
         self.result: SaslSuccess | SaslFailure | None = None
         self.leftover = b""
         self._buffer = b""
+        self.waiting: Wait | None = None  # a step waiting for something (see ``resume``)
         # a token (PLAIN's password, OAUTHBEARER) does not fit in 512 bytes: with [oauth],
         # frames up to the token cap and a little more (docs/oauth.md, cost)
         self.max_frame = SASL_MAX_FRAME
@@ -193,8 +195,11 @@ class SaslServer:
             self.leftover += data
             return b""
         self._buffer += data
+        return self._process()
+
+    def _process(self) -> bytes:
         output = b""
-        while self.result is None:
+        while self.result is None and self.waiting is None:  # waiting: bytes stay buffered
             frame = self._next_frame()
             if frame is None:
                 break
@@ -202,6 +207,14 @@ class SaslServer:
         if self.result is not None:
             self.leftover, self._buffer = self._buffer, b""
         return output
+
+    def resume(self) -> bytes:
+        """A step that waited (``Wait``: a JWKS refetch for a token's new kid) is ready: its
+        answer, then whatever the client sent meanwhile. Nothing while it is not ready."""
+        if self.waiting is None or not self.waiting.ready():
+            return b""
+        step, self.waiting = self.waiting.then(), None
+        return self._answer(step) + self._process()
 
     def _next_frame(self) -> tuple[int, list] | None:
         buf = self._buffer
@@ -236,6 +249,12 @@ class SaslServer:
             if code != RESPONSE:
                 raise SaslProtocolError(f"expected sasl-response, got performative 0x{code:x}")
             step = self.mechanism.respond(_as_bytes(fields[0] if fields else None) or b"")
+        return self._answer(step)
+
+    def _answer(self, step) -> bytes:
+        if isinstance(step, Wait):
+            self.waiting = step
+            return b""
         if isinstance(step, Challenge):
             return encode_frame(CHALLENGE, [("binary", step.data)])
         return self._finish(step)

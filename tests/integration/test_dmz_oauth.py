@@ -170,19 +170,23 @@ def client_init_frame(initial: bytes) -> bytes:
     return encode_frame(INIT, [("symbol", "PLAIN"), ("binary", initial)])
 
 
-def test_key_rotation_unknown_kid_refetches_the_jwks(node, issuer):
-    kid = issuer.rotate("rsa")  # published now; the node has not fetched it yet
-    token = issuer.token("rita", "fedgate.send:orders.*", kid=kid)
-
-    def logs_in():
+def test_key_rotation_the_first_login_waits_for_the_refetch(tmp_path, issuer):
+    """A token signed with a key the node has not fetched yet: the unknown kid starts a
+    refetch of the JWKS document and the SASL outcome waits for it, so the very first login
+    with the rotated key succeeds (no rate limit here: jwks_min_interval = 0)."""
+    node = NodeProcess(tmp_path, node_config(issuer, jwks_min_interval=0.0)).start()
+    try:
+        before = issuer.fetches
+        kid = issuer.rotate("rsa")  # published now; the node has not fetched it yet
+        conn = connect(node, issuer.token("rita", "fedgate.send:orders.*", kid=kid))
         try:
-            conn = connect(node, token)
-        except ConnectionException:
-            return False  # unknown_key: the miss started a refetch
-        conn.close()
-        return True
-
-    wait_for(logs_in, 15, "login with the rotated key")
+            conn.create_sender("orders.rotated").send(Message(body="new key"), timeout=5)
+        finally:
+            conn.close()
+        assert issuer.fetches == before + 1
+        assert metrics(node).get("unknown_key", 0) == 0
+    finally:
+        node.stop()
 
 
 def test_a_connection_outliving_its_token_is_closed(node, issuer):

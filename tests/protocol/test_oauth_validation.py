@@ -318,3 +318,53 @@ def test_key_files_that_do_not_load_name_their_key(tmp_path):
     section = OAuthSection(issuer=ISSUER, audience=AUDIENCE, keys=("bad.pem",))
     with pytest.raises(KeyFileError, match="oauth.keys.0.: .*bad.pem"):
         KeySet.from_config(section, lambda p: tmp_path / p)
+
+
+def test_sasl_waits_once_for_a_refetch_under_way(issuer):
+    """A token whose kid is new while the JWKS document is being fetched again: the SASL
+    outcome waits for that fetch (bytes the client pipelines meanwhile stay buffered), then
+    the token is checked again; a kid still unknown then is refused once."""
+    from proxy.auth.mechanisms import Wait
+    from proxy.auth.sasl import INIT, SaslServer, encode_frame
+    from proxy.auth.oauth.keys import keys_from_jwks
+
+    class Refetching(KeySet):
+        pending = False
+
+        @property
+        def fetching(self):
+            return self.pending
+
+        def request_fetch(self):
+            self.pending = True
+
+    keys = Refetching()
+    keys.fetched = keys_from_jwks(issuer.jwks())
+    v = Validator(OAuthSection(issuer=ISSUER, audience=AUDIENCE, keys=("x.pem",)), keys)
+    auth = Authenticator(None, v)
+    new_kid = issuer.add_key("rsa", publish=False)
+    amqp_header = b"AMQP\x00\x01\x00\x00"
+
+    def login(token: str):
+        server = SaslServer(("PLAIN",), auth)
+        server.start()
+        out = server.receive(encode_frame(INIT, [("symbol", "PLAIN"),
+                                                 ("binary", b"\x00any\x00" + token.encode())]) + amqp_header)
+        return server, out
+
+    server, out = login(issuer.token("rot", "fedgate.send:a", kid=new_kid))
+    assert out == b"" and isinstance(server.waiting, Wait) and server.result is None
+    assert server.resume() == b""  # not ready: nothing yet
+    issuer.published.append(new_kid)
+    keys.fetched, keys.pending = keys_from_jwks(issuer.jwks()), False  # the fetch is done
+    assert server.resume() != b"" and isinstance(server.result, SaslSuccess)
+    assert server.result.identity == "rot" and server.leftover == amqp_header
+    assert v.refused["unknown_key"] == 0
+    server, out = login(issuer.token("rot", kid=issuer.add_key("rsa", publish=False)))
+    keys.pending = False
+    assert server.resume() != b"" and isinstance(server.result, SaslFailure)
+    assert v.refused["unknown_key"] == 1  # counted once, after the wait
+    keys.pending = False
+    keys.request_fetch = lambda: None  # rate-limited: no fetch under way, no wait
+    server, out = login(issuer.token("rot", kid=issuer.add_key("rsa", publish=False)))
+    assert out != b"" and isinstance(server.result, SaslFailure) and server.waiting is None

@@ -129,6 +129,11 @@ class KeySet:
                 except (asyncio.CancelledError, Exception):
                     pass
 
+    @property
+    def fetching(self) -> bool:
+        """A refetch (started by an unknown kid) is under way."""
+        return self._task is not None and not self._task.done()
+
     def request_fetch(self) -> None:
         """Start a fetch unless one started less than ``min_interval`` ago (or none can run)."""
         if self.jwks_url is None:
