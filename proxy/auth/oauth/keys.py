@@ -2,8 +2,9 @@
 
 How this works
 --------------
-``KeySet.find(kid)`` is synchronous (the SASL exchange never waits for the
-network). PEM keys are loaded once; their ``kid`` is the file name without
+``KeySet.candidates(kid)`` is synchronous; a SASL login whose kid is missing
+waits for the refetch that the miss started (``fetching``; the connection polls,
+``proxy.auth.mechanisms.Wait``). PEM keys are loaded once; their ``kid`` is the file name without
 ``.pem``. A JWKS document is fetched by ``start`` (a failure is logged; the
 node serves on and tokens are refused ``unknown_key`` until a fetch succeeds),
 then every ``refresh`` seconds, and when ``find`` misses a ``kid`` (the
