@@ -283,3 +283,51 @@ def test_purge_on_temporary_queue_deletion_frees_the_pages(tmp_path):
         await world.close()
 
     run(play)
+
+
+def test_a_transaction_over_paged_messages_rolls_back_and_commits_whole(tmp_path):
+    """Five paged messages taken and five posted in a transaction (held postings and messages
+    out count against the budget): a rollback puts the five back and posts nothing; the same
+    again committed takes the five and adds the others."""
+    from test_transactions_playbooks import Txn
+
+    async def play():
+        world = World(tmp_path)
+        node = await paging_node(world)
+        client = await world.client("a")
+        await fill(world, client.sender("tx"), 100)
+        await world.quiet(0.05)
+        queue = node.queues.get("tx")
+        assert queue.paged_count > 70
+        txn_ctl = Txn(world, client)
+        poster = client.sender("tx")
+        await world.until(lambda: poster.credit > 0)
+
+        for commit in (False, True):
+            txn = await txn_ctl.declare()
+            receiver = client.receiver("tx", credit=5)
+            await world.until(lambda: len(receiver.received) == 5, what="5 taken")
+            assert ids_of(receiver) == list(range(5))
+            txn_ctl.retire(receiver, txn)
+            for i in range(1000, 1005):
+                await world.until(lambda: poster.credit > 0, what="credit to post")
+                txn_ctl.send(poster, txn, f"{i}:{BODY}")
+            await world.quiet(0.05)
+            answer = await txn_ctl.discharge(txn, fail=not commit)
+            assert answer.remote_state == Delivery.ACCEPTED
+            receiver.link.close()
+            client.flush()
+            await world.quiet(0.1)
+            assert queue.depth == 100, "rollback or commit not whole"  # 100, or 95 + 5
+
+        rest = client.receiver("tx")
+        while len(rest.received) < 100:
+            rest.flow(10)
+            got = len(rest.received)
+            await world.until(lambda: len(rest.received) >= got + 10, what="10 more")
+            rest.settle()
+        bodies = [m.body for m, _ in rest.received]
+        assert bodies == [f"{i}:{BODY}" for i in [*range(5, 100), *range(1000, 1005)]]
+        await world.close()
+
+    run(play)

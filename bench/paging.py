@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""Queues larger than memory (issue #44, docs/paging.md): fill a queue with no consumer,
+then drain it, with a memory budget (paging) against no budget (everything in memory).
+
+Run from the repo root (after ``bash .ci/install/c-clients.sh``):
+
+    .venv/bin/python bench/paging.py [--messages 2000000] [--body-bytes 1024]
+                                     [--budget-mb 256] [--rounds 1]
+
+Two nodes, started once each with fresh data dirs, measured in alternating order per round:
+
+* ``memory``: no ``[limits] max_memory``: the backlog is held in memory;
+* ``paging``: ``[limits] max_memory`` = the budget: bodies beyond it go to the page store.
+
+One run = the quiet C sender sends N messages to an address nobody receives from (the
+fill), then the quiet C receiver takes all N (the drain). Each phase: msgs/s = N / elapsed,
+and the node's CPU µs per message (utime + stime from ``/proc``). The node's RSS is sampled
+every 100 ms; its peak above the RSS before the run is reported, and, from the node's admin
+API at the end of the fill, what it held in memory and on disk.
+
+Summary: per mode the medians, and the ratios paging / memory of the fill and drain rates
+(goals: fill >= 0.7, drain >= 0.5), and the paging node's peak RSS against budget + 150 MB.
+Also the index's bytes per waiting message (``--index``: measured in this process with
+tracemalloc, the StoredMessage and its page record of a paged message).
+
+Results go to ``bench/results/paging.json`` (``--output -`` for none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as h  # noqa: E402
+
+sys.path.insert(0, str(h.REPO_ROOT))
+
+MODES = ("memory", "paging")
+GOALS = {"fill_ratio": 0.7, "drain_ratio": 0.5, "rss_over_budget_mb": 150}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class Node:
+    host = "127.0.0.1"
+
+    def __init__(self, mode: str, workdir: Path, args) -> None:
+        self.mode = mode
+        self.args = args
+        self.dir = workdir / mode
+        self.dir.mkdir(parents=True)
+        self.admin_port = h.free_port()
+        lines = ["[admin]", f'listen = "127.0.0.1:{self.admin_port}"',
+                 'tokens = [{token = "bench-token-0123456789", role = "read"}]']
+        if mode == "paging":
+            lines += ["[limits]", f"max_memory = {args.budget_mb * 1024 * 1024}",
+                      "min_free_disk = 0"]
+        self.config = self.dir / "node.toml"
+        self.config.write_text("\n".join(lines) + "\n")
+        self.data_dir = self.dir / "data"
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self) -> None:
+        self.port = h.free_port(self.host)
+        self.proc = h.start_fedgate_node(self.port, self.data_dir, host=self.host,
+                                         extra_args=["--config", str(self.config)],
+                                         log_path=self.dir / "node.log", admin=None)
+        log(f"{self.mode}: node pid {self.proc.pid} on {self.host}:{self.port}")
+
+    def memory(self) -> dict:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.admin_port}/api/v1/node",
+                                         headers={"Authorization": "Bearer bench-token-0123456789"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())["memory"]
+
+    def stop(self) -> None:
+        h.stop_process(self.proc)
+        self.proc = None
+
+
+class RssPeak:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = rss_mb(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self.peak = max(self.peak, rss_mb(self.pid))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join(5)
+        return self.peak
+
+
+def phase(node: Node, cmd: list[str], n: int, args) -> dict:
+    meter = h.CpuMeter(node.proc.pid, tree=True).start()
+    result = h.run_concurrently([cmd], timeout=args.timeout)
+    cpu = meter.stop()
+    row = {"ok": result.ok, "elapsed_s": round(result.elapsed, 3),
+           "msgs_per_s": round(n / result.elapsed, 1) if result.ok and result.elapsed else None,
+           "cpu_us_per_msg": round(cpu * 1e6 / n, 2) if result.ok else None}
+    if not result.ok:
+        row["error"] = result.describe_failure()
+    return row
+
+
+def run_one(node: Node, tag: str, n: int, args) -> dict:
+    address = f"bench-{tag}"
+    before = rss_mb(node.proc.pid)
+    watch = RssPeak(node.proc.pid)
+    fill = phase(node, h.sender_cmd(node.host, node.port, address, n, args.body_bytes), n, args)
+    held = node.memory()
+    drain = phase(node, h.receiver_cmd(node.host, node.port, address, n, args.credit), n, args)
+    peak = watch.stop()
+    return {"mode": node.mode, "messages": n, "fill": fill, "drain": drain,
+            "rss_before_mb": round(before, 1), "rss_peak_mb": round(peak, 1),
+            "rss_growth_mb": round(peak - before, 1),
+            "after_fill": {k: held.get(k) for k in ("queued_bytes", "resident_bytes",
+                                                    "paged_bytes", "bound")}}
+
+
+def index_bytes(count: int = 100_000) -> float:
+    """Bytes in memory per paged message: its StoredMessage, its Page, in a deque."""
+    import tracemalloc
+    from collections import deque
+
+    from proxy.paging.store import PAGED, Page
+    from proxy.queues.local import StoredMessage
+
+    class FakeSegment:
+        number = 1
+    segment = FakeSegment()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    messages = deque()
+    for i in range(count):
+        page = Page(segment, i * 1032, 1024)
+        page.state = PAGED
+        message = StoredMessage(page, seq=i + 1000, page=page)
+        messages.append(message)
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return (after - before) / count
+
+
+def fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=2_000_000)
+    parser.add_argument("--body-bytes", type=int, default=1024)
+    parser.add_argument("--budget-mb", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--credit", type=int, default=1000)
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--output", default=str(h.REPO_ROOT / "bench" / "results" / "paging.json"))
+    args = parser.parse_args()
+    h.require_c_clients()
+    workdir = Path(tempfile.mkdtemp(prefix="fedgate-paging-bench-"))
+    nodes = [Node(mode, workdir, args) for mode in args.modes]
+    rows = []
+    try:
+        for node in nodes:
+            node.start()
+        for rnd in range(1, args.rounds + 1):
+            order = nodes if rnd % 2 else list(reversed(nodes))
+            print(f"\nround {rnd}: {args.messages:,} messages of {args.body_bytes} bytes, "
+                  f"budget {args.budget_mb} MB", flush=True)
+            for node in order:
+                row = run_one(node, str(rnd), args.messages, args)
+                row["round"] = rnd
+                rows.append(row)
+                print(f"  {node.mode:<7} fill {fmt(row['fill']['msgs_per_s'], ',.0f'):>9} msgs/s "
+                      f"{fmt(row['fill']['cpu_us_per_msg'], '.1f'):>6} µs/msg | drain "
+                      f"{fmt(row['drain']['msgs_per_s'], ',.0f'):>9} msgs/s "
+                      f"{fmt(row['drain']['cpu_us_per_msg'], '.1f'):>6} µs/msg | RSS peak "
+                      f"{row['rss_peak_mb']:,.0f} MB (+{row['rss_growth_mb']:,.0f}) | after fill "
+                      f"{row['after_fill']}", flush=True)
+    finally:
+        for node in nodes:
+            node.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    summary: dict = {}
+    for mode in args.modes:
+        good = [r for r in rows if r["mode"] == mode and r["fill"]["ok"] and r["drain"]["ok"]]
+        summary[mode] = {
+            "fill_msgs_per_s": h.median([r["fill"]["msgs_per_s"] for r in good]),
+            "fill_cpu_us_per_msg": h.median([r["fill"]["cpu_us_per_msg"] for r in good]),
+            "drain_msgs_per_s": h.median([r["drain"]["msgs_per_s"] for r in good]),
+            "drain_cpu_us_per_msg": h.median([r["drain"]["cpu_us_per_msg"] for r in good]),
+            "rss_peak_mb": max((r["rss_peak_mb"] for r in good), default=None),
+        }
+    if all(summary.get(m, {}).get("fill_msgs_per_s") for m in MODES):
+        summary["fill_ratio"] = round(summary["paging"]["fill_msgs_per_s"]
+                                      / summary["memory"]["fill_msgs_per_s"], 3)
+        summary["drain_ratio"] = round(summary["paging"]["drain_msgs_per_s"]
+                                       / summary["memory"]["drain_msgs_per_s"], 3)
+    if summary.get("paging", {}).get("rss_peak_mb") is not None:
+        summary["paging_rss_over_budget_mb"] = round(
+            summary["paging"]["rss_peak_mb"] - args.budget_mb, 1)
+    summary["index_bytes_per_message"] = round(index_bytes(), 1)
+    print("\nsummary:", json.dumps(summary, indent=1))
+    if args.output != "-":
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"date": _dt.datetime.now().isoformat(timespec="seconds"),
+                                   "machine": h.machine_info(), "args": vars(args),
+                                   "goals": GOALS, "summary": summary, "runs": rows}, indent=1))
+        log(f"results: {h.rel(out)}")
+    return 0 if all(r["fill"]["ok"] and r["drain"]["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
