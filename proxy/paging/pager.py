@@ -60,6 +60,10 @@ class Pager:
         self.bound: str | None = None  # "disk", "free-disk" or "error": producers stop
         self.free_disk: int | None = None
         self.paged_out = 0  # messages paged out (written or not), ever
+        # backups' copies (proxy.replication.replica.ReplicaImage, given by the replication
+        # service): their entries page as they arrive while the node is over its budget
+        self.images: Callable[[], object] = lambda: ()
+        self.image_paged = 0  # bytes of backups' entries on disk only
         self.read_back = 0  # messages read back, ever
         self._woken = False
         self._timer = None
@@ -305,6 +309,73 @@ class Pager:
         if page.state != DEAD:
             self.store.dead(page)
 
+    # -- backups' copies ------------------------------------------------------------------------
+    # A backup's copy is never dispatched: its entries need their bodies only when it is
+    # promoted (or rewritten). So they are paged as they come (``image_changes``) while the
+    # node's bodies in memory, queues' and copies' together, are over ``LOW`` of the budget,
+    # and read back one by one when the copy becomes a queue (``LocalQueue.enqueue`` of a
+    # paged message: read for its header, then left on disk).
+    def image_resident(self) -> int:
+        return sum(image.bytes for image in self.images()) - self.image_paged
+
+    def image_changes(self, image, changes) -> None:
+        """One applied batch: records of removed or rewritten entries die; added entries go
+        to disk when the node is over the budget."""
+        for entry in changes.removed:
+            self.entry_gone(entry)
+        for _, entry in changes.rewritten:  # the body changed: the record is stale
+            self.entry_gone(entry)
+        if not changes.added or self.bound:
+            return
+        memory = self.memory
+        if memory.resident + self.image_resident() - self.writing <= memory.limit * LOW:
+            return
+        fresh = [(entry.payload, entry) for _, entry in changes.added
+                 if entry.page is None and type(entry.payload) is bytes]
+        if fresh:
+            pages = self.store.write(fresh, self._entries_written)
+            for (_, entry), page in zip(fresh, pages):
+                entry.page = page
+                self.writing += page.size
+            self.paged_out += len(fresh)
+
+    def _entries_written(self, done: list, error: OSError | None) -> None:
+        for entry, page in done:
+            self.writing -= page.size
+            if error is not None:
+                if entry.page is page:
+                    entry.page = None
+                self.store.dead(page)
+            elif page.state == WRITING:
+                if entry.page is page:
+                    entry.payload = page
+                    page.state = PAGED
+                    self.image_paged += page.size
+                else:  # handed over to a queue meanwhile (promoted): on disk, body in memory
+                    page.state = STORED
+        if error is not None:
+            self._check_bounds()
+
+    def entry_gone(self, entry) -> None:
+        """A backup's entry left its copy, or its body changed: its record is dead."""
+        page = entry.page
+        if page is None:
+            return
+        entry.page = None
+        if page.state == PAGED:
+            self.image_paged -= page.size
+        self.store.dead(page)
+
+    def hand_over(self, entry):
+        """A promoted entry becomes a queue's message: its page record (or None) goes with it,
+        no longer counted as a copy's."""
+        page = entry.page
+        if page is not None:
+            entry.page = None
+            if page.state == PAGED:
+                self.image_paged -= page.size
+        return page
+
     def describe(self) -> dict:
         store = self.store
         return {"budget": self.memory.limit, "resident_bytes": self.memory.resident,
@@ -313,4 +384,5 @@ class Pager:
                 "segments": len(store.segments), "max_disk": self.max_disk,
                 "min_free_disk": self.min_free_disk, "free_disk": self.free_disk,
                 "bound": self.bound, "paged_out": self.paged_out, "read_back": self.read_back,
+                "backups_paged_bytes": self.image_paged,
                 "error": str(store.error) if store.error else None}

@@ -176,6 +176,16 @@ class LocalQueue:
         self._seq += 1
         message.seq = self._seq
         payload = message.payload
+        memory = self.memory
+        if type(payload) is Page:  # on disk only (a backup's entry, promoted): read its header
+            payload = payload.read()
+            if schedule.marked(payload):  # held in memory until its delivery time
+                message.payload = payload
+                message.page.state = STORED
+            else:
+                self.paged_bytes += len(payload)
+                self.paged_count += 1
+                memory.paged += len(payload)
         ttl, priority = message_header.ttl_and_priority(payload)
         if expiry and ttl:
             message.expires_at = monotonic() + ttl / 1000.0
@@ -183,7 +193,6 @@ class LocalQueue:
         self.stats.enqueued += 1
         size = len(payload)
         self.bytes += size
-        memory = self.memory
         memory.used += size
         if memory.pager is not None and memory.used - memory.paged > memory.limit:
             memory.pager.wake()

@@ -37,7 +37,7 @@ def removed(queue, consumer) -> None:
 
 def offered(queue, message, *, head: bool) -> None:
     """``message`` became ready (at the tail, or back at the head)."""
-    payload = message.payload
+    payload = queue.body(message)
     for consumer in queue.selective:
         if consumer.selector.matches(payload):
             if head:

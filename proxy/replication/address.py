@@ -423,6 +423,10 @@ class ReplicatedAddress:
     def recovered(self, queue) -> None:
         """The journal brought messages back under this address before the service started."""
         self.recovered_messages = list(queue.waiting())
+        pager = getattr(self.node, "pager", None)
+        if pager is not None:  # bodies paged meanwhile: back in memory, the records let go
+            for message in self.recovered_messages:
+                pager.load_now(queue, message)
         queue.purge()
         self.node.queues.delete(queue.name)
 

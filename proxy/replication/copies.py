@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from proxy.paging.store import body
 from proxy.queues import durable as journal_queues
 from proxy.queues.local import StoredMessage
 
@@ -419,7 +420,7 @@ class BackupCopy:
             return None
         if self.sink is not None:
             self.sink.fail(LAGGING, "replaced by a new replication link")
-        self._journal_removed(self.image.restart(epoch))
+        self._pages_removed(self._journal_removed(self.image.restart(epoch)))
         self.unconfirmed_at = self.unconfirmed_seen = None
         self.primary = primary
         handler.open_link(link)
@@ -438,6 +439,9 @@ class BackupCopy:
         except StaleEpoch as exc:
             sink.fail(STALE_EPOCH, f"queue {self.address}: {exc}")
             return
+        pager = getattr(self.node, "pager", None)
+        if pager is not None:  # bodies to disk beyond the node's budget (docs/paging.md)
+            pager.image_changes(self.image, changes)
         if self.image.in_sync and self.role.state == CopyState.CATCHING_UP:
             self.role.move(CopyState.READY, self.loop.time(), "in the in-sync set")
         journal = self.node.broker.journal if self.durable else None
@@ -460,13 +464,19 @@ class BackupCopy:
             return
         journal.wait(_BatchOnDisk(sink, item, wait_for))
 
-    def _journal_removed(self, entries) -> None:
+    def _journal_removed(self, entries) -> list:
         journal = self.node.broker.journal if self.durable else None
-        if journal is None:
-            return
-        for entry in entries:
-            if entry.journal_id:
-                journal.dequeue(entry.journal_id)
+        if journal is not None:
+            for entry in entries:
+                if entry.journal_id:
+                    journal.dequeue(entry.journal_id)
+        return entries
+
+    def _pages_removed(self, entries) -> None:
+        pager = getattr(self.node, "pager", None)
+        if pager is not None:
+            for entry in entries:
+                pager.entry_gone(entry)
 
     def sink_gone(self, sink: ReplicaSink, dropped: bool) -> None:
         """The link ended: ``dropped`` by the primary (lagging: out of the in-sync set), else
@@ -487,9 +497,18 @@ class BackupCopy:
         if self.sink is not None:
             self.sink.fail(STALE_EPOCH, f"queue {self.address}: promoted to primary")
             self.sink = None
+        pager = getattr(self.node, "pager", None)
+        if pager is not None:  # out with a consumer: its delivery-count is raised, a new body
+            for entry in self.image.messages.values():
+                if entry.acquired and entry.page is not None:
+                    entry.payload = body(entry)
+                    pager.entry_gone(entry)
         content = []
         for rid, entry in self.image.promote():
-            content.append(StoredMessage(entry.payload, journal_id=entry.journal_id, rid=rid))
+            # a body on disk stays there: its record goes with it (LocalQueue.enqueue)
+            page = pager.hand_over(entry) if pager is not None else None
+            content.append(StoredMessage(entry.payload, journal_id=entry.journal_id, rid=rid,
+                                         page=page))
         self._journal_rewrites(content)
         return content
 
@@ -501,12 +520,13 @@ class BackupCopy:
         for message in content:
             if message.journal_id:
                 journal.dequeue(message.journal_id)
-                message.journal_id, _ = journal.enqueue(self.address, message.payload)
+                message.journal_id, _ = journal.enqueue(self.address, body(message))
 
     def close(self) -> None:
         if self.sink is not None:
             self.sink.fail(LAGGING, f"queue {self.address}: copy dropped here")
             self.sink = None
+        self._pages_removed(list(self.image.messages.values()))
 
     def describe(self) -> dict:
         return {"state": str(self.role.state), "primary": self.primary, "epoch": self.image.epoch,

@@ -41,6 +41,9 @@ class Entry:
     payload: bytes
     acquired: bool = False
     journal_id: int = 0  # its ENQUEUE record on this node, when durable
+    # its record in the node's page store (proxy.paging); while the body is on disk only,
+    # ``payload`` is that record too (docs/paging.md)
+    page: object = None
 
 
 @dataclass(slots=True)

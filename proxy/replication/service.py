@@ -67,6 +67,10 @@ class ReplicationService:
         node.serve_kind("replicated", self)
         node.broker.address_checks.append(self._adopted_name)
         node.add_view("replicated", self.describe)
+        pager = getattr(node, "pager", None)
+        if pager is not None:  # backups' copies page too (docs/paging.md)
+            pager.images = lambda: [e.backup.image for e in self.entries.values()
+                                    if e.backup is not None]
         node.routing.subscribe(self._rules_changed)
 
     @property

@@ -108,3 +108,43 @@ def test_a_backup_promoted_with_a_backlog_pages_it_and_every_id_arrives(tmp_path
         await world.close()
 
     run(play)
+
+
+def test_backups_page_their_copies_and_a_promoted_one_serves_from_disk(tmp_path):
+    """Every node with a small budget: the backups' copies go to disk as they come, the new
+    primary's queue keeps them there (read back as its consumer nears them), and every id
+    arrives once, in order, with its body."""
+    async def play():
+        world = World(tmp_path)
+        etcd = MemoryEtcd()
+        nodes = {}
+        for name in "abc":
+            nodes[name] = await world.node(
+                name, etcd=etcd, rules=[RULE], limits={"max_memory": BUDGET}, paging=PAGING,
+                cluster={"etcd": ["http://memory:2379"], "lease_ttl": TTL})
+        primary = await make_primary(world, nodes, "orders.b")
+        others = [n for n in "abc" if n != primary]
+        producer = await world.client(primary, "producer")
+        await fill(world, producer.sender("orders.b"), 300)
+        await world.quiet(0.05)
+        for name in others:
+            image = service(nodes[name]).addresses["orders.b"].backup.image
+            assert len(image.messages) == 300
+            pager = nodes[name].pager
+            assert pager.image_paged > 250 * 1000, f"{name}'s copy is not paged"
+            assert pager.image_resident() <= BUDGET
+
+        await lose_node(world, nodes, primary)
+        await world.until(lambda: any(view(nodes[n], "orders.b").get("role") == "primary"
+                                      for n in others), timeout=TTL + 3, what="a new primary")
+        new = next(n for n in others if view(nodes[n], "orders.b").get("role") == "primary")
+        queue = nodes[new].queues.get("orders.b")
+        assert queue.depth == 300 and queue.paged_count > 250, "the promoted copy left the disk"
+        assert nodes[new].pager.image_paged == 0
+        consumer = await world.client(new, "consumer")
+        assert await drain(world, consumer, "orders.b", 300) == list(range(300))
+        await world.until(lambda: nodes[new].pager.store.live_bytes == 0
+                          and nodes[new].queues.memory.paged == 0, what="every record let go")
+        await world.close()
+
+    run(play)
