@@ -60,6 +60,17 @@ CLIENT_LIBRARY = {"n1": "proton", "n2": "rhea", "n3": "proton"}
 # opt-in (NEMESIS_JMS=1): once, in the combined seed 10 run alone, a JMS producer's send had no
 # outcome for over a minute and the run timed out waiting for it (docs/nemesis.md, not yet found)
 JMS_CLIENTS = {("n3", "nem.r3")} if os.environ.get("NEMESIS_JMS") == "1" else set()
+# opt-in (NEMESIS_PAGING=BUDGET,READ_AHEAD, e.g. 20000,20): every node with [limits] max_memory
+# BUDGET bytes and [paging] read_ahead: backlogs, primaries' and backups', page to disk
+# under the faults (docs/paging.md)
+PAGING = os.environ.get("NEMESIS_PAGING", "")
+
+
+def paging_sections() -> dict:
+    if not PAGING:
+        return {}
+    budget, read_ahead = (int(v) for v in PAGING.split(","))
+    return {"limits": {"max_memory": budget}, "paging": {"read_ahead": read_ahead}}
 
 
 def library(node: str, address: str) -> str:
@@ -122,7 +133,8 @@ class NemesisCluster:
                 start_node, name, [f"http://127.0.0.1:{p.port}" for p in self.etcd_proxies[name]],
                 cluster_name,
                 rules=list(queues.values()), lease_ttl=LEASE_TTL,
-                cluster={"reach": reach}, node={"log_level": "info", "listen": f"127.0.0.1:{ports[name]}"})
+                cluster={"reach": reach}, node={"log_level": "info", "listen": f"127.0.0.1:{ports[name]}"},
+                **paging_sections())
         for node in self.nodes.values():
             wait_members(node, list(NAMES), 20.0)
 
