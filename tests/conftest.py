@@ -282,6 +282,17 @@ def error_of(lines):
     return next((line["error"] for line in lines if line.get("error")), None)
 
 
+@pytest.fixture(scope="module")
+def issuer():
+    """A token issuer with a JWKS endpoint and keys made for this module (tests/support/
+    oauth_issuer.py): the OAuth tests' identity provider."""
+    from oauth_issuer import Issuer
+
+    issuer = Issuer().serve()
+    yield issuer
+    issuer.stop()
+
+
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory):
     """A CA, a server and a client certificate, and a rogue pair (tests/support/certs.py)."""

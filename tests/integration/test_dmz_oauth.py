@@ -17,7 +17,7 @@ import pytest
 from admin_client import ADMIN_TOKEN, http
 from conftest import NodeProcess
 from dmz_support import RawClient, condition_of
-from oauth_issuer import Issuer, node_config
+from oauth_issuer import node_config
 from proton import Message
 from proton import ConnectionException
 from proton.utils import BlockingConnection, LinkDetached
@@ -27,13 +27,6 @@ pytestmark = pytest.mark.dmz  # the DMZ gateway's tests: pytest -m dmz
 AUTH = 1
 UNAUTHORIZED = "amqp:unauthorized-access"
 SCOPES = "openid fedgate.send:orders.* fedgate.receive:orders.* fedgate.receive:replies.#"
-
-
-@pytest.fixture(scope="module")
-def issuer():
-    issuer = Issuer().serve()
-    yield issuer
-    issuer.stop()
 
 
 @pytest.fixture(scope="module")

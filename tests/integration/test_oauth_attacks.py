@@ -18,7 +18,7 @@ import pytest
 from admin_client import http
 from conftest import NodeProcess
 from dmz_support import RawClient, condition_of
-from oauth_issuer import Issuer, node_config
+from oauth_issuer import node_config
 from proton import ConnectionException, Message
 from proton.utils import BlockingConnection, LinkDetached
 
@@ -27,13 +27,6 @@ pytestmark = pytest.mark.dmz
 UNAUTHORIZED = "amqp:unauthorized-access"
 SCOPES = "fedgate.send:orders.* fedgate.receive:orders.*"
 AUTH = 1
-
-
-@pytest.fixture(scope="module")
-def issuer():
-    issuer = Issuer().serve()
-    yield issuer
-    issuer.stop()
 
 
 def connect(node, token: str) -> BlockingConnection:

@@ -18,7 +18,7 @@ import uuid
 import pytest
 from conftest import NodeProcess
 from dmz_support import condition_of
-from oauth_issuer import Issuer, node_config
+from oauth_issuer import node_config
 from proton import ConnectionException, Message
 from proton.utils import BlockingConnection, LinkDetached
 
@@ -26,13 +26,6 @@ pytestmark = pytest.mark.dmz
 
 UNAUTHORIZED = "amqp:unauthorized-access"
 SCOPES = "fedgate.send:orders.* fedgate.receive:orders.* fedgate.receive:replies.#"
-
-
-@pytest.fixture(scope="module")
-def issuer():
-    issuer = Issuer().serve()
-    yield issuer
-    issuer.stop()
 
 
 @pytest.fixture(scope="module")

@@ -13,20 +13,13 @@ import subprocess
 
 import pytest
 from conftest import TESTS, ClientProcess, NodeProcess, require
-from oauth_issuer import Issuer, node_config
+from oauth_issuer import node_config
 
 pytestmark = pytest.mark.dmz
 
 UNAUTHORIZED = "amqp:unauthorized-access"
 SCOPES = "fedgate.send:orders.* fedgate.receive:orders.*"
 JMS = TESTS / "jms" / "target"
-
-
-@pytest.fixture(scope="module")
-def issuer():
-    issuer = Issuer().serve()
-    yield issuer
-    issuer.stop()
 
 
 @pytest.fixture(scope="module")

@@ -57,9 +57,8 @@ def ids_of(receiver) -> list:
     return [message.id for message, _ in receiver.received]
 
 
-async def drain(world: World, client, address: str, count: int, credit: int = 10) -> list:
-    """Receive ``count`` messages ``credit`` at a time, settling as they come."""
-    receiver = client.receiver(address)
+async def take(world: World, receiver, count: int, credit: int = 10):
+    """``count`` messages on ``receiver``, ``credit`` at a time, settled as they come."""
     while len(receiver.received) < count:
         receiver.flow(credit)
         got = len(receiver.received)
@@ -68,7 +67,12 @@ async def drain(world: World, client, address: str, count: int, credit: int = 10
         receiver.settle()
     await world.quiet(0.2)
     assert len(receiver.received) == count, "more than was sent"
-    return ids_of(receiver)
+    return receiver
+
+
+async def drain(world: World, client, address: str, count: int, credit: int = 10) -> list:
+    """Receive ``count`` messages ``credit`` at a time, settling as they come."""
+    return ids_of(await take(world, client.receiver(address), count, credit))
 
 
 def page_files(tmp_path) -> list:
@@ -193,12 +197,7 @@ def test_released_and_modified_paged_messages_come_back_with_the_right_body(tmp_
             delivery.settle()
         client.flush()
         await world.quiet(0.05)
-        again = client.receiver("back")
-        while len(again.received) < 90:
-            again.flow(10)
-            got = len(again.received)
-            await world.until(lambda: len(again.received) >= got + 10, what="10 more")
-            again.settle()
+        again = await take(world, client.receiver("back"), 90)
         ids = ids_of(again)
         assert sorted(ids[:20]) == list(range(20)) and ids[20:] == list(range(30, 100))
         counts = {m.id: m.delivery_count for m, _ in again.received[:20]}
@@ -320,12 +319,7 @@ def test_a_transaction_over_paged_messages_rolls_back_and_commits_whole(tmp_path
             await world.quiet(0.1)
             assert queue.depth == 100, "rollback or commit not whole"  # 100, or 95 + 5
 
-        rest = client.receiver("tx")
-        while len(rest.received) < 100:
-            rest.flow(10)
-            got = len(rest.received)
-            await world.until(lambda: len(rest.received) >= got + 10, what="10 more")
-            rest.settle()
+        rest = await take(world, client.receiver("tx"), 100)
         bodies = [m.body for m, _ in rest.received]
         assert bodies == [f"{i}:{BODY}" for i in [*range(5, 100), *range(1000, 1005)]]
         await world.close()

@@ -45,6 +45,15 @@ async def drain(world: World, client, address: str, count: int) -> list:
     return [message.id for message, _ in receiver.received]
 
 
+async def paging_cluster(world: World) -> dict:
+    """Nodes a, b, c on an etcd in memory, each with a budget of about 20 messages."""
+    etcd = MemoryEtcd()
+    return {name: await world.node(name, etcd=etcd, rules=[RULE], limits={"max_memory": BUDGET},
+                                   paging=PAGING,
+                                   cluster={"etcd": ["http://memory:2379"], "lease_ttl": TTL})
+            for name in "abc"}
+
+
 def test_a_late_backup_catches_up_from_a_paged_primary_without_loading_it(tmp_path):
     rule = {**RULE, "replicas": 2, "nodes": ["a", "b"]}
     peers = {"a": "amqp://a:5672", "b": "amqp://b:5672"}
@@ -81,12 +90,7 @@ def test_a_late_backup_catches_up_from_a_paged_primary_without_loading_it(tmp_pa
 def test_a_backup_promoted_with_a_backlog_pages_it_and_every_id_arrives(tmp_path):
     async def play():
         world = World(tmp_path)
-        etcd = MemoryEtcd()
-        nodes = {}
-        for name in "abc":
-            nodes[name] = await world.node(
-                name, etcd=etcd, rules=[RULE], limits={"max_memory": BUDGET}, paging=PAGING,
-                cluster={"etcd": ["http://memory:2379"], "lease_ttl": TTL})
+        nodes = await paging_cluster(world)
         primary = await make_primary(world, nodes, "orders.p")
         others = [n for n in "abc" if n != primary]
         producer = await world.client(others[0], "producer")
@@ -116,12 +120,7 @@ def test_backups_page_their_copies_and_a_promoted_one_serves_from_disk(tmp_path)
     arrives once, in order, with its body."""
     async def play():
         world = World(tmp_path)
-        etcd = MemoryEtcd()
-        nodes = {}
-        for name in "abc":
-            nodes[name] = await world.node(
-                name, etcd=etcd, rules=[RULE], limits={"max_memory": BUDGET}, paging=PAGING,
-                cluster={"etcd": ["http://memory:2379"], "lease_ttl": TTL})
+        nodes = await paging_cluster(world)
         primary = await make_primary(world, nodes, "orders.b")
         others = [n for n in "abc" if n != primary]
         producer = await world.client(primary, "producer")
