@@ -333,11 +333,10 @@ def pytest_itemcollected(item):
     if _uses_brokers(item.path) or (FAULTS in item.path.parents
                                     and item.path.name != "test_replication_faults.py"):
         item.add_marker(pytest.mark.side)
-    if NEMESIS in item.path.parents:
-        if getattr(item, "originalname", item.name) == "test_nemesis":
-            item.add_marker(pytest.mark.serial)  # its gap limits are timed: alone, after the rest
-        else:  # the control run and the checker's own tests time nothing: beside the others
-            item.add_marker(pytest.mark.side)
+    # its gap limits are timed: alone, after the rest; the control run times nothing and runs
+    # with everything else (the side process is the longer one since the token fuzz came)
+    if NEMESIS in item.path.parents and getattr(item, "originalname", item.name) == "test_nemesis":
+        item.add_marker(pytest.mark.serial)
 
 
 @pytest.hookimpl(trylast=True)
