@@ -234,7 +234,8 @@ def main() -> int:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"date": _dt.datetime.now().isoformat(timespec="seconds"),
-                                   "machine": h.machine_info(), "args": vars(args),
+                                   "machine": h.machine_info(),
+                                   "args": {**vars(args), "output": h.rel(out)},
                                    "goals": GOALS, "summary": summary, "runs": rows}, indent=1))
         log(f"results: {h.rel(out)}")
     return 0 if all(r["fill"]["ok"] and r["drain"]["ok"] for r in rows) else 1
