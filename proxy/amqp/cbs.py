@@ -145,14 +145,8 @@ class CbsRequests(engine.ClientLinkEndpoint):
 
     def on_delivery(self, delivery) -> None:
         handler = self.handler
-        if engine.beyond_credit(self.link_ptr):
-            handler.refuse_beyond_credit(self.link)
-            return
-        payload = engine.read_transfer(self.link_ptr, delivery, MAX_REQUEST)
+        payload = self.read_whole(delivery, MAX_REQUEST)
         if payload is None:
-            return
-        if payload is False:
-            handler.refuse_oversized(self.link)
             return
         request = Message()
         try:

@@ -125,6 +125,20 @@ class ClientLinkEndpoint:
     def link(self) -> Link:
         return transient(Link, self.link_ptr)
 
+    def read_whole(self, delivery, max_size: int):
+        """A small control message on our receiving link (a coordinator's, ``$cbs``): its bytes
+        once complete; None while frames are still coming, or when it was refused (sent
+        beyond credit, or over ``max_size``: the link is detached with the condition)."""
+        handler = self.handler
+        if beyond_credit(self.link_ptr):
+            handler.refuse_beyond_credit(self.link)
+            return None
+        payload = read_transfer(self.link_ptr, delivery, max_size)
+        if payload is False:
+            handler.refuse_oversized(self.link)
+            return None
+        return payload
+
 
 def session_bytes(connection) -> int:
     """Bytes of deliveries proton holds unwritten in the sessions of ``connection`` (a raw pointer)."""

@@ -20,7 +20,7 @@ queues hold (``used``) and those on disk only (``paged``); ``resident`` is the d
   consumers. When a batch is back, ``on_loaded(queue)`` dispatches the queue.
 * **Bounds**: producers stop (``MemoryUse.ceiling`` falls back to the budget) while the
   store is at ``[limits] max_disk`` or the file system's free space under
-  ``min_free_disk`` (looked at every ``DISK_CHECK`` seconds and at every page-out round),
+  ``min_free_disk`` (looked at every ``DISK_CHECK`` seconds),
   or after a write error. Otherwise they stop only when ``resident`` passes ``HEADROOM``
   times the budget: the disk does not keep up.
 """
@@ -84,22 +84,24 @@ class Pager:
     # -- bounds ------------------------------------------------------------------------------
     def _look_at_disk(self) -> None:
         self._timer = self._loop.call_later(DISK_CHECK, self._look_at_disk)
-        self._check_bounds()
-
-    def _check_bounds(self) -> None:
-        bound = None
-        if self.store.error is not None:
-            bound = "error"
-        elif self.max_disk and self.store.disk_bytes >= self.max_disk:
-            bound = "disk"
-        elif self.min_free_disk:
+        if self.min_free_disk:
             try:
                 stats = os.statvfs(self.store.directory)
                 self.free_disk = stats.f_bavail * stats.f_frsize
             except OSError:
                 self.free_disk = None
-            if self.free_disk is not None and self.free_disk < self.min_free_disk:
-                bound = "free-disk"
+        self._check_bounds()
+
+    def _check_bounds(self) -> None:
+        """Which bound holds now (the free space as last looked at: every DISK_CHECK s)."""
+        bound = None
+        if self.store.error is not None:
+            bound = "error"
+        elif self.max_disk and self.store.disk_bytes >= self.max_disk:
+            bound = "disk"
+        elif self.min_free_disk and self.free_disk is not None \
+                and self.free_disk < self.min_free_disk:
+            bound = "free-disk"
         if bound != self.bound:
             if bound is None:
                 log.info("paging: the disk has room again")

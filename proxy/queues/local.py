@@ -525,7 +525,7 @@ class LocalQueue:
     def purge(self) -> int:
         held = [entry[2] for entry in self.scheduled]
         count = len(self.messages) + len(held)
-        if self.paged_count or self.memory.pager is not None:
+        if self.memory.pager is not None:
             for message in self.messages:
                 if message.page is not None:
                     self.memory.pager.gone(self, message)

@@ -118,14 +118,8 @@ class Coordinator(engine.ClientLinkEndpoint):
 
     def on_delivery(self, delivery) -> None:
         handler = self.handler
-        if engine.beyond_credit(self.link_ptr):
-            handler.refuse_beyond_credit(self.link)
-            return
-        payload = engine.read_transfer(self.link_ptr, delivery, MAX_CONTROL_SIZE)
+        payload = self.read_whole(delivery, MAX_CONTROL_SIZE)
         if payload is None:
-            return
-        if payload is False:
-            handler.refuse_oversized(self.link)
             return
         self.received += 1
         try:
