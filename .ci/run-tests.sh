@@ -21,10 +21,10 @@ ok() { [ "$1" -eq 0 ] || [ "$1" -eq 5 ]; }  # 5: the arguments select none of th
 
 if [ "${PYTEST_PARALLEL:-1}" != "0" ]; then
     base=$(mktemp -d "${TMPDIR:-/tmp}/fedgate-tests.XXXXXX")
-    "$PY" -m pytest -m "$MARKS and side and not serial" --basetemp "$base/side" "$@" \
+    FEDGATE_TEST_PORTS=20000-26000 "$PY" -m pytest -m "$MARKS and side and not serial" --basetemp "$base/side" "$@" \
         > "$base/side.log" 2>&1 &
     side=$!
-    "$PY" -m pytest -m "$MARKS and not side and not serial" --basetemp "$base/rest" "$@"
+    FEDGATE_TEST_PORTS=26000-32000 "$PY" -m pytest -m "$MARKS and not side and not serial" --basetemp "$base/rest" "$@"
     rest=$?
     wait "$side"
     brokers=$?

@@ -34,10 +34,36 @@ def require(condition: bool, what: str) -> None:
     pytest.skip(f"prerequisite missing: {what} (run `make test` to install)")
 
 
+def _port_range() -> range:
+    """The ports this pytest process hands out: below the kernel's ephemeral range (32768 and
+    up), so no client's outgoing connection takes a port between free_port() and the node's
+    bind; .ci/run-tests.sh gives its two streams disjoint halves (FEDGATE_TEST_PORTS=lo-hi)."""
+    lo, _, hi = os.environ.get("FEDGATE_TEST_PORTS", "20000-32000").partition("-")
+    return range(int(lo), int(hi))
+
+
+_PORTS = _port_range()
+_FIXED = {25672, 25684}  # the RabbitMQs' Erlang distribution ports, free while one restarts
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nothing listens on and this process has not handed out before (bind(0)
+    may give the same port twice, and a node's AMQP and admin ports must differ)."""
+    import random
+
+    for _ in range(2000):
+        port = random.choice(_PORTS)
+        if port in _HANDED_OUT or port in _FIXED:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port left in {_PORTS}")
 
 
 def toml_value(value) -> str:
