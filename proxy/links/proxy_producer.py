@@ -391,6 +391,18 @@ class ProxyProducer(_ProxyEndpoint):
             self.handler.mark_dirty()
         self.sync_credit()  # room in the window
 
+    def parked(self) -> None:
+        """The primary ended our link because the queue moved (a fenced primary ends every
+        link): what it had not answered on that link never will be. It goes again first, in
+        order, as a window, on the next link: ``rehome`` to a new primary, or ``reattach`` when
+        the same node claims the queue again (docs/nemesis.md finding 23: left in ``inflight``,
+        those filled the window and the client waited for outcomes that never came)."""
+        if self.txn_inflight or self.txn_pending:  # the old primary's transaction ends here
+            self._drop_transactional()
+        if self.inflight:
+            self.pending.extendleft(reversed(self.inflight.values()))
+            self.inflight.clear()
+
     def rehome(self, upstream) -> None:
         """The address moved to another primary (proxy.replication): what the old one has not
         answered goes to the new one first, in order, then the link goes on there. Sent again

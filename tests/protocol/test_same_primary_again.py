@@ -3,11 +3,12 @@ same node (issue #42, docs/nemesis.md finding 23), on a virtual clock.
 
 The fenced primary ends its peers' proxy links (``amqp:link:detach-forced``: each node finds
 the new primary itself). When the new primary is the same node again, the proxy is on the
-same upstream pool and must attach again. This passes: the nemesis's stuck producer (combined
-seed 6: no outcome for 52 s on another node while its primary was paused, fenced and then
-primary again) took another path, not found yet. The playbook network drops what crosses a
-partition, which TCP never does on a connection that lives on, so a cut while sends are in
-flight is no model of a pause here.
+same upstream pool and must attach again, and what it had sent on the old link without an
+answer must go again on the new one: the nemesis's stuck producer (combined seed 6: no
+outcome for 52 s, then 36 s, on another node while its primary was paused, fenced and then
+primary again) had its transfers left in flight on the ended link, filling its window. The
+playbook network drops what crosses a partition, which TCP never does on a connection that
+lives on, so a pause is modelled by a slow link (what is sent arrives late).
 """
 
 from __future__ import annotations
@@ -87,6 +88,40 @@ def test_links_go_on_when_the_new_primary_becomes_a_known_member_after_its_claim
                                           cluster={"etcd": ["http://memory:2379"], "lease_ttl": TTL})
         await world.until(lambda: pump.upto(20), timeout=TTL + 2,
                           what="the proxy's producer accepted by the new primary")
+        await world.close()
+
+    run(play)
+
+
+def test_what_a_proxy_had_in_flight_goes_again_when_its_fenced_primary_claims_again(tmp_path):
+    """The nemesis's path (combined seed 6, twice): the primary paused with the proxy's
+    transfers in flight to it. It wakes fenced, ends the proxy's link (detach-forced), and
+    later claims the queue again itself. The proxy attaches again on the same upstream pool:
+    what it had sent on the old link and never had an answer for must go again on the new
+    one, or the client waits for outcomes that never come (52 s and 36 s in the nemesis, until
+    another fault moved the queue)."""
+    async def play():
+        world, etcd, nodes, (primary, backup, third), pump = await proxied_producer(tmp_path)
+        await lose_node(world, nodes, backup)
+        await world.until(lambda: pump.upto(20), timeout=TTL + 5, what="10 more, alone")
+
+        # the primary freezes for the proxy (what is sent arrives late, nothing is lost) and
+        # for etcd: its lease runs out while the proxy's 10 transfers wait to be read
+        epoch = view(nodes[primary], ADDRESS)["epoch"]
+        world.network.slow(third, primary, TTL + 2)
+        nodes[primary].coordinator.store.partition()
+        pump.upto(30)
+        await world.until(lambda: view(nodes[primary], ADDRESS).get("role") != "primary",
+                          timeout=TTL + 2, what="the primary fenced")
+        await world.quiet(TTL)
+        world.network.slow(third, primary, 0)
+        nodes[primary].coordinator.store.heal()
+        await world.until(lambda: view(nodes[primary], ADDRESS).get("role") == "primary"
+                          and view(nodes[primary], ADDRESS)["epoch"] > epoch,
+                          timeout=3 * TTL, what="the same node primary again, a new epoch")
+        await world.until(lambda: pump.upto(40), timeout=TTL + 2,
+                          what="what was in flight, then 10 more, accepted")
+        assert pump.accepted_ids() == set(range(40))
         await world.close()
 
     run(play)
