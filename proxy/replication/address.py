@@ -98,6 +98,7 @@ class ReplicatedAddress:
         self.proxies: list = []  # proxy endpoints made for clients here
         self.pending: set[PendingLink] = set()
         self.recovered_messages: list | None = None  # from this node's journal, if any
+        self._kept_epoch: int | None = None  # recovered_messages kept at a fence, of that epoch
         self.failovers = 0
         self.stood_aside = 0  # times this node stood aside as primary (stand_aside)
         self._resolving = False
@@ -288,6 +289,7 @@ class ReplicatedAddress:
                 if message.journal_id:
                     journal.dequeue(message.journal_id)
         self.recovered_messages = None
+        self._kept_epoch = None
 
     # -- ownership ------------------------------------------------------------------------------
     def placement(self) -> list[str]:
@@ -323,12 +325,15 @@ class ReplicatedAddress:
             if not self.service.automatic:
                 return  # static: releases are this node's own (fence); nobody else is "gone"
             if self.primary is not None and not self.primary.fenced and self.claim is not None:
-                self.fence("its claim is gone from etcd")
+                self.fence("its claim is gone from etcd", keep=True)
             self.owner = None
             self._resolve()
             return
         if claim.owner != self.node_id and self.primary is not None and not self.primary.fenced:
             self.fence(f"{claim.owner} owns it at epoch {claim.epoch}")
+        if claim.owner != self.node_id and self._kept_epoch is not None \
+                and claim.epoch > self._kept_epoch:
+            self._forget_recovered()  # kept at a fence: the new owner claimed with all of it
         if claim.owner == self.node_id and self.primary is not None:
             return
         self._learn_owner(claim.owner, claim.epoch)
@@ -450,6 +455,7 @@ class ReplicatedAddress:
             self.backup.close()
             self.backup = None
         self.recovered_messages = None
+        self._kept_epoch = None
         for message in content:
             queue.restore(message)
         self.claim = claim
@@ -477,10 +483,20 @@ class ReplicatedAddress:
                     backups[node] = url
         self.primary.set_backups(backups)
 
-    def fence(self, why: str) -> None:
+    def fence(self, why: str, *, keep: bool = False) -> None:
+        """Stop being the primary. ``keep``: this node lost its lease (paused, cut off from
+        etcd), not the queue to a known new owner. It keeps what it held, as a journal's
+        recovery is kept: still named primary in the record, it claims again with it when it
+        may act and no copy in sync took over; another node's claim drops it (``owner_changed``),
+        as does becoming that node's backup. Thrown away here, it was lost when the only backup
+        had died meanwhile (docs/nemesis.md finding 24)."""
         primary = self.primary
         if primary is None or primary.fenced:
             return
+        kept = None
+        if keep and self.recovered_messages is None:
+            kept = [StoredMessage(body(m), journal_id=m.journal_id, rid=m.rid)
+                    for m in primary.replica_set.index.values()]
         primary.fence(why)
         self.primary = None
         claim, self.claim = self.claim, None
@@ -492,6 +508,9 @@ class ReplicatedAddress:
             self.service.spawn(self.service.release(claim))
         if self.listener is not None:
             self.listener.copy_fenced(self)
+        if kept is not None:
+            self.recovered_messages = kept
+            self._kept_epoch = primary.epoch
 
     def stand_aside(self, why: str) -> None:
         """This primary is the one cut off from its peers (copies.py ``_cut_off_alone``): it
@@ -502,15 +521,12 @@ class ReplicatedAddress:
         primary = self.primary
         if primary is None or primary.fenced:
             return
-        kept = [StoredMessage(body(m), journal_id=m.journal_id, rid=m.rid)
-                for m in primary.replica_set.index.values()]
         self.stood_aside += 1
         loop = asyncio.get_running_loop()
         hold = 2 * self.service.lease_ttl()
         self._aside_until = loop.time() + hold
         self.service.silent_peers.isolated_from(loop.time() - self.service.lease_ttl())
-        self.fence(why)
-        self.recovered_messages = kept
+        self.fence(why, keep=True)
         loop.call_later(hold + 0.05, self._recheck)
 
     def in_sync_changed(self, isr: frozenset) -> None:

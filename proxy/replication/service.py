@@ -395,7 +395,7 @@ class ReplicationService:
             self.silent_peers.acting()
         for resource, entry in list(self.entries.items()):
             if fenced:
-                entry.fence("this node's lease may have expired (cut off from etcd)")
+                entry.fence("this node's lease may have expired (cut off from etcd)", keep=True)
                 continue
             entry.members_changed()
             # acting again on the same lease (etcd came back before it ended: a new etcd
