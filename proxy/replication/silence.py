@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from urllib.parse import urlsplit
 
 log = logging.getLogger("fedgate.replication")
 
@@ -187,14 +188,28 @@ class SilentPeers:
                 if pool not in self.silent and not self._heard_since(pool, self.fenced_at):
                     self.silent[pool] = now
                     self._send_clients_away(pool)
+            # clients proxied home through this node's own listener (a fragment's producers
+            # brought home, proxies that followed their queue here): the gate turns the
+            # proxy's own connection away too, so nothing of theirs goes anywhere
+            # (docs/nemesis.md, finding 22)
+            for pool in self._own_pools():
+                self._send_clients_away(pool, "this node's own listener turns its proxies away")
         self._next()
+
+    def _own_pools(self) -> list:
+        url = self.service.known.get(self.service.node_id)
+        if not url:
+            return []
+        parts = urlsplit(url)
+        pools = self.service.node.broker.upstreams.pools.values()
+        return [p for p in pools if (p.target.host, p.target.port) == (parts.hostname, parts.port)]
 
     @staticmethod
     def _heard_since(pool, since: float) -> bool:
         return any(m.protocol is not None and m.protocol.heard_at > since
                    for m in [*pool.members, pool.alone])
 
-    def _send_clients_away(self, pool) -> None:
+    def _send_clients_away(self, pool, why: str = "") -> None:
         service = self.service
         handlers = {}
         for member in [*pool.members, pool.alone]:
@@ -203,16 +218,15 @@ class SilentPeers:
                 if handler is not None and not service.is_peer(handler):
                     handlers[id(handler)] = handler
         waited = service.relay_limit()
+        why = why or f"{pool.target.display} answered nothing for {waited:g} s"
         for handler in handlers.values():
             close = getattr(handler.output, "close", None)
             if close is None:
                 continue
             self.resets += 1
             # a reset, not a close frame, for Container clients (AmqpProtocol.close)
-            close("amqp:connection:forced", f"this node is {self._cut()} and "
-                  f"{pool.target.display} answered nothing for {waited:g} s", reset=True)
+            close("amqp:connection:forced", f"this node is {self._cut()} and {why}", reset=True)
         if handlers:
-            log.warning("upstream %s answered nothing for %.1f s while this node is cut off: %d "
-                        "client connections sent to their failover lists", pool.target.display,
-                        waited, len(handlers))
+            log.warning("upstream %s: %s while this node is cut off: %d client connections sent "
+                        "to their failover lists", pool.target.display, why, len(handlers))
         service.node.broker.run_pending()
