@@ -238,8 +238,14 @@ class FragmentGroup:
             asyncio.get_running_loop().call_later(MOVED_RETRY, follow)
             return True
 
+        producer = endpoint.sender_upstream
+
         def follow() -> None:
             if endpoint.closed:
+                return
+            if producer and self.queue is not None and not self.draining_here:  # served here again
+                self.away_producers.add(endpoint)
+                self._bring_home()
                 return
             key = self._elsewhere(choose(), endpoint.handler, endpoint.link)
             url, address, _ = self.target(key) if key is not None and key != self.local_key \
@@ -249,6 +255,13 @@ class FragmentGroup:
                 return
             endpoint.remote_address = endpoint.address = address
             endpoint.rehome(self.upstream_for(key))
+            if producer and self.replicas.own is not None:
+                # sent away while this node's own fragment is served elsewhere: it comes home
+                # with the fragment (_bring_home), as a producer forwarded at its attach does
+                # (docs/nemesis.md, finding 22: one brought home once, refused when the
+                # fragment moved again, stayed away and waited out a later fault of the
+                # member it went to)
+                self.away_producers.add(endpoint)
             self.node.broker.run_pending()
 
         endpoint.moved = moved

@@ -68,3 +68,60 @@ def test_a_producer_forwarded_while_its_fragment_was_away_comes_home(tmp_path):
         await world.close()
 
     run(play)
+
+
+def test_a_producer_brought_home_that_follows_its_fragment_away_again_comes_home_again(tmp_path):
+    """The rest of finding 22: a producer brought home had its marked link refused when its
+    node lost the fragment again (cut off from etcd: its backup took it), and followed it to
+    another member. It stayed there after the fragment came back a second time, and a pause,
+    then a kill, of that member stopped it while its own node served its fragment (8.05 s and
+    8.22 s, in the long seed 6)."""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=FRAGMENTED)
+        first = (await world.client("a", "producer-a")).sender(ADDRESS)
+        await world.until(lambda: first.credit > 0, what="credit on a")
+        await world.until(lambda: len(view(nodes["a"], f"{ADDRESS}@a").get("in_sync", [])) == 1,
+                          what="a's fragment in sync")
+        await backups_ready(world, nodes, view(nodes["a"], f"{ADDRESS}@a")["in_sync"], f"{ADDRESS}@a")
+        await lose_node(world, nodes, "a")
+        await world.until(lambda: any(view(nodes[n], f"{ADDRESS}@a").get("role") == "primary"
+                                      for n in "bc"), timeout=2 * TTL, what="a's fragment adopted")
+        world.network.reboot("a")
+        nodes["a"] = await world.node("a", etcd=etcd, rules=[FRAGMENTED], cluster=CLUSTER)
+        producer = (await world.client("a", "producer-a2")).sender(ADDRESS)
+        await world.until(lambda: producer.credit > 0, timeout=10, what="credit (forwarded)")
+        await world.until(lambda: view(nodes["a"], f"{ADDRESS}@a").get("role") == "primary",
+                          timeout=30, what="a's fragment handed back to it")
+        await world.until(lambda: forwarded_to(nodes["a"]) == "a", timeout=TTL,
+                          what="brought home through a's own listener")
+        await world.until(lambda: len(view(nodes["a"], f"{ADDRESS}@a").get("in_sync", [])) == 1,
+                          what="a's fragment in sync again")
+
+        # a cut off from etcd: fenced, its fragment adopted by its backup; then etcd again,
+        # and the fragment handed back to it a second time
+        nodes["a"].coordinator.store.partition()
+        await world.until(lambda: any(view(nodes[n], f"{ADDRESS}@a").get("role") == "primary"
+                                      for n in "bc"), timeout=3 * TTL, what="adopted again")
+        # its proxy's connection to its own listener reset meanwhile (in the nemesis: its
+        # admission gate, cut off one way): attached again, the marked link is refused (the
+        # fragment is served by another member) and the producer follows it away
+        assert world.network.cut("a", "a") >= 1
+        await world.until(lambda: forwarded_to(nodes["a"]) in ("b", "c"), timeout=TTL,
+                          what="the producer followed its fragment away")
+        nodes["a"].coordinator.store.heal()
+        await world.until(lambda: view(nodes["a"], f"{ADDRESS}@a").get("role") == "primary",
+                          timeout=30, what="handed back to a again")
+        await world.until(lambda: forwarded_to(nodes["a"]) == "a", timeout=TTL,
+                          what="brought home again")
+
+        # every other member cut off from a: its producer goes on into a's own fragment
+        for other in "bc":
+            world.network.partition("a", other)
+        for i in range(10):
+            producer.send(f"y-{i}", message_id=f"y-{i}")
+        await world.until(lambda: producer.accepted() >= 10, timeout=TTL + 2,
+                          what="accepted by a's own fragment")
+        await world.close()
+
+    run(play)
