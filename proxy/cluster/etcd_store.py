@@ -162,6 +162,18 @@ class AetcdStore:
             return await asyncio.wait_for(coro, self.request_timeout + 0.5)
         except (aetcd.ClientError, grpc.RpcError, asyncio.TimeoutError, OSError) as exc:
             raise _unavailable(exc, self.endpoint) from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller itself is cancelled
+            # grpc.aio cancels the calls in flight on a channel that is closed: a reconnect
+            # (``connect`` closes the old channel) under a call. The caller is told the store
+            # is unavailable, as for any other failure, and tries again; a CancelledError
+            # escaped every ``except Exception`` on its way and left, e.g., a primary's
+            # in-sync write neither done nor failed, and its backups never in sync again
+            # (docs/nemesis.md, finding 25)
+            raise StoreUnavailable(f"{self.endpoint}: the call was cancelled (its channel "
+                                   "closed under it)") from None
 
     # -- leases ------------------------------------------------------------------------------
     async def grant(self, ttl: int) -> tuple[int, int]:

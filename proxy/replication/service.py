@@ -439,13 +439,16 @@ class ReplicationService:
         async def write() -> None:
             body = json.dumps({"primary": self.node_id, "isr": sorted(isr),
                                "epoch": copy.epoch}).encode()
+            written = None
             try:
                 await self.coordinator.put_state(STATE + copy.resource, body, if_owner=claim)
+                written = isr
             except Exception as exc:  # unreachable, fenced, or no longer the owner
                 log.warning("queue %s: in-sync set %s not written: %s", copy.address, sorted(isr), exc)
-                copy.isr_written(None)
-                return
-            copy.isr_written(isr)
+            finally:
+                # answered whatever happened (a cancelled write too): until it is, the primary
+                # proposes nothing more and no backup gets in sync (docs/nemesis.md, 25)
+                copy.isr_written(written)
 
         self.spawn(write())
 
