@@ -233,7 +233,8 @@ class EtcdCoordinator:
                 log.info("cluster %s: %s claimed %s at epoch %d", self.name, self.node_id, resource,
                          number)
                 self._dispatch(self.view.apply_local_owner(
-                    resource, claim, KV(owner_key, value, result.revision, result.revision, lease)))
+                    resource, claim, KV(owner_key, value, result.revision, result.revision, lease),
+                    result.revision))
                 return claim
         raise CoordinatorUnavailable(f"claim {resource}: lost {CLAIM_ATTEMPTS} races in a row")
 
@@ -245,7 +246,7 @@ class EtcdCoordinator:
         if result.succeeded:
             log.info("cluster %s: %s released %s (epoch %d)", self.name, self.node_id,
                      claim.resource, claim.epoch)
-            self._dispatch(self.view.apply_local_owner(claim.resource, None, None))
+            self._dispatch(self.view.apply_local_owner(claim.resource, None, None, result.revision))
 
     async def put_state(self, key: str, value: bytes, *, if_owner: Claim | None = None) -> None:
         """With ``if_owner``: only while that claim holds (else ``CoordinatorError``); the node

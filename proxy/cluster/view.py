@@ -83,6 +83,9 @@ class ClusterView:
     owners: dict[str, tuple[Claim, KV]] = field(default_factory=dict)
     rules: KV | None = None
     state: dict[str, bytes] = field(default_factory=dict)
+    # per claim key: the revision of the last change known (put or delete, from the watch or
+    # this node's own transaction), so that an older one arriving later is not applied
+    owner_revisions: dict[str, int] = field(default_factory=dict)
 
     def load(self, revision: int, kvs: list[KV]) -> Changes:
         """A full read of the prefix at ``revision``: replaces everything known."""
@@ -119,6 +122,8 @@ class ClusterView:
         if old_rev != new_rev or (self.rules and rules and self.rules.value != rules.value):
             changes.rules = (rules.value if rules else None, new_rev)
         self.members_raw, self.owners, self.rules, self.state = seen_members, seen_owners, rules, state
+        self.owner_revisions = {name: revision for name in self.owner_revisions}
+        self.owner_revisions.update({name: kv.mod_revision for name, (_, kv) in seen_owners.items()})
         self.revision = revision  # a full read is the truth, also from an etcd that went back
         return changes
 
@@ -142,7 +147,7 @@ class ClusterView:
             elif kind == "owners":
                 claim = parse_claim(event.value) if event.kind == "put" else None
                 kv = KV(event.key, event.value, 0, event.mod_revision, event.lease)
-                self._owner_changed(changes, name, claim, kv)
+                self._owner_changed(changes, name, claim, kv, event.mod_revision)
             elif kind == "rules":
                 if self.rules is not None and self.rules.mod_revision == event.mod_revision:
                     continue  # our own write, already known (apply_local_rules)
@@ -159,10 +164,15 @@ class ClusterView:
                     self.state.pop(name, None)
         return changes
 
-    def apply_local_owner(self, resource: str, claim: Claim | None, kv: KV | None) -> Changes:
-        """This node's own claim or release, known before the watch brings it."""
+    def apply_local_owner(self, resource: str, claim: Claim | None, kv: KV | None,
+                          revision: int) -> Changes:
+        """This node's own claim or release (at ``revision``), known before the watch brings
+        it; unless the watch brought a later change of that claim already: a release answered
+        after the watch told of another node's claim on the same resource dropped that claim
+        from the view, and when that node died no change was seen, so nobody claimed the
+        resource again (docs/nemesis.md, finding 27)."""
         changes = Changes()
-        self._owner_changed(changes, resource, claim, kv)
+        self._owner_changed(changes, resource, claim, kv, revision)
         return changes
 
     def apply_local_rules(self, kv: KV) -> Changes:
@@ -173,7 +183,11 @@ class ClusterView:
             changes.rules = (kv.value, kv.mod_revision)
         return changes
 
-    def _owner_changed(self, changes: Changes, name: str, claim: Claim | None, kv: KV | None) -> None:
+    def _owner_changed(self, changes: Changes, name: str, claim: Claim | None, kv: KV | None,
+                       revision: int) -> None:
+        if revision < self.owner_revisions.get(name, 0):
+            return  # older than what is known of this claim
+        self.owner_revisions[name] = revision
         old = self.owners.get(name)
         if claim is None:
             self.owners.pop(name, None)
