@@ -18,7 +18,7 @@ from test_replication_playbooks import (FRAGMENTED, TTL, backups_ready, etcd_clu
                                         fragments_view, lose_node, view)
 
 pytestmark = pytest.mark.timeout(60)
-ADDRESS = "jobs"
+ADDRESS = FRAGMENTS = "jobs"
 CLUSTER = {"etcd": ["http://memory:2379"], "lease_ttl": TTL}
 
 
@@ -31,22 +31,28 @@ def forwarded_to(node) -> str | None:
     return None
 
 
+async def a_back_without_its_fragment(tmp_path):
+    """Three members; a's fragment in sync, then a lost: its backup serves a's fragment, and a
+    is started again, as a backup of it (no fragment of its own until it is handed back)."""
+    world = World(tmp_path)
+    etcd, nodes = await etcd_cluster(world, rule=FRAGMENTED)
+    first = (await world.client("a", "producer-a")).sender(ADDRESS)
+    await world.until(lambda: first.credit > 0, what="credit on a")
+    await world.until(lambda: len(view(nodes["a"], f"{ADDRESS}@a").get("in_sync", [])) == 1,
+                      what="a's fragment in sync")
+    await backups_ready(world, nodes, view(nodes["a"], f"{ADDRESS}@a")["in_sync"], f"{ADDRESS}@a")
+    await lose_node(world, nodes, "a")
+    await world.until(lambda: any(view(nodes[n], f"{ADDRESS}@a").get("role") == "primary"
+                                  for n in "bc"), timeout=2 * TTL, what="a's fragment adopted")
+    world.network.reboot("a")
+    nodes["a"] = await world.node("a", etcd=etcd, rules=[FRAGMENTED], cluster=CLUSTER)
+    return world, etcd, nodes
+
+
 def test_a_producer_forwarded_while_its_fragment_was_away_comes_home(tmp_path):
     async def play():
-        world = World(tmp_path)
-        etcd, nodes = await etcd_cluster(world, rule=FRAGMENTED)
-        first = (await world.client("a", "producer-a")).sender(ADDRESS)
-        await world.until(lambda: first.credit > 0, what="credit on a")
-        await world.until(lambda: len(view(nodes["a"], f"{ADDRESS}@a").get("in_sync", [])) == 1,
-                          what="a's fragment in sync")
-        await backups_ready(world, nodes, view(nodes["a"], f"{ADDRESS}@a")["in_sync"], f"{ADDRESS}@a")
-
         # a lost: its backup serves its fragment; a started again, as a backup of it
-        await lose_node(world, nodes, "a")
-        await world.until(lambda: any(view(nodes[n], f"{ADDRESS}@a").get("role") == "primary"
-                                      for n in "bc"), timeout=2 * TTL, what="a's fragment adopted")
-        world.network.reboot("a")
-        nodes["a"] = await world.node("a", etcd=etcd, rules=[FRAGMENTED], cluster=CLUSTER)
+        world, etcd, nodes = await a_back_without_its_fragment(tmp_path)
 
         # a producer on a before the hand-back: forwarded to another member's fragment
         producer = (await world.client("a", "producer-a2")).sender(ADDRESS)
@@ -77,18 +83,7 @@ def test_a_producer_brought_home_that_follows_its_fragment_away_again_comes_home
     then a kill, of that member stopped it while its own node served its fragment (8.05 s and
     8.22 s, in the long seed 6)."""
     async def play():
-        world = World(tmp_path)
-        etcd, nodes = await etcd_cluster(world, rule=FRAGMENTED)
-        first = (await world.client("a", "producer-a")).sender(ADDRESS)
-        await world.until(lambda: first.credit > 0, what="credit on a")
-        await world.until(lambda: len(view(nodes["a"], f"{ADDRESS}@a").get("in_sync", [])) == 1,
-                          what="a's fragment in sync")
-        await backups_ready(world, nodes, view(nodes["a"], f"{ADDRESS}@a")["in_sync"], f"{ADDRESS}@a")
-        await lose_node(world, nodes, "a")
-        await world.until(lambda: any(view(nodes[n], f"{ADDRESS}@a").get("role") == "primary"
-                                      for n in "bc"), timeout=2 * TTL, what="a's fragment adopted")
-        world.network.reboot("a")
-        nodes["a"] = await world.node("a", etcd=etcd, rules=[FRAGMENTED], cluster=CLUSTER)
+        world, etcd, nodes = await a_back_without_its_fragment(tmp_path)
         producer = (await world.client("a", "producer-a2")).sender(ADDRESS)
         await world.until(lambda: producer.credit > 0, timeout=10, what="credit (forwarded)")
         await world.until(lambda: view(nodes["a"], f"{ADDRESS}@a").get("role") == "primary",

@@ -18,14 +18,12 @@ import pytest
 
 from playbook import World, run
 from test_failover_links import Numbered, new_primary
-from test_forwarded_home import CLUSTER, forwarded_to
-from test_replication_playbooks import (FRAGMENTED, TTL, backups_ready, etcd_cluster, lose_node,
-                                        make_primary, view)
+from test_forwarded_home import FRAGMENTS, a_back_without_its_fragment, forwarded_to
+from test_replication_playbooks import TTL, etcd_cluster, lose_node, make_primary, view
 from test_silent_peers import deafen
 
 pytestmark = pytest.mark.timeout(60)
 ADDRESS = "orders.x"
-FRAGMENTS = "jobs"
 
 
 def test_a_cut_node_sends_away_the_clients_proxied_home_through_its_own_listener(tmp_path):
@@ -69,19 +67,7 @@ def test_a_cut_node_sends_away_a_fragment_producer_brought_home(tmp_path):
     home through the node's own listener when the fragment came back; then the node is cut
     off one way."""
     async def play():
-        world = World(tmp_path)
-        etcd, nodes = await etcd_cluster(world, rule=FRAGMENTED)
-        first = (await world.client("a", "producer-a")).sender(FRAGMENTS)
-        await world.until(lambda: first.credit > 0, what="credit on a")
-        await world.until(lambda: len(view(nodes["a"], f"{FRAGMENTS}@a").get("in_sync", [])) == 1,
-                          what="a's fragment in sync")
-        await backups_ready(world, nodes, view(nodes["a"], f"{FRAGMENTS}@a")["in_sync"],
-                            f"{FRAGMENTS}@a")
-        await lose_node(world, nodes, "a")
-        await world.until(lambda: any(view(nodes[n], f"{FRAGMENTS}@a").get("role") == "primary"
-                                      for n in "bc"), timeout=2 * TTL, what="a's fragment adopted")
-        world.network.reboot("a")
-        nodes["a"] = await world.node("a", etcd=etcd, rules=[FRAGMENTED], cluster=CLUSTER)
+        world, etcd, nodes = await a_back_without_its_fragment(tmp_path)
         client = await world.client("a", "producer-a2")
         producer = Numbered(client.sender(FRAGMENTS))
         await world.until(lambda: producer.upto(5), timeout=10, what="accepted (forwarded)")
