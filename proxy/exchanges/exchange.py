@@ -77,7 +77,7 @@ from proxy.amqp.engine import beyond_credit, read_transfer
 from proxy.amqp.message_subject import read_subject
 from proxy.amqp.outcomes import TRANSACTIONAL_STATE
 from proxy.exchanges.remote_bindings import RemoteSubscription
-from proxy.exchanges.subscriptions import Subscriptions
+from proxy.exchanges.subscriptions import Subscriptions, container_of
 from proxy.links.remote_destinations import RemoteDestinations
 from proxy.queues.durable_hold import DurableHold
 from proxy.upstream.target import UpstreamTarget
@@ -231,10 +231,11 @@ class ExchangeProducer(engine.ClientLinkEndpoint):
             self.top_up()
 
     def route(self, payload: bytes, fanin: Fanin) -> None:
-        self.exchanges.publish(self.exchange, payload, fanin)
+        self.exchanges.publish(self.exchange, payload, fanin, origin=container_of(self.handler))
 
     def transaction_queues(self, payload: bytes) -> tuple[tuple, tuple | None]:
-        return self.exchanges.transaction_queues(self.exchange, payload)
+        return self.exchanges.transaction_queues(self.exchange, payload,
+                                                 origin=container_of(self.handler))
 
     def settle(self, fanin: Fanin) -> None:
         """Every destination answered: the client gets the combined outcome."""
@@ -360,13 +361,14 @@ class Exchanges:
 
     # -- routing ---------------------------------------------------------------------
     def publish(self, exchange: Exchange, payload: bytes, fanin: Fanin, *,
-                release_when_full: bool = False) -> None:
+                release_when_full: bool = False, origin: str | None = None) -> None:
         """Route to the bindings; ``release_when_full``: a local queue at its depth limit
         answers released (the anonymous relay, whose credit is not bound to the exchange's
-        queues; an exchange's own senders get credit within their room)."""
+        queues; an exchange's own senders get credit within their room); ``origin``: the
+        publisher's container id (no-local subscriptions)."""
         stats = exchange.stats
         subject, addresses = self._route(exchange, payload)
-        subscribed = self.topic_subscriptions.route(exchange.name, payload)
+        subscribed = self.topic_subscriptions.route(exchange.name, payload, origin)
         if not addresses and subscribed:
             stats.unroutable -= 1  # a subscription takes it
         if not addresses and not subscribed:
@@ -401,13 +403,14 @@ class Exchanges:
             stats.unroutable += 1
         return subject, addresses
 
-    def transaction_queues(self, exchange: Exchange, payload: bytes) -> tuple[tuple, tuple | None]:
+    def transaction_queues(self, exchange: Exchange, payload: bytes,
+                           origin: str | None = None) -> tuple[tuple, tuple | None]:
         """A transactional message's local queues (all bound queues, stored together at commit),
         or a refusal (condition, description): a destination on a primary cannot be part of a
         transaction on this node."""
         stats = exchange.stats
         _, addresses = self._route(exchange, payload)
-        queues = list(self.topic_subscriptions.route(exchange.name, payload))
+        queues = list(self.topic_subscriptions.route(exchange.name, payload, origin))
         for address in addresses:
             kind, target = self.destination(address, "queues cannot be bound to an exchange")
             if kind == "refused":

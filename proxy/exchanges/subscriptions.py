@@ -18,6 +18,11 @@ Its kind comes from the receiver's source, as Qpid JMS sends it:
   "|">`` (``global`` capability: no client id); its consumers compete. A non-durable
   shared one goes with its last consumer.
 
+A **no-local** filter (``apache.org:no-local-filter:list``, JMS ``createConsumer(topic,
+selector, true)`` and ``createDurableSubscriber(topic, name, selector, true)``) keeps out of the
+subscription what a connection with the subscriber's container id publishes (Artemis does the
+same: Qpid JMS's container id is the client id, else one of its own per connection).
+
 A receiver with no source address whose link name is a durable subscription's (Qpid JMS
 looks a subscription up that way before ``unsubscribe``) is answered with that
 subscription's source; none: ``amqp:not-found``. A subscription whose selector or
@@ -37,8 +42,8 @@ from pathlib import Path
 from proton import Described, Terminus, symbol
 
 from proxy import selectors
-from proxy.amqp.termini import (SELECTOR_FILTER, capability_names, filters, is_selector,
-                                set_capabilities)
+from proxy.amqp.termini import (NO_LOCAL_FILTER, SELECTOR_FILTER, capability_names, filters,
+                                is_no_local, is_selector, set_capabilities)
 from proxy.queues import durable as journal_queues
 
 log = logging.getLogger("fedgate.exchanges")
@@ -66,6 +71,8 @@ class Subscription:
     shared: bool = False
     global_: bool = False
     consumers: set = field(default_factory=set)
+    # no-local: the container id whose publications it does not collect; None: it takes all
+    no_local: str | None = None
 
     @property
     def selector_text(self) -> str | None:
@@ -73,7 +80,7 @@ class Subscription:
 
     def record(self) -> dict:
         return {"name": self.name, "exchange": self.exchange, "selector": self.selector_text,
-                "shared": self.shared, "global": self.global_}
+                "shared": self.shared, "global": self.global_, "no_local": self.no_local}
 
     def describe(self) -> dict:
         queue = self.queue
@@ -83,13 +90,26 @@ class Subscription:
                 "enqueued": queue.stats.enqueued}
 
 
-def _selector(source):
+def container_of(handler) -> str:
+    """The container id of a client handler's connection ("" before its open)."""
+    connection = handler.server_connection
+    return (connection.remote_container or "") if connection is not None else ""
+
+
+def _filters(source):
+    """(selector or None, whether no-local) from a subscriber's source."""
     found = filters(source)
-    others = sorted(name for name, (descriptor, _) in found.items() if not is_selector(descriptor))
+    no_local = any(is_no_local(descriptor) for descriptor, _ in found.values())
+    others = sorted(name for name, (descriptor, _) in found.items()
+                    if not is_selector(descriptor) and not is_no_local(descriptor))
     if others:
         raise SubscriptionRefused(NOT_IMPLEMENTED,
                                   f"filters are not supported on a subscription ({', '.join(others)})")
-    texts = [value for _, value in found.values()]
+    return _selector([value for descriptor, value in found.values() if is_selector(descriptor)]), \
+        no_local
+
+
+def _selector(texts):
     if not texts:
         return None
     if len(texts) > 1 or not isinstance(texts[0], str):
@@ -132,7 +152,8 @@ class Subscriptions:
                 record["exchange"])
             selector = selectors.parse(record["selector"]) if record.get("selector") else None
             self._make(record["name"], exchange, selector, durable=True,
-                       shared=record.get("shared", False), global_=record.get("global", False))
+                       shared=record.get("shared", False), global_=record.get("global", False),
+                       no_local=record.get("no_local"))
         log.info("subscriptions: %d durable ones restored", len(records))
 
     def _save(self) -> None:
@@ -144,12 +165,14 @@ class Subscriptions:
         os.replace(tmp, self.path)
 
     # -- routing -----------------------------------------------------------------------
-    def route(self, exchange_name: str, payload: bytes) -> list:
-        """The subscription queues of ``exchange_name`` that take this message."""
+    def route(self, exchange_name: str, payload: bytes, origin: str | None = None) -> list:
+        """The subscription queues of ``exchange_name`` that take this message; ``origin``: the
+        container id of the connection that published it (no-local)."""
         subs = self.by_exchange.get(exchange_name)
         if not subs:
             return []
-        return [s.queue for s in subs if s.selector is None or s.selector.matches(payload)]
+        return [s.queue for s in subs if (s.no_local is None or s.no_local != origin)
+                and (s.selector is None or s.selector.matches(payload))]
 
     def queues(self, exchange_name: str) -> list:
         return [s.queue for s in self.by_exchange.get(exchange_name, ())]
@@ -166,8 +189,9 @@ class Subscriptions:
         global_ = "global" in capabilities
         durable = (source.durability != Terminus.NONDURABLE
                    or source.expiry_policy == Terminus.EXPIRE_NEVER)
-        selector = _selector(source)
-        container = handler.server_connection.remote_container if handler.server_connection else ""
+        selector, no_local = _filters(source)
+        container = container_of(handler)
+        no_local = container if no_local else None
         if shared:
             name = f"{'global' if global_ else container}:{link.name.split('|')[0]}"
         elif durable:
@@ -177,7 +201,7 @@ class Subscriptions:
         sub = self.by_name.get(name)
         if sub is not None and (sub.exchange != exchange.name
                                 or sub.selector_text != (selector.text if selector else None)
-                                or sub.durable != durable):
+                                or sub.durable != durable or sub.no_local != no_local):
             if sub.consumers:
                 raise SubscriptionRefused(RESOURCE_LOCKED, f"subscription {name!r} is in use with "
                                                            "another topic or selector")
@@ -185,7 +209,7 @@ class Subscriptions:
             sub = None
         if sub is None:
             sub = self._make(name, exchange, selector, durable=durable, shared=shared,
-                             global_=global_)
+                             global_=global_, no_local=no_local)
         elif sub.consumers and not sub.shared:
             raise SubscriptionRefused(RESOURCE_LOCKED, f"subscription {name!r} has a consumer "
                                                        "already")
@@ -193,7 +217,7 @@ class Subscriptions:
 
     def find(self, handler, link) -> Subscription | None:
         """A lookup by link name (a source with no address): a durable or shared one."""
-        container = handler.server_connection.remote_container if handler.server_connection else ""
+        container = container_of(handler)
         name = link.name
         base = name.split("|")[0]
         for candidate in (f"{container}:{name}", f"{container}:{base}", f"global:{base}"):
@@ -212,9 +236,14 @@ class Subscriptions:
             source.expiry_policy = Terminus.EXPIRE_NEVER
         set_capabilities(source, ("topic",) + (("shared",) if sub.shared else ())
                          + (("global",) if sub.global_ else ()))
+        applied = {}
         if sub.selector is not None:
+            applied[symbol("jms-selector")] = _described_selector(sub.selector.text)
+        if sub.no_local is not None:
+            applied[symbol("no-local")] = Described(symbol(NO_LOCAL_FILTER), [])
+        if applied:
             source.filter.clear()
-            source.filter.put_dict({symbol("jms-selector"): _described_selector(sub.selector.text)})
+            source.filter.put_dict(applied)
 
     def consumer_attached(self, sub: Subscription, consumer) -> None:
         sub.consumers.add(consumer)
@@ -227,14 +256,15 @@ class Subscriptions:
             self.remove(sub)
 
     def _make(self, name: str, exchange, selector, *, durable: bool, shared: bool,
-              global_: bool) -> Subscription:
+              global_: bool, no_local: str | None = None) -> Subscription:
         broker = self.broker
         queue_name = f"{exchange.name}::{name}"
         options = broker.queues.defaults(queue_name)
         options["durable"] = durable and broker.journal is not None
         queue = broker.queues.get(queue_name) or broker.queues.declare(queue_name, **options)
         queue.durable = options["durable"]
-        sub = Subscription(name, exchange.name, queue, selector, durable, shared, global_)
+        sub = Subscription(name, exchange.name, queue, selector, durable, shared, global_,
+                           no_local=no_local)
         self.by_name[name] = sub
         self.by_exchange.setdefault(exchange.name, []).append(sub)
         if durable:

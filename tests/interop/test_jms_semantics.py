@@ -170,3 +170,13 @@ def test_shared_consumers_compete_for_one_subscription(target, jms, durable):  #
     consumers = shared.result()["consumers"]
     taken = consumers[0] + consumers[1]
     assert sorted(taken) == sorted(f"t{i}" for i in range(20)), consumers  # each once
+
+
+def test_a_no_local_subscriber_gets_nothing_its_own_connection_publishes(target, jms):  # noqa: F811
+    """JMS ``createConsumer(topic, null, true)`` and ``createDurableSubscriber(topic, name, null,
+    true)`` (the ``apache.org:no-local-filter:list`` filter): what their connection publishes
+    is not theirs; another connection's messages are, and a plain subscriber gets both."""
+    url, prefix = target
+    got = jms("nolocal", url, prefix + "chat", prefix + "me", spec(0, 3), spec(3, 2)).result()
+    assert got == {"nolocal": ["t3", "t4"], "durable": ["t3", "t4"],
+                   "plain": [f"t{i}" for i in range(5)]}, got
