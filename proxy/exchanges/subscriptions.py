@@ -27,7 +27,8 @@ A receiver with no source address whose link name is a durable subscription's (Q
 looks a subscription up that way before ``unsubscribe``) is answered with that
 subscription's source; none: ``amqp:not-found``. A subscription whose selector or
 exchange changed, attached again while nobody consumes it, starts again empty (JMS).
-Subscriptions need ``workers = 1`` for now (``amqp:not-implemented`` otherwise).
+On a node with workers, each subscription lives on one worker and every worker routes to
+all of them (``proxy.exchanges.across_workers``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from proton import Described, Terminus, symbol
 from proxy import selectors
 from proxy.amqp.termini import (NO_LOCAL_FILTER, SELECTOR_FILTER, capability_names, filters,
                                 is_no_local, is_selector, set_capabilities)
+from proxy.exchanges.across_workers import AcrossWorkers, identity
 from proxy.queues import durable as journal_queues
 
 log = logging.getLogger("fedgate.exchanges")
@@ -52,6 +54,7 @@ NOT_FOUND = "amqp:not-found"
 NOT_IMPLEMENTED = "amqp:not-implemented"
 INVALID_FIELD = "amqp:invalid-field"
 RESOURCE_LOCKED = "amqp:resource-locked"
+FORWARDED = object()  # subscribe / find: the link went on to the worker that hosts it
 
 
 class SubscriptionRefused(Exception):
@@ -130,13 +133,14 @@ class Subscriptions:
         self.by_name: dict[str, Subscription] = {}
         self.by_exchange: dict[str, list[Subscription]] = {}
         self.path: Path | None = None  # <data_dir>/subscriptions.json (durable ones)
-        self.allowed = True  # False with workers > 1 (a node's subscriptions on one worker)
+        self.workers: AcrossWorkers | None = None  # a node with workers (across_workers)
         self._temporary = itertools.count(1)
 
     # -- lifecycle ---------------------------------------------------------------------
-    def configure(self, path: Path | None, *, allowed: bool) -> None:
+    def configure(self, path: Path | None, *, worker=None) -> None:
+        """``worker``: this process's ``WorkerContext`` on a node with workers > 1."""
         self.path = path
-        self.allowed = allowed
+        self.workers = AcrossWorkers(self, worker) if worker is not None else None
 
     def load(self) -> None:
         """Durable subscriptions recorded before a restart: made again, collecting at once."""
@@ -153,18 +157,23 @@ class Subscriptions:
             selector = selectors.parse(record["selector"]) if record.get("selector") else None
             self._make(record["name"], exchange, selector, durable=True,
                        shared=record.get("shared", False), global_=record.get("global", False),
-                       no_local=record.get("no_local"))
+                       no_local=record.get("no_local"), restored=True)
         log.info("subscriptions: %d durable ones restored", len(records))
 
     def _save(self) -> None:
         if self.path is None:
             return
         records = [s.record() for s in self.by_name.values() if s.durable]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(records, indent=1))
         os.replace(tmp, self.path)
 
     # -- routing -----------------------------------------------------------------------
+    def route_elsewhere(self, exchange_name: str, payload: bytes, origin: str | None) -> list:
+        """[(upstream, queue address)]: the other workers' subscriptions that take it."""
+        return self.workers.route(exchange_name, payload, origin) if self.workers else []
+
     def route(self, exchange_name: str, payload: bytes, origin: str | None = None) -> list:
         """The subscription queues of ``exchange_name`` that take this message; ``origin``: the
         container id of the connection that published it (no-local)."""
@@ -178,11 +187,9 @@ class Subscriptions:
         return [s.queue for s in self.by_exchange.get(exchange_name, ())]
 
     # -- attach ------------------------------------------------------------------------
-    def subscribe(self, handler, link, exchange) -> Subscription:
-        """The subscription a receiver on ``exchange`` consumes from (made if new)."""
-        if not self.allowed:
-            raise SubscriptionRefused(NOT_IMPLEMENTED, "topic subscriptions need [node] "
-                                                       "workers = 1 for now")
+    def subscribe(self, handler, link, exchange):
+        """The subscription a receiver on ``exchange`` consumes from (made if new), or
+        FORWARDED: another worker hosts it, and the link went on there."""
         source = link.remote_source
         capabilities = capability_names(source)
         shared = "shared" in capabilities
@@ -190,14 +197,21 @@ class Subscriptions:
         durable = (source.durability != Terminus.NONDURABLE
                    or source.expiry_policy == Terminus.EXPIRE_NEVER)
         selector, no_local = _filters(source)
-        container = container_of(handler)
+        container, link_name = identity(handler, link)
         no_local = container if no_local else None
+        workers = self.workers
         if shared:
-            name = f"{'global' if global_ else container}:{link.name.split('|')[0]}"
+            name = f"{'global' if global_ else container}:{link_name.split('|')[0]}"
         elif durable:
-            name = f"{container}:{link.name}"
-        else:
-            name = f"{container}:{link.name}:{next(self._temporary)}"
+            name = f"{container}:{link_name}"
+        else:  # lives where its consumer is
+            here = f"w{workers.index}." if workers is not None else ""
+            name = f"{container}:{link_name}:{here}{next(self._temporary)}"
+        if workers is not None and (shared or durable):
+            host = workers.host(name)
+            if host != workers.index:
+                workers.forward(handler, link, host, exchange.name, (container, link_name))
+                return FORWARDED
         sub = self.by_name.get(name)
         if sub is not None and (sub.exchange != exchange.name
                                 or sub.selector_text != (selector.text if selector else None)
@@ -216,14 +230,19 @@ class Subscriptions:
         return sub
 
     def find(self, handler, link) -> Subscription | None:
-        """A lookup by link name (a source with no address): a durable or shared one."""
-        container = container_of(handler)
-        name = link.name
+        """A lookup by link name (a source with no address): a durable or shared one; FORWARDED:
+        another worker has it, and the link went on there."""
+        container, name = identity(handler, link)
         base = name.split("|")[0]
-        for candidate in (f"{container}:{name}", f"{container}:{base}", f"global:{base}"):
+        candidates = (f"{container}:{name}", f"{container}:{base}", f"global:{base}")
+        for candidate in candidates:
             sub = self.by_name.get(candidate)
             if sub is not None and (sub.durable or sub.shared):
                 return sub
+        elsewhere = self.workers.worker_of(candidates) if self.workers is not None else None
+        if elsewhere is not None:
+            self.workers.forward(handler, link, elsewhere, None, (container, name))
+            return FORWARDED
         return None
 
     def answer_source(self, link, sub: Subscription) -> None:
@@ -256,12 +275,17 @@ class Subscriptions:
             self.remove(sub)
 
     def _make(self, name: str, exchange, selector, *, durable: bool, shared: bool,
-              global_: bool, no_local: str | None = None) -> Subscription:
+              global_: bool, no_local: str | None = None, restored: bool = False) -> Subscription:
         broker = self.broker
         queue_name = f"{exchange.name}::{name}"
         options = broker.queues.defaults(queue_name)
         options["durable"] = durable and broker.journal is not None
-        queue = broker.queues.get(queue_name) or broker.queues.declare(queue_name, **options)
+        queue = broker.queues.get(queue_name)
+        if queue is not None and not restored:  # left by an earlier one: a new one starts empty
+            for message in list(queue.waiting()):
+                journal_queues.dequeued(broker.journal, message)
+            queue.purge()
+        queue = queue or broker.queues.declare(queue_name, **options)
         queue.durable = options["durable"]
         sub = Subscription(name, exchange.name, queue, selector, durable, shared, global_,
                            no_local=no_local)
@@ -269,6 +293,9 @@ class Subscriptions:
         self.by_exchange.setdefault(exchange.name, []).append(sub)
         if durable:
             self._save()
+        if self.workers is not None:
+            self.workers.claim(queue_name)
+            self.workers.announce("+", sub)
         log.info("subscription %s on %s made (%s%s%s)", name, exchange.name,
                  "durable" if durable else "non-durable", ", shared" if shared else "",
                  f", selector {selector.text!r}" if selector else "")
@@ -286,6 +313,8 @@ class Subscriptions:
             queue.purge()
         if sub.durable:
             self._save()
+        if self.workers is not None:
+            self.workers.announce("-", sub)
         log.info("subscription %s on %s removed", sub.name, sub.exchange)
 
     def delete(self, name: str) -> Subscription | None:
