@@ -113,11 +113,14 @@ def test_the_delivery_count_goes_on_on_the_new_primary_and_the_limit_dead_letter
     run(play)
 
 
-def test_a_primary_lost_before_the_dead_letter_copy_is_replicated_keeps_the_original(tmp_path):
+@pytest.mark.parametrize("outcome", ["delivery-limit", "rejected"])
+def test_a_primary_lost_before_the_dead_letter_copy_is_replicated_keeps_the_original(tmp_path,
+                                                                                  outcome):
     """``orders.p`` kept on a and b, ``dead.q`` on a and c; a cannot reach c (the dead-letter
     copy's batch does not get through, c stays in the in-sync set for catchup_timeout). The
-    consumer reaches the limit, then a is lost: b serves ``orders.p`` with the message still
-    there (its removal waited for c), and the consumer gets it again."""
+    consumer reaches the limit (or rejects the message), then a is lost: b serves
+    ``orders.p`` with the message still there (its removal waited for c), and the consumer
+    gets it again."""
     async def play():
         world = World(tmp_path)
         nodes = await cluster(world, "ab", "ac")
@@ -133,7 +136,13 @@ def test_a_primary_lost_before_the_dead_letter_copy_is_replicated_keeps_the_orig
             fail(receiver)
         await one_more(world, receiver, LIMIT)
         world.network.partition("a", "c")  # dead.q's batches from a stop reaching c
-        fail(receiver)  # the limit: into dead.q on a, which c does not acknowledge
+        if outcome == "rejected":
+            _, delivery = receiver.received[-1]
+            delivery.update(Delivery.REJECTED)
+            delivery.settle()
+            receiver.client.flush()
+        else:
+            fail(receiver)  # the limit: into dead.q on a, which c does not acknowledge
         await world.quiet(1.0)
         assert view(nodes["b"], "orders.p")["copy"]["depth"] == 1  # not removed from b yet
         await lose(world, nodes, "a")
