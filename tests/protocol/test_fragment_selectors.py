@@ -137,3 +137,28 @@ def test_a_selective_consumer_gone_with_stolen_messages_gives_them_back(tmp_path
         await world.close()
 
     run(play)
+
+
+def test_a_selector_on_a_node_without_a_fragment_goes_to_a_member_that_steals_for_it(tmp_path):
+    """Node d has no fragment: its consumer is proxied to a member, selector and all (the
+    member applies it, and steals with it from the others)."""
+    rule = {**RULE, "fragments": ["a", "b"]}
+    peers = {**PEERS, "d": "amqp://d:5672"}
+
+    async def play():
+        world = World(tmp_path)
+        nodes = {n: await world.node(n, peers=peers, rules=[rule]) for n in "abd"}
+        on_a, on_b = coloured("a", 9), coloured("b", 9)
+        await fill(world, "a", "fq.e", on_a)
+        await fill(world, "b", "fq.e", on_b)
+        red = {i for i, colour in {**on_a, **on_b}.items() if colour == "red"}
+        client = await world.client("d")
+        reds = client.receiver("fq.e", credit=20, selector="colour = 'red'")
+        await world.until(lambda: set(reds.bodies()) == red, what="every red, through a member")
+        reds.settle(Delivery.ACCEPTED)
+        await world.quiet(2.0)
+        assert sorted(reds.bodies()) == sorted(red)
+        assert depth(nodes["a"], "fq.e") + depth(nodes["b"], "fq.e") == 12
+        await world.close()
+
+    run(play)
