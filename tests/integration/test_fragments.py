@@ -231,3 +231,30 @@ def test_a_selector_on_a_fragmented_queue_takes_what_it_selects_from_every_membe
     assert waiting == {name: 20 for name in nodes}, waiting  # the blues and greens, in place
     rest = accepted_ids(nodes["n1"].url, "work.sel", 60)
     assert sorted(rest) == sorted(set(colours) - set(red))
+
+
+def test_a_selector_on_a_node_with_workers_steals_from_the_other_workers(start_node):
+    """One node with two workers, a fragmented queue of its own (a fragment per worker): a
+    consumer with a selector on one worker gets what it selects from both fragments."""
+    from fragment_cluster import TOKEN
+
+    node = start_node({"node": {"workers": 2}, "admin": {"tokens": [{"token": TOKEN, "role": "admin"}]},
+                       "rules": [{"name": "work", "match": "work.#", "kind": "fragmented",
+                                  "fragments": ["n1"]}]})
+    connections, colours = [], {}
+    for side in ("x", "y"):  # the second connection lands on the other worker
+        conn = BlockingConnection(node.url, timeout=20)
+        conn.create_receiver(None, dynamic=True)  # not placed by its first attach
+        sender = conn.create_sender("work.wsel")
+        for i in range(12):
+            colour = ("red", "blue", "green")[i % 3]
+            sender.send(Message(id=f"{side}-{i}", body="x", properties={"colour": colour}))
+            colours[f"{side}-{i}"] = colour
+        connections.append(conn)
+    depths = sorted(f["depth"] for f in fragments(node))
+    assert depths == [12, 12], depths  # one fragment per worker, each with its producer's
+    red = sorted(mid for mid, colour in colours.items() if colour == "red")
+    assert sorted(select(node.url, "work.wsel", "colour = 'red'", len(red))) == red
+    for conn in connections:
+        conn.close()
+    assert sorted(f["depth"] for f in fragments(node)) == [8, 8]  # the rest in place
