@@ -319,8 +319,10 @@ class FragmentGroup:
     def holds_drain(self, consumer) -> bool:
         """Keep another node's drain open while the siblings may still have messages for it
         (§2.6.7: the drained answer says there is nothing more to send)."""
-        if not self._from_other_node(consumer) or consumer.selector is not None:
+        if not self._from_other_node(consumer):
             return False
+        if consumer.selector is not None:
+            return self.selective.holds_drain(consumer)
         if self.held:  # delivered in order: only a sibling's message at the head is for it
             return self._from_sibling(self.held[0])
         for key in self.siblings:
@@ -341,6 +343,11 @@ class FragmentGroup:
             if consumer is not None:
                 return consumer
         if self.siblings and self._from_sibling(message):
+            if message.origin[0].selector is not None or queue.selective:
+                consumer = self.selective.for_peer(message)
+                if consumer is not None:
+                    self.stats.passed_on += 1
+                    return consumer
             for consumer in self._peer_stealers():
                 if consumer.credit > 0:
                     self.stats.passed_on += 1
@@ -383,7 +390,7 @@ class FragmentGroup:
         peers = self._peer_stealers()
         self.selective.evaluate()
         if not queue.consumers:
-            self.return_held(keep_siblings=bool(peers))
+            self.return_held(keep_siblings=bool(peers) or self.selective.peers_wait())
             if not peers:
                 return
         self.deliver_held()
@@ -445,7 +452,7 @@ class FragmentGroup:
         else:
             self.stats.steal_misses += 1
         self.evaluate()
-        if self.queue is not None and self._peer_stealers():
+        if self.queue is not None and (self._peer_stealers() or self.selective.peers_wait()):
             # a drain held open for another node may be answered now (holds_drain)
             self.node.broker.dirty_queues.add(self.queue)
 

@@ -21,6 +21,11 @@ consumer selects is stolen by nobody: it waits in its fragment.
 * **Stealers** of a selector no local consumer has any more are closed; their in-flight
   messages go home (``Stealer.close``). Third-party fragments (RabbitMQ) are not stolen from
   with a selector: they apply none.
+* **Workers.** Sibling workers are members like any other. Another node's stealer with a
+  selector (a standby consumer of this worker's fragment) is served from the siblings too, as
+  a plain one is (``fragments.group``): stealers with its selector to the siblings are made
+  as soon as it is attached, what it lacks is asked of them only, its drain is held while
+  they may bring something (``holds_drain``), and what they bring goes to it (``for_peer``).
 """
 
 from __future__ import annotations
@@ -81,47 +86,82 @@ class SelectiveSteals:
     def evaluate(self) -> None:
         group = self.group
         queue = group.queue
-        wants: dict[str, list] = {}  # selector text -> [selector, credit lacking]
-        texts = set()
-        for consumer in queue.consumers:
-            selector = getattr(consumer, "selector", None)
-            if selector is None:
-                continue
-            texts.add(selector.text)
+        # selector text -> [selector, credit local consumers lack, credit other nodes' lack]
+        wants: dict[str, list] = {}
+        for consumer, peer in self._selective(queue):
+            selector = consumer.selector
+            entry = wants.setdefault(selector.text, [selector, 0, 0])
+            if peer:  # its stealers to the siblings made now: its next drain waits for them
+                self._ensure(selector.text, selector, siblings_only=True)
             if consumer.credit > 0 and not consumer.matched:  # nothing here it selects
-                wants.setdefault(selector.text, [selector, 0])[1] += consumer.credit
-        self._give_back_unwanted(queue)
-        for key in [key for key in self.stealers if key[1] not in texts]:
+                entry[2 if peer else 1] += consumer.credit
+        self._give_back_unwanted(queue, wants)
+        for key in [key for key in self.stealers if key[1] not in wants]:
             self.stealers.pop(key).close()
             self.tried.pop(key[1], None)
-        if not wants:
-            return
         waiting = {selector_of(m) for m in group.held}
-        for text, (selector, want) in wants.items():
-            if text in waiting:  # what we stole for it has no credit yet: no more
+        for text, (selector, local, peers) in wants.items():
+            if text in waiting or not local + peers:  # what we stole has no credit yet
                 continue
             stealers = self._ensure(text, selector)
-            want -= sum(s.outstanding for s in stealers)
-            if want <= 0:
-                continue
+            if not local:  # for other nodes' stealers: from the sibling workers only
+                stealers = [s for s in stealers if s.member_key in group.siblings]
+            outstanding = sum(s.outstanding for s in stealers)
             tried = self.tried.setdefault(text, set())
             candidates = [s for s in stealers
                           if s.ready and not s.requested and s.member_key not in tried]
+            if local + peers - outstanding <= 0:
+                continue
             if not candidates:
                 group._schedule_retry()
                 continue
             victim = max(candidates, key=lambda s: s.available or 0)
             tried.add(victim.member_key)
-            victim.request(want)
+            victim.request((local + peers if victim.member_key in group.siblings else local)
+                           - outstanding)
 
-    def _give_back_unwanted(self, queue) -> None:
-        """Held messages of a selector no local consumer has any more, and that no other
-        consumer may take: released at home (delivery-count unchanged)."""
+    def _selective(self, queue):
+        """(consumer, from another node) for each consumer with a selector this group serves:
+        local ones, and with workers other nodes' stealers (served from the siblings too)."""
+        for consumer in queue.consumers:
+            if getattr(consumer, "selector", None) is not None:
+                yield consumer, False
+        if self.group.siblings:
+            for consumer in queue.standby_consumers:
+                if consumer.selector is not None and not consumer.handler.trusted:
+                    yield consumer, True
+
+    def peers_wait(self) -> bool:
+        """Whether another node's selective stealer is attached here (with workers)."""
+        return any(peer for _, peer in self._selective(self.group.queue))
+
+    def for_peer(self, message):
+        """Another node's selective stealer with credit that selects ``message`` (from a
+        sibling); None."""
+        for consumer, peer in self._selective(self.group.queue):
+            if peer and consumer.credit > 0 and consumer.selector.matches(message.payload):
+                return consumer
+        return None
+
+    def holds_drain(self, consumer) -> bool:
+        """Another node's selective stealer: its drain waits while the siblings may have
+        messages it selects (asked, or not yet asked)."""
+        text = consumer.selector.text
+        if any(selector_of(m) == text for m in self.group.held):
+            return True
+        tried = self.tried.get(text, set())
+        for key in self.group.siblings:
+            stealer = self.stealers.get((key, text))
+            if stealer is not None and stealer.ready and (stealer.requested or key not in tried):
+                return True
+        return False
+
+    def _give_back_unwanted(self, queue, texts) -> None:
+        """Held messages of a selector no consumer here has any more (``texts``), and that no
+        other consumer may take: released at home (delivery-count unchanged)."""
         group = self.group
         if not group.held:
             return
-        texts = {c.selector.text for c in queue.consumers
-                 if getattr(c, "selector", None) is not None}
         kept = deque()
         for message in group.held:
             text = selector_of(message)
@@ -133,11 +173,11 @@ class SelectiveSteals:
                 kept.append(message)
         group.held = kept
 
-    def _ensure(self, text: str, selector) -> list[Stealer]:
+    def _ensure(self, text: str, selector, siblings_only: bool = False) -> list[Stealer]:
         group = self.group
         found = []
         for key in group.members:
-            if key == group.local_key:
+            if key == group.local_key or (siblings_only and key not in group.siblings):
                 continue
             stealer = self.stealers.get((key, text))
             if stealer is None:

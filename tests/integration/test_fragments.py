@@ -258,3 +258,34 @@ def test_a_selector_on_a_node_with_workers_steals_from_the_other_workers(start_n
     for conn in connections:
         conn.close()
     assert sorted(f["depth"] for f in fragments(node)) == [8, 8]  # the rest in place
+
+
+def test_a_selector_on_another_node_reaches_every_worker_of_a_member(start_node):
+    """n1 runs two workers (a fragment each), n2 one process: a consumer with a selector on n2
+    steals with it from n1, whose worker it lands on steals from its sibling for it."""
+    from conftest import free_port
+    from fragment_cluster import TOKEN
+
+    ports = {name: free_port() for name in ("n1", "n2")}
+    rule = {"name": "work", "match": "work.#", "kind": "fragmented", "fragments": ["n1", "n2"]}
+    nodes = {name: start_node({
+        "node": {"listen": f"127.0.0.1:{ports[name]}", "workers": 2 if name == "n1" else 1},
+        "admin": {"tokens": [{"token": TOKEN, "role": "admin"}]},
+        "peers": {peer: f"amqp://127.0.0.1:{port}" for peer, port in ports.items() if peer != name},
+        "rules": [rule]}, name=name) for name in ports}
+    connections, colours = [], {}
+    for side in ("x", "y"):  # on n1's two workers
+        conn = BlockingConnection(nodes["n1"].url, timeout=20)
+        conn.create_receiver(None, dynamic=True)  # not placed by its first attach
+        sender = conn.create_sender("work.xsel")
+        for i in range(12):
+            colour = ("red", "blue", "green")[i % 3]
+            sender.send(Message(id=f"{side}-{i}", body="x", properties={"colour": colour}))
+            colours[f"{side}-{i}"] = colour
+        connections.append(conn)
+    assert sorted(f["depth"] for f in fragments(nodes["n1"])) == [12, 12]
+    red = sorted(mid for mid, colour in colours.items() if colour == "red")
+    assert sorted(select(nodes["n2"].url, "work.xsel", "colour = 'red'", len(red))) == red
+    for conn in connections:
+        conn.close()
+    assert sorted(f["depth"] for f in fragments(nodes["n1"])) == [8, 8]  # the rest in place
