@@ -113,6 +113,8 @@ def _connection_item(protocol, handler, identity, links) -> dict[str, Any]:
         "user": getattr(identity, "user", None),
         "mechanism": getattr(identity, "mechanism", None),
         "amqp_open": handler.server_connection is not None,
+        "container_id": (handler.server_connection.remote_container or None)
+        if handler.server_connection is not None else None,
         "links": len(links),
         # links proton still keeps on the connection (open or closing): a count that
         # only grows would be a leak

@@ -44,7 +44,8 @@ BASE = "http://worker"  # the host part of a URL sent over a Unix socket
 
 # views answered for the whole node, and the values that are worker 0's alone
 AGGREGATED = ("/api/v1/node", "/api/v1/connections", "/api/v1/links", "/api/v1/queues",
-              "/api/v1/fragments", "/api/v1/upstreams", "/api/v1/exchanges")
+              "/api/v1/fragments", "/api/v1/upstreams", "/api/v1/exchanges",
+              "/api/v1/subscriptions")
 FIRST_ONLY = {"rules_version", "routing_table_version", "uptime_s", "id", "url", "admin_url"}
 
 
@@ -253,15 +254,17 @@ async def aggregate_middleware(request: web.Request, handler):
             raise ApiError(502, "worker_unreachable", f"worker {owner} of this node, which keeps "
                            "the queue, did not answer", field="address")
         return web.Response(body=answer[1], status=answer[0], content_type="application/json")
-    if request.method == "DELETE" and path.startswith("/api/v1/connections/"):
+    if request.method == "DELETE" and path.startswith(("/api/v1/connections/",
+                                                       "/api/v1/subscriptions/")):
         try:
             return await handler(request)
         except ApiError as exc:
             if exc.status != 404:
                 raise
             for answer in (await peers.ask_all("DELETE", request.path_qs)).values():
-                if answer is not None and answer[0] == 200:
-                    return web.Response(body=answer[1], status=200, content_type="application/json")
+                if answer is not None and answer[0] != 404:  # the worker that has it
+                    return web.Response(body=answer[1], status=answer[0],
+                                        content_type="application/json")
             raise
     return await handler(request)
 

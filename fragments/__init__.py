@@ -1,7 +1,8 @@
 """Fragmented shared queues: one logical queue split across nodes, with stealing.
 
 Modules: ``capability`` (marking node-to-node fragment links), ``steal`` (one
-peer fragment to steal from), ``group`` (one logical queue on this node),
+peer fragment to steal from), ``selective`` (stealing for consumers with JMS
+selectors), ``group`` (one logical queue on this node),
 ``service`` (the plug-in that serves the ``fragmented`` kind).
 """
 

@@ -60,6 +60,7 @@ from routing.replication import replicas_of
 
 from .capability import FRAGMENT, is_marked
 from .replicas import FragmentReplicas
+from .selective import SelectiveSteals, taker
 from .steal import Stealer
 
 MOVED_RETRY = 0.5  # seconds before a forwarded link whose fragment moved looks for it again
@@ -92,6 +93,7 @@ class FragmentGroup:
         self.replicas: FragmentReplicas | None = None  # rule replicas > 1
         self.tried: set[str] = set()
         self.held: deque = deque()  # stolen messages waiting for local credit, oldest first
+        self.selective = SelectiveSteals(self)  # for local consumers with selectors
         # producers forwarded while this node's own fragment was served elsewhere: home again
         # when it is handed back (serve_own; docs/nemesis.md, finding 22)
         self.away_producers: set = set()
@@ -139,6 +141,7 @@ class FragmentGroup:
         for key in list(self.stealers):
             if key not in self.members:
                 self.stealers.pop(key).close()
+        self.selective.update(self.members)
 
     @property
     def draining_here(self) -> bool:
@@ -305,6 +308,8 @@ class FragmentGroup:
                         backlog = depth + sum(self.stealers[key].available or 0
                                               for key in self.siblings if key in self.stealers)
                     pn_link_offered(consumer.link_ptr, backlog)
+                elif consumer.selector is not None:  # what it selects (fragments.selective)
+                    pn_link_offered(consumer.link_ptr, len(consumer.matched))
                 else:
                     pn_link_offered(consumer.link_ptr, depth)
         self.evaluate()
@@ -318,7 +323,8 @@ class FragmentGroup:
         queue = self.queue
         if not self.siblings or queue is None or not queue.standby_consumers:
             return []
-        return [c for c in queue.standby_consumers if not c.handler.trusted]
+        # (with a selector: served from this worker's fragment only)
+        return [c for c in queue.standby_consumers if not c.handler.trusted and c.selector is None]
 
     def _from_sibling(self, message) -> bool:
         return message.origin is not None and message.origin[0].member_key in self.siblings
@@ -328,6 +334,8 @@ class FragmentGroup:
         (§2.6.7: the drained answer says there is nothing more to send)."""
         if not self._from_other_node(consumer):
             return False
+        if consumer.selector is not None:
+            return self.selective.holds_drain(consumer)
         if self.held:  # delivered in order: only a sibling's message at the head is for it
             return self._from_sibling(self.held[0])
         for key in self.siblings:
@@ -343,11 +351,16 @@ class FragmentGroup:
         queue = self.queue
         if queue is None:
             return None
-        if queue.consumers:
-            consumer = queue._pick(_ANY)
+        if queue.consumers:  # with selectors: one that may have it (fragments.selective)
+            consumer = taker(queue, message) if queue.selective else queue._pick(_ANY)
             if consumer is not None:
                 return consumer
         if self.siblings and self._from_sibling(message):
+            if message.origin[0].selector is not None or queue.selective:
+                consumer = self.selective.for_peer(message)
+                if consumer is not None:
+                    self.stats.passed_on += 1
+                    return consumer
             for consumer in self._peer_stealers():
                 if consumer.credit > 0:
                     self.stats.passed_on += 1
@@ -361,6 +374,8 @@ class FragmentGroup:
             if consumer is None:
                 return
             consumer.deliver(held.popleft())
+        if held and self.queue.selective:  # later ones may be for other consumers
+            self.selective.deliver_held()
 
     def drop_held(self, stealer) -> None:
         """The link to a stealer's home is gone: home takes its messages back itself."""
@@ -386,20 +401,22 @@ class FragmentGroup:
         if queue is None:
             return
         peers = self._peer_stealers()
+        self.selective.evaluate()
         if not queue.consumers:
-            self.return_held(keep_siblings=bool(peers))
+            self.return_held(keep_siblings=bool(peers) or self.selective.peers_wait())
             if not peers:
                 return
         self.deliver_held()
-        if self.held:  # still no credit for what we already have: steal nothing more
-            return
+        if self.held and (not queue.selective or self.selective.plain_held()):
+            return  # still no credit for what we already have: steal nothing more
         if queue.messages:  # local backlog: serve it, no stealing (no flip-flop)
             # a peer that had nothing stays skipped until the retry timer: clearing it
             # here sent a drain that came back empty each time the local backlog ran out,
             # which with a producer and a consumer on each side is after nearly every
             # message (measured: 2 workers, 2 pairs, 0.69x one worker)
             return
-        credit = queue.local_credit()
+        credit = queue.local_credit() if not queue.selective else \
+            sum(c.credit for c in queue.consumers if c.selector is None)  # the plain ones'
         self._ensure_stealers()
         for stealer in self.stealers.values():
             if not stealer.drains:
@@ -441,11 +458,14 @@ class FragmentGroup:
     def steal_finished(self, stealer: Stealer, received: int) -> None:
         if received:
             self._retry_delay = RETRY_FIRST
-            self.tried.clear()
+            if stealer.selector is None:
+                self.tried.clear()
+            else:
+                self.selective.finished(stealer, received)
         else:
             self.stats.steal_misses += 1
         self.evaluate()
-        if self.queue is not None and self._peer_stealers():
+        if self.queue is not None and (self._peer_stealers() or self.selective.peers_wait()):
             # a drain held open for another node may be answered now (holds_drain)
             self.node.broker.dirty_queues.add(self.queue)
 
@@ -459,6 +479,7 @@ class FragmentGroup:
     def _on_retry(self) -> None:
         self._retry = None
         self.tried.clear()
+        self.selective.tried.clear()
         self._forget_refused()
         self.evaluate()
         self.node.broker.run_pending()
@@ -471,6 +492,7 @@ class FragmentGroup:
         for key, stealer in list(self.stealers.items()):
             if stealer.refused:
                 self.stealers.pop(key).close()
+        self.selective.forget(refused=True)
 
     def close(self) -> None:
         if self._retry is not None:
@@ -479,6 +501,7 @@ class FragmentGroup:
         for stealer in self.stealers.values():
             stealer.close()
         self.stealers.clear()
+        self.selective.forget()
 
     # -- fragments kept on backups (fragments.replicas) -----------------------------------
     def serve_own(self, queue) -> None:
@@ -526,6 +549,7 @@ class FragmentGroup:
         stealer = self.stealers.pop(key, None)
         if stealer is not None:
             stealer.close()
+        self.selective.forget(key)
         self.tried.discard(key)
         self.evaluate()
         self.node.broker.run_pending()
@@ -554,7 +578,7 @@ class FragmentGroup:
             "steal_attempts": self.stats.steal_attempts,
             "steal_misses": self.stats.steal_misses,
             "forwarded_producers": self.stats.forwarded,
-            "peers": [s.describe() for s in self.stealers.values()],
+            "peers": [s.describe() for s in self.stealers.values()] + self.selective.describe(),
             # replicas > 1: where each member's fragment is served now (home, or a backup)
             "served": self.replicas.describe() if self.replicas is not None else None,
         }

@@ -24,6 +24,8 @@ log = logging.getLogger("fedgate.fragments")
 
 
 class FragmentService:
+    selective = True  # consumers may have selectors: served locally, stolen with them
+
     def __init__(self, node) -> None:
         self.node = node
         self.groups: dict[str, FragmentGroup] = {}

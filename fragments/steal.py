@@ -37,6 +37,7 @@ import logging
 from cproton import (
     PN_ACCEPTED,
     PN_MODIFIED,
+    PN_RELEASED,
     pn_delivery_settle,
     pn_delivery_update,
     pn_link_available,
@@ -44,9 +45,10 @@ from cproton import (
     pn_link_flow,
     pn_link_set_drain,
 )
-from proton import Delivery, Link
+from proton import Delivery, Described, Link, symbol
 
 from proxy.amqp.engine import read_transfer
+from proxy.amqp.termini import SELECTOR_FILTER
 from proxy.amqp.outcomes import copy_outcome
 from proxy.queues.local import StoredMessage
 from proxy.upstream.owner import UplinkState, UpstreamLinkOwner
@@ -56,12 +58,16 @@ from .capability import mark
 log = logging.getLogger("fedgate.fragments")
 
 _names = itertools.count(1)
+SELECTOR_KEY = "jms-selector"  # the filter's name, as Qpid JMS names it
 
 
 class Stealer(UpstreamLinkOwner):
     def __init__(self, group, member_key: str, upstream, remote_address: str, *,
-                 mark: bool = True) -> None:
+                 mark: bool = True, selector=None) -> None:
         self.group = group
+        # a JMS selector (proxy.selectors) the peer applies: this stealer takes only what it
+        # selects, for local consumers with that selector (fragments.selective)
+        self.selector = selector
         # fedgate peers: marked links and drain requests; third-party brokers: neither
         self.mark = mark
         self.drains = mark
@@ -83,6 +89,9 @@ class Stealer(UpstreamLinkOwner):
         link.source.address = self.remote_address
         if self.mark:
             mark(link.source)
+        if self.selector is not None:
+            link.source.filter.put_dict({symbol(SELECTOR_KEY): Described(
+                symbol(SELECTOR_FILTER), self.selector.text)})
         link.target.address = None
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
@@ -187,6 +196,16 @@ class Stealer(UpstreamLinkOwner):
             copy_outcome(client_delivery, home_delivery)  # released, modified, rejected
         else:
             pn_delivery_update(home_delivery, PN_ACCEPTED)
+        pn_delivery_settle(home_delivery)
+        self.member.mark_dirty()
+
+    def give_back(self, home_delivery) -> None:
+        """A stolen message no local consumer took (nobody here selects it now): released
+        at home, its delivery-count unchanged (§3.4.4: it was not processed)."""
+        if home_delivery not in self.inflight:
+            return
+        self.inflight.discard(home_delivery)
+        pn_delivery_update(home_delivery, PN_RELEASED)
         pn_delivery_settle(home_delivery)
         self.member.mark_dirty()
 

@@ -250,11 +250,14 @@ class Node:
         self.routing.subscribe(
             lambda old, new, version: apply_rules_change(self.broker, old, new))
         self.exchanges = self.broker.exchanges
+        self.exchanges.kind_of = lambda address: self.routing.resolve(address).kind
         # topic subscriptions (proxy.exchanges.subscriptions): durable ones kept in the data
-        # dir; one process only for now (a node's subscriptions live on one worker)
-        single = worker is None or worker.count == 1
-        self.exchanges.topic_subscriptions.configure(self.data_dir / "subscriptions.json",
-                                                     allowed=single)
+        # dir; with workers, each on one worker, known to all (proxy.exchanges.across_workers)
+        if worker is None or worker.count == 1:
+            self.exchanges.topic_subscriptions.configure(self.data_dir / "subscriptions.json")
+        else:
+            self.exchanges.topic_subscriptions.configure(
+                self.data_dir / "workers" / str(worker.index) / "subscriptions.json", worker=worker)
         users = None
         if config.sasl.users_file:
             users = UsersFile.load(config.resolve_path(config.sasl.users_file), missing_ok=True)
@@ -276,10 +279,9 @@ class Node:
             max_sessions=limits.max_sessions_per_connection,
             properties=failover_properties(config),
             # DELAYED_DELIVERY: messages held until x-opt-delivery-time (docs/queue-semantics.md);
-            # SHARED-SUBS: JMS 2.0 shared subscriptions (one process: docs/exchanges.md). Qpid
-            # JMS refuses a delivery delay or a shared consumer to a peer that does not offer them
-            offered_capabilities=(anonymous_relay.CAPABILITY, "DELAYED_DELIVERY")
-            + (("SHARED-SUBS",) if worker is None or worker.count == 1 else ()),
+            # SHARED-SUBS: JMS 2.0 shared subscriptions (docs/exchanges.md). Qpid JMS refuses a
+            # delivery delay or a shared consumer to a peer that does not offer them
+            offered_capabilities=(anonymous_relay.CAPABILITY, "DELAYED_DELIVERY", "SHARED-SUBS"),
         )
         # links forwarded by the node's other workers (proxy.workers): trusted, no SASL, no limits
         self.internal_settings = ConnectionSettings(

@@ -60,6 +60,16 @@ def filters(terminus) -> dict:
     return out
 
 
+NO_LOCAL_FILTER = "apache.org:no-local-filter:list"
+NO_LOCAL_CODE = 0x0000468C00000003
+
+
+def is_no_local(descriptor) -> bool:
+    """Whether a filter's descriptor is JMS no-local (a subscriber's own connection's messages
+    are not for it; Qpid JMS sends it with an empty list)."""
+    return descriptor == NO_LOCAL_CODE or str(descriptor) == NO_LOCAL_FILTER
+
+
 def is_selector(descriptor) -> bool:
     """Whether a filter's descriptor names a JMS selector (by symbol or by code)."""
     return descriptor == SELECTOR_CODE or str(descriptor) == SELECTOR_FILTER

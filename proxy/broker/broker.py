@@ -20,6 +20,7 @@ hung on proton objects.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -158,58 +159,63 @@ class Broker:
 
     def _dropped(self, queue: LocalQueue, dropped: list) -> None:
         """Overflow drop-head (as RabbitMQ's): the oldest are dead-lettered if the queue says so."""
-        for message in dropped:
-            queue.forget(message)
-            if queue.dead_letter:
-                queue.stats.dead_lettered += 1
-                if not self.dead_letter(queue, message, "overflow"):
-                    continue  # its dequeue is journaled once the dead-letter queue has it
-            journal_queues.dequeued(self.journal, message)
+        self._taken_out(queue, dropped, "overflow")
         if dropped:
             log.debug("queue %s: %d messages dropped from the head (max_bytes)", queue.name, len(dropped))
 
-    def dead_letter(self, queue: LocalQueue, message: StoredMessage, reason: str) -> bool:
-        """A copy of ``message`` into ``queue``'s dead-letter queue. True: done, the caller
-        journals the original's dequeue now; False: the dead-letter queue belongs to another
-        worker of this node (``proxy.workers``) and the copy is on its way there, the
-        original's dequeue is journaled once that worker has accepted it (a crash in between
-        leaves the message in both queues, never in neither). The copy carries annotations
-        naming the queue, the ``reason`` and the time (docs/queue-semantics.md)."""
-        if queue.dead_letter:
-            message = StoredMessage(message_header.modify(message.payload, increment_count=False,
-                                                          annotations={
-                "x-opt-dead-letter-address": queue.name,
-                "x-opt-dead-letter-reason": reason,
-                "x-opt-dead-letter-time": timestamp(int(time.time() * 1000))}),
-                                    journal_id=message.journal_id)
-            decision = self.resolve(queue.dead_letter)
-            if decision.kind == "proxy" and (decision.primary or "").startswith("worker-"):
-                self._dead_letter_elsewhere(queue, message, decision)
-                return False
-        target = self.queues.lookup_or_create(queue.dead_letter) if queue.dead_letter else None
+    def dead_letter(self, queue: LocalQueue, message: StoredMessage, reason: str,
+                    then: Callable[[], None]) -> None:
+        """A copy of ``message`` into ``queue``'s dead-letter queue, then ``then()`` (the
+        original let go: ``let_go``) once the copy is safe: at once for a dead-letter queue of
+        this node (stored, journaled first); once its in-sync copies hold it for a replicated
+        one this node serves (its commit barrier: proxy.replication); once the owner accepted
+        it when another worker of this node owns it (``proxy.workers``). A crash or a failover
+        in between leaves the message in both queues, never in neither. The copy carries
+        annotations naming the queue, the ``reason`` and the time (docs/queue-semantics.md)."""
+        payload = message_header.modify(message.payload, increment_count=False, annotations={
+            "x-opt-dead-letter-address": queue.name,
+            "x-opt-dead-letter-reason": reason,
+            "x-opt-dead-letter-time": timestamp(int(time.time() * 1000))})
+        decision = self.resolve(queue.dead_letter)
+        if decision.kind == "proxy" and (decision.primary or "").startswith("worker-"):
+            self._dead_letter_elsewhere(queue, payload, decision, then)
+            return
+        target = self.queues.lookup_or_create(queue.dead_letter)
         if target is None:
             log.warning("queue %s: dead-letter queue %s unavailable; message dropped",
                         queue.name, queue.dead_letter)
-            return True
-        copy = StoredMessage(message.payload)
+            then()
+            return
+        copy = StoredMessage(payload)
         journal_queues.dead_lettered(self.journal, target, copy)
         # a dead-lettered copy does not expire (an expired one would again, for ever)
         self.enqueue(target, copy, expiry=False)
-        return True
+        barrier = target.commit_barrier  # a replicated queue served here: its copies first
+        if barrier is None:
+            then()
+        else:
+            barrier(then)
 
-    def _dead_letter_elsewhere(self, queue: LocalQueue, message: StoredMessage, decision) -> None:
+    def let_go(self, queue: LocalQueue, message: StoredMessage) -> None:
+        """A message leaves ``queue`` for good outside an outcome (dead-lettered once its copy
+        is safe, or dropped): its removal told to the backups (a replicated queue) and
+        journaled."""
+        queue.forget(message)
+        journal_queues.dequeued(self.journal, message)
+
+    def _dead_letter_elsewhere(self, queue: LocalQueue, payload: bytes, decision, then) -> None:
         """Through an internal sender to the worker that owns the dead-letter queue."""
         def done(state, condition=None) -> None:
             if state != PN_ACCEPTED:
                 log.warning("queue %s: dead-letter queue %s (%s) did not take a message (%s %s); "
                             "dropped", queue.name, queue.dead_letter, decision.primary, state,
                             getattr(condition, "name", ""))
-            journal_queues.dequeued(self.journal, message)
+            then()
 
         upstream = self.upstreams.for_decision(decision)
         # marked: the owner stores it as a dead-lettered copy, which does not expire again
         self.exchanges.destinations.get(upstream, decision.remote_address,
-                                        (DEAD_LETTER_COPY,)).send(message.payload, done)
+                                        (DEAD_LETTER_COPY,)).send(payload, done)
 
     def _expired(self, queue: LocalQueue) -> None:
         """Messages past their ttl (§3.2.1): dead-lettered if the queue says so, else dropped."""
@@ -228,12 +234,12 @@ class Broker:
     def _taken_out(self, queue: LocalQueue, messages: list, reason: str) -> None:
         """Messages the queue let go of by itself: to its dead-letter queue, or dropped."""
         for message in messages:
-            queue.forget(message)
             if queue.dead_letter:
                 queue.stats.dead_lettered += 1
-                if not self.dead_letter(queue, message, reason):
-                    continue  # journaled once the dead-letter queue has it
-            journal_queues.dequeued(self.journal, message)  # after the dead-letter copy
+                self.dead_letter(queue, message, reason, functools.partial(self.let_go, queue,
+                                                                           message))
+            else:
+                self.let_go(queue, message)
 
     def _arm(self, queue: LocalQueue) -> None:
         """The queue's one timer, for its earliest scheduled message (proxy.queues.schedule)."""

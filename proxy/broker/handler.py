@@ -46,7 +46,7 @@ from proxy.amqp.termini import capability_names, filter_names, filters, is_selec
 from proxy.broker import relay as anonymous_relay
 from proxy.broker.filters import LinkRefused, selector_of
 from proxy.broker.link_table import LinkTable
-from proxy.exchanges.subscriptions import SubscriptionRefused
+from proxy.exchanges.subscriptions import FORWARDED, SubscriptionRefused
 from proxy.links.proxy_links import ProxyConsumer
 from proxy.links.proxy_producer import ProxyProducer
 from proxy.links.shared_consumers import attach_shared_consumer
@@ -279,10 +279,7 @@ class ClientHandler:
         if not remote.address:  # a subscription looked up by link name (JMS unsubscribe)
             self._attach_subscriber(link, None)
             return
-        exchange = exchanges.get(remote.address)
-        if exchange is None and "topic" in capability_names(remote) \
-                and self.broker.resolve(remote.address).kind == "local":
-            exchange = exchanges.declare_topic(remote.address)  # a JMS topic
+        exchange = exchanges.topic_for(remote)  # an exchange, or a JMS topic
         if exchange is not None:  # a topic subscription (proxy.exchanges.subscriptions)
             self.check_access(remote.address, "receive")
             self._attach_subscriber(link, exchange)
@@ -331,10 +328,7 @@ class ClientHandler:
             self._open_client_link(link, False)
             anonymous_relay.attach(self, link, exchanges)
             return
-        exchange = exchanges.get(remote.address)
-        if exchange is None and "topic" in capability_names(remote) \
-                and self.broker.resolve(remote.address).kind == "local":
-            exchange = exchanges.declare_topic(remote.address)  # a JMS topic's publisher
+        exchange = exchanges.topic_for(remote)  # an exchange, or a JMS topic's publisher
         if exchange is not None:  # an exchange's name wins over [[rules]] (proxy.exchanges)
             self.check_access(remote.address, "send")
             self._open_client_link(link, False)
@@ -358,7 +352,7 @@ class ClientHandler:
             sub = subscriptions.find(self, link)
             if sub is None:
                 raise LinkRefused(NOT_FOUND, f"no subscription {link.name!r}")
-            if sub.consumers and not sub.shared:  # JMS: no unsubscribe while it is consumed
+            if sub is not FORWARDED and sub.consumers and not sub.shared:  # JMS: no unsubscribe while it is consumed
                 raise LinkRefused("amqp:resource-locked", f"subscription {sub.name!r} has a "
                                                           "consumer")
         else:
@@ -366,7 +360,8 @@ class ClientHandler:
                 sub = subscriptions.subscribe(self, link, exchange)
             except SubscriptionRefused as exc:
                 raise LinkRefused(exc.condition, exc.description) from None
-        self.attach_queue_consumer(link, sub.queue, subscription=(subscriptions, sub))
+        if sub is not FORWARDED:  # else another worker hosts it: the link went on there
+            self.attach_queue_consumer(link, sub.queue, subscription=(subscriptions, sub))
 
     # -- endpoint builders (also used by packages serving other kinds) -----------
     def attach_queue_consumer(self, link: Link, queue: LocalQueue, *, owns_queue: bool = False,

@@ -56,6 +56,7 @@ from proxy.exchanges.exchange import (
     Fanin,
     at_depth_limit,
 )
+from proxy.exchanges.subscriptions import container_of
 
 log = logging.getLogger("fedgate.relay")
 
@@ -102,7 +103,8 @@ class AnonymousProducer(ExchangeProducer):
         stats.routed += 1
         exchange = exchanges.get(to)
         if exchange is not None:
-            exchanges.publish(exchange, payload, fanin, release_when_full=True)
+            exchanges.publish(exchange, payload, fanin, release_when_full=True,
+                              origin=container_of(handler))
             return
         kind, target = exchanges.destination(to, "addresses are not served by the anonymous relay")
         if kind == "refused":
@@ -137,7 +139,8 @@ class AnonymousProducer(ExchangeProducer):
             return (), (UNAUTHORIZED, f"user {user!r} may not send ({to!r})")
         exchange = self.exchanges.get(to)
         if exchange is not None:
-            return self.exchanges.transaction_queues(exchange, payload)
+            return self.exchanges.transaction_queues(exchange, payload,
+                                                     origin=container_of(handler))
         kind, target = self.exchanges.destination(to, "addresses are not served by the anonymous relay")
         if kind == "refused":
             return (), (target.name, target.description)

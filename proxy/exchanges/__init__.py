@@ -1,6 +1,8 @@
 """Local exchanges: bindings, routing a message to queues and remote destinations.
 
 Owns: ``exchange`` (exchanges and their fan-out), ``remote_bindings``
-(subscriptions on a primary's exchange). May import: ``proxy.links``,
-``proxy.upstream``, ``proxy.queues``, ``proxy.amqp``, ``routing``.
+(subscriptions on a primary's exchange), ``subscriptions`` (topic subscriptions of
+this node's exchanges), ``across_workers`` (those subscriptions on a node with
+workers). May import: ``proxy.links``, ``proxy.upstream``, ``proxy.queues``,
+``proxy.amqp``, ``proxy.selectors``, ``routing``.
 """

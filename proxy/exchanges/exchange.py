@@ -76,8 +76,9 @@ from proxy.amqp import engine
 from proxy.amqp.engine import beyond_credit, read_transfer
 from proxy.amqp.message_subject import read_subject
 from proxy.amqp.outcomes import TRANSACTIONAL_STATE
+from proxy.amqp.termini import capability_names
 from proxy.exchanges.remote_bindings import RemoteSubscription
-from proxy.exchanges.subscriptions import Subscriptions
+from proxy.exchanges.subscriptions import Subscriptions, container_of
 from proxy.links.remote_destinations import RemoteDestinations
 from proxy.queues.durable_hold import DurableHold
 from proxy.upstream.target import UpstreamTarget
@@ -231,10 +232,11 @@ class ExchangeProducer(engine.ClientLinkEndpoint):
             self.top_up()
 
     def route(self, payload: bytes, fanin: Fanin) -> None:
-        self.exchanges.publish(self.exchange, payload, fanin)
+        self.exchanges.publish(self.exchange, payload, fanin, origin=container_of(self.handler))
 
     def transaction_queues(self, payload: bytes) -> tuple[tuple, tuple | None]:
-        return self.exchanges.transaction_queues(self.exchange, payload)
+        return self.exchanges.transaction_queues(self.exchange, payload,
+                                                 origin=container_of(self.handler))
 
     def settle(self, fanin: Fanin) -> None:
         """Every destination answered: the client gets the combined outcome."""
@@ -287,6 +289,9 @@ class Exchanges:
         self.subscriptions: list[RemoteSubscription] = []  # remote sources ([[bindings]] source)
         # receivers attached to an exchange (topic subscriptions, docs/exchanges.md)
         self.topic_subscriptions = Subscriptions(broker, self)
+        # an address's kind by the routing rules alone (with workers: before ownership makes a
+        # local address another worker owns a proxy decision; set by the node)
+        self.kind_of = lambda address: broker.resolve(address).kind
         self._sources = []
         for decl in config.exchanges if config is not None else ():
             exchange = Exchange(decl.name, decl.type, fanout=decl.upstream_fanout)
@@ -334,6 +339,16 @@ class Exchanges:
     def get(self, address: str | None) -> Exchange | None:
         return self.exchanges.get(address) if address else None
 
+    def topic_for(self, terminus) -> Exchange | None:
+        """The exchange a link's terminus names: one of that name, or a JMS topic (the ``topic``
+        capability on a local address: made now); None: not an exchange. With workers, a local
+        address another worker owns is local too (``kind_of``: routing before ownership)."""
+        exchange = self.get(terminus.address)
+        if exchange is None and "topic" in capability_names(terminus) \
+                and self.kind_of(terminus.address) == "local":
+            exchange = self.declare_topic(terminus.address)
+        return exchange
+
     def declare_topic(self, name: str) -> Exchange:
         """An exchange made at run time for a topic address (a JMS topic: the ``topic``
         capability on a local address): fanout, no bindings; subscriptions only."""
@@ -360,24 +375,26 @@ class Exchanges:
 
     # -- routing ---------------------------------------------------------------------
     def publish(self, exchange: Exchange, payload: bytes, fanin: Fanin, *,
-                release_when_full: bool = False) -> None:
+                release_when_full: bool = False, origin: str | None = None) -> None:
         """Route to the bindings; ``release_when_full``: a local queue at its depth limit
         answers released (the anonymous relay, whose credit is not bound to the exchange's
-        queues; an exchange's own senders get credit within their room)."""
+        queues; an exchange's own senders get credit within their room); ``origin``: the
+        publisher's container id (no-local subscriptions)."""
         stats = exchange.stats
         subject, addresses = self._route(exchange, payload)
-        subscribed = self.topic_subscriptions.route(exchange.name, payload)
-        if not addresses and subscribed:
+        subscribed = self.topic_subscriptions.route(exchange.name, payload, origin)
+        elsewhere = self.topic_subscriptions.route_elsewhere(exchange.name, payload, origin)
+        if not addresses and (subscribed or elsewhere):
             stats.unroutable -= 1  # a subscription takes it
-        if not addresses and not subscribed:
+        if not addresses and not subscribed and not elsewhere:
             fanin.remaining = 1
             fanin.done(PN_ACCEPTED)  # RabbitMQ's default: accepted and dropped
             return
-        local, remote, refused = subscribed, [], []
+        local, remote, refused = subscribed, [], []  # other workers' subscriptions: below
         for address in addresses:
             kind, target = self.destination(address, "queues cannot be bound to an exchange")
             (local if kind == "local" else remote if kind == "remote" else refused).append(target)
-        remote = self._fan_out_once(exchange, subject, remote)
+        remote = self._fan_out_once(exchange, subject, remote) + elsewhere
         fanin.remaining = len(local) + len(remote) + len(refused)
         stats.routed += fanin.remaining
         for condition in refused:
@@ -401,13 +418,19 @@ class Exchanges:
             stats.unroutable += 1
         return subject, addresses
 
-    def transaction_queues(self, exchange: Exchange, payload: bytes) -> tuple[tuple, tuple | None]:
+    def transaction_queues(self, exchange: Exchange, payload: bytes,
+                           origin: str | None = None) -> tuple[tuple, tuple | None]:
         """A transactional message's local queues (all bound queues, stored together at commit),
         or a refusal (condition, description): a destination on a primary cannot be part of a
         transaction on this node."""
         stats = exchange.stats
         _, addresses = self._route(exchange, payload)
-        queues = list(self.topic_subscriptions.route(exchange.name, payload))
+        queues = list(self.topic_subscriptions.route(exchange.name, payload, origin))
+        if self.topic_subscriptions.route_elsewhere(exchange.name, payload, origin):
+            return (), (NOT_IMPLEMENTED, (
+                f"exchange {exchange.name!r} routes this message to a subscription on another "
+                "worker of this node: a transaction through an exchange covers this worker's "
+                "queues only"))
         for address in addresses:
             kind, target = self.destination(address, "queues cannot be bound to an exchange")
             if kind == "refused":

@@ -82,8 +82,10 @@ def apply_outcome(broker, queue: LocalQueue, message: StoredMessage, state: int,
                                consumer_id=consumer_id, annotations=annotations)
     elif state == PN_REJECTED:
         dead = queue.settled_rejected(message)
-        if dead is None or broker.dead_letter(queue, dead, "rejected"):
-            journal_queues.dequeued(broker.journal, message)  # after the dead-letter copy
+        if dead is None:
+            journal_queues.dequeued(broker.journal, message)
+        else:  # let go (its removal replicated and journaled) once the dead-letter copy is safe
+            broker.dead_letter(queue, dead, "rejected", lambda: broker.let_go(queue, message))
     else:
         queue.settled_released(message)
     broker.dirty_queues.add(queue)

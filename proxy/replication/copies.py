@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from proxy.amqp.message_header import delivery_count
 from proxy.paging.store import body
 from proxy.queues import durable as journal_queues
 from proxy.queues.local import StoredMessage
@@ -507,8 +508,12 @@ class BackupCopy:
         for rid, entry in self.image.promote():
             # a body on disk stays there: its record goes with it (LocalQueue.enqueue)
             page = pager.hand_over(entry) if pager is not None else None
-            content.append(StoredMessage(entry.payload, journal_id=entry.journal_id, rid=rid,
-                                         page=page))
+            # failed deliveries so far go on counting (delivery_limit): every one raised the
+            # delivery-count the copy holds (docs/queue-semantics.md; a body on disk: from 0)
+            payload = entry.payload
+            attempts = delivery_count(payload) if type(payload) is bytes else 0
+            content.append(StoredMessage(payload, journal_id=entry.journal_id, rid=rid,
+                                         page=page, attempts=attempts))
         self._journal_rewrites(content)
         return content
 

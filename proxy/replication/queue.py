@@ -66,7 +66,9 @@ class ReplicatedQueue(LocalQueue):
 
     def settled_rejected(self, message: StoredMessage) -> StoredMessage | None:
         dead = super().settled_rejected(message)
-        self._gone(message)
+        if dead is None:
+            self._gone(message)
+        # else dead-lettered: its removal is told once the copy is safe (Broker.let_go: forget)
         return dead
 
     def orphaned(self, messages) -> None:

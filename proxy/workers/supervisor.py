@@ -65,6 +65,8 @@ class WorkerProcess:
     started: float = 0.0
     restart_delay: float = RESTART_DELAY
     restarts: int = 0
+    # its topic subscriptions, as it announced them (``s``): name -> entry; told to the others
+    subscriptions: dict[str, dict] = field(default_factory=dict)
 
 
 class Supervisor:
@@ -244,6 +246,10 @@ class Supervisor:
         worker.per_ip.clear()
         worker.per_user.clear()
         worker.connections = 0
+        for name, entry in list(worker.subscriptions.items()):
+            if not entry.get("durable"):  # gone with the process; durable ones come back with it
+                del worker.subscriptions[name]
+                self._tell_others(worker, b"S" + orjson.dumps([worker.index, "-", entry]))
         for group in list(self.balance):
             counts = self.balance[group]
             counts.pop(worker.index, None)
@@ -328,6 +334,9 @@ class Supervisor:
             if tag == b"R":
                 worker.ready.set()
                 log.info("worker %d ready", worker.index)
+                self._tell_subscriptions(worker)
+            elif tag == b"s":
+                self._subscription(worker, message[1:])
             elif tag == b"c":
                 if worker.per_ip.get(text):
                     worker.connections -= 1
@@ -426,6 +435,42 @@ class Supervisor:
             self._tell_all(b"F" + user.encode())
         elif after < limit <= before:
             self._tell_all(b"f" + user.encode())
+
+    # -- topic subscriptions: every worker knows where each one is (proxy.exchanges) -----------
+    def _subscription(self, worker: WorkerProcess, payload: bytes) -> None:
+        """``s[op, entry]``: worker made ("+") or removed ("-") a subscription; the others hear
+        ``S[worker, op, entry]``."""
+        try:
+            op, entry = orjson.loads(payload)
+            name = entry["name"]
+        except (orjson.JSONDecodeError, TypeError, ValueError, KeyError) as exc:
+            log.error("worker %d: a subscription message that does not read (%r)", worker.index, exc)
+            return
+        if op == "+":
+            worker.subscriptions[name] = entry
+        else:
+            worker.subscriptions.pop(name, None)
+        self._tell_others(worker, b"S" + orjson.dumps([worker.index, op, entry]))
+
+    def _tell_subscriptions(self, worker: WorkerProcess) -> None:
+        """A worker (re)started: every other worker's subscriptions, one message each."""
+        for other in self.workers:
+            if other is worker or worker.channel is None:
+                continue
+            for entry in other.subscriptions.values():
+                try:
+                    worker.channel.send(b"S" + orjson.dumps([other.index, "+", entry]))
+                except OSError as exc:
+                    log.error("telling worker %d the subscriptions failed: %s", worker.index, exc)
+                    return
+
+    def _tell_others(self, source: WorkerProcess, message: bytes) -> None:
+        for worker in self.workers:
+            if worker is not source and worker.channel is not None:
+                try:
+                    worker.channel.send(message)
+                except OSError as exc:
+                    log.error("telling worker %d failed: %s", worker.index, exc)
 
     def _tell_all(self, message: bytes) -> None:
         for worker in self.workers:

@@ -12,10 +12,13 @@ accepted it (TLS, SASL, ACL, its links). Messages on the channel:
 supervisor -> worker  ``C<ip>`` + descriptor  a client connection, admitted
                       ``M<handover>`` + desc.  a connection another worker began (below)
                       ``F<user>`` / ``f<user>``  the user is at / below its connection limit
+                      ``S[worker, op, entry]``  a topic subscription another worker made
+                                              (``+``) or removed (``-``); all of them at start
 worker -> supervisor  ``c<ip>``               that connection closed
                       ``u<user>`` / ``v<user>``  a connection of that user authenticated / closed
                       ``H<handover>`` + desc.  hand this connection to another worker
                       ``x[group, role]``      a connection placed by that balance closed
+                      ``s[op, entry]``        this worker made / removed a subscription
 ====================  ======================  ======================================
 
 Placement (issue #36): a connection whose first attach names a local queue
@@ -91,6 +94,9 @@ class WorkerContext:
     owner_channel: socket.socket | None = None
     admin_token: str = ""  # the other workers' admin sockets accept this one only (admin_api.workers)
     full_users: set[str] = field(default_factory=set)  # at max_connections_per_user node-wide
+    # told (worker, op, entry) for each ``S`` message: another worker's topic subscriptions
+    # (proxy.exchanges.subscriptions); None: nobody listens
+    on_subscription: object = None
     _rules: dict[int, Rule] = field(default_factory=dict, repr=False)
 
     def socket_path(self, worker: int) -> str:
@@ -197,6 +203,9 @@ class WorkerContext:
                 self._adopt_handed(adopt_handed, message[1:], fds)
                 continue
             tag, text = message[:1], message[1:].decode("utf-8", "replace")
+            if tag == b"S":
+                self._subscription_heard(message[1:])
+                continue
             if tag == b"C" and fds:
                 for extra in fds[1:]:
                     os.close(extra)
@@ -237,6 +246,25 @@ class WorkerContext:
                 self.send(b"v", str(info.get("user", "")))
             if info.get("balance"):
                 self.send_balance_left(info["balance"])
+
+    def _subscription_heard(self, payload: bytes) -> None:
+        try:
+            worker, op, entry = orjson.loads(payload)
+        except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
+            log.error("worker %d: a subscription message that does not read (%r)", self.index, exc)
+            return
+        if self.on_subscription is not None:
+            self.on_subscription(int(worker), op, entry)
+
+    def announce_subscription(self, op: str, entry: dict) -> None:
+        """Tell the other workers (through the supervisor) of a subscription made or removed."""
+        if self.channel is None:
+            return
+        try:
+            self.channel.send(b"s" + orjson.dumps([op, entry]))
+        except OSError as exc:
+            log.error("worker %d: supervisor channel: subscription %r not told (%s)", self.index,
+                      entry.get("name"), exc)
 
     def send_balance_left(self, balance: list) -> None:
         """A connection placed by a fragmented queue's balance closed: [group, role]."""

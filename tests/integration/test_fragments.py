@@ -6,9 +6,10 @@ import collections
 import time
 
 import pytest
-from blocking_checks import large_bodies, receive_messages, send_messages
+from blocking_checks import accepted_ids, large_bodies, receive_messages, select, send_messages
 from fragment_cluster import admin, cpu_seconds, fragments, start_cluster
-from proton import Message
+from proton import Message, Timeout
+from proton.reactor import Selector
 from proton.utils import BlockingConnection
 
 
@@ -203,3 +204,88 @@ def test_large_messages_are_stolen_whole(start_node):
     assert sorted(m.id for m in got) == [f"l{i}" for i in range(len(bodies))]
     assert sorted(bytes(m.body) for m in got) == sorted(bodies)
     assert sum(f["stolen_in"] for f in fragments(nodes[thief])) == len(bodies)
+
+
+def test_a_selector_on_a_fragmented_queue_takes_what_it_selects_from_every_member(start_node):
+    """python-qpid-proton's Selector on n1: its reds come from n1's fragment and are stolen
+    from n2's and n3's, each once; what it does not select stays in place, and a plain
+    consumer takes it after (docs/fragments.md, "Selectors")."""
+    nodes = start_cluster(start_node)
+    colours = {}
+    for name, node in nodes.items():
+        batch = {f"{name}-{i}": ("red", "blue", "green")[i % 3] for i in range(30)}
+        send_messages(node.url, "work.sel", [Message(id=mid, body="x", properties={"colour": c})
+                                             for mid, c in batch.items()])
+        colours.update(batch)
+    red = sorted(mid for mid, colour in colours.items() if colour == "red")
+    got = select(nodes["n1"].url, "work.sel", "colour = 'red'", len(red))
+    assert sorted(got) == red, collections.Counter(got).most_common(3)
+    conn = BlockingConnection(nodes["n1"].url, timeout=20)
+    try:  # nothing more is red: a second selective receiver gets nothing in 2 s
+        receiver = conn.create_receiver("work.sel", credit=10, options=Selector("colour = 'red'"))
+        with pytest.raises(Timeout):
+            receiver.receive(timeout=2)
+    finally:
+        conn.close()
+    waiting = {name: sum(f["depth"] for f in fragments(node)) for name, node in nodes.items()}
+    assert waiting == {name: 20 for name in nodes}, waiting  # the blues and greens, in place
+    rest = accepted_ids(nodes["n1"].url, "work.sel", 60)
+    assert sorted(rest) == sorted(set(colours) - set(red))
+
+
+def test_a_selector_on_a_node_with_workers_steals_from_the_other_workers(start_node):
+    """One node with two workers, a fragmented queue of its own (a fragment per worker): a
+    consumer with a selector on one worker gets what it selects from both fragments."""
+    from fragment_cluster import TOKEN
+
+    node = start_node({"node": {"workers": 2}, "admin": {"tokens": [{"token": TOKEN, "role": "admin"}]},
+                       "rules": [{"name": "work", "match": "work.#", "kind": "fragmented",
+                                  "fragments": ["n1"]}]})
+    connections, colours = [], {}
+    for side in ("x", "y"):  # the second connection lands on the other worker
+        conn = BlockingConnection(node.url, timeout=20)
+        conn.create_receiver(None, dynamic=True)  # not placed by its first attach
+        sender = conn.create_sender("work.wsel")
+        for i in range(12):
+            colour = ("red", "blue", "green")[i % 3]
+            sender.send(Message(id=f"{side}-{i}", body="x", properties={"colour": colour}))
+            colours[f"{side}-{i}"] = colour
+        connections.append(conn)
+    depths = sorted(f["depth"] for f in fragments(node))
+    assert depths == [12, 12], depths  # one fragment per worker, each with its producer's
+    red = sorted(mid for mid, colour in colours.items() if colour == "red")
+    assert sorted(select(node.url, "work.wsel", "colour = 'red'", len(red))) == red
+    for conn in connections:
+        conn.close()
+    assert sorted(f["depth"] for f in fragments(node)) == [8, 8]  # the rest in place
+
+
+def test_a_selector_on_another_node_reaches_every_worker_of_a_member(start_node):
+    """n1 runs two workers (a fragment each), n2 one process: a consumer with a selector on n2
+    steals with it from n1, whose worker it lands on steals from its sibling for it."""
+    from conftest import free_port
+    from fragment_cluster import TOKEN
+
+    ports = {name: free_port() for name in ("n1", "n2")}
+    rule = {"name": "work", "match": "work.#", "kind": "fragmented", "fragments": ["n1", "n2"]}
+    nodes = {name: start_node({
+        "node": {"listen": f"127.0.0.1:{ports[name]}", "workers": 2 if name == "n1" else 1},
+        "admin": {"tokens": [{"token": TOKEN, "role": "admin"}]},
+        "peers": {peer: f"amqp://127.0.0.1:{port}" for peer, port in ports.items() if peer != name},
+        "rules": [rule]}, name=name) for name in ports}
+    connections, colours = [], {}
+    for side in ("x", "y"):  # on n1's two workers
+        conn = BlockingConnection(nodes["n1"].url, timeout=20)
+        conn.create_receiver(None, dynamic=True)  # not placed by its first attach
+        sender = conn.create_sender("work.xsel")
+        for i in range(12):
+            colour = ("red", "blue", "green")[i % 3]
+            sender.send(Message(id=f"{side}-{i}", body="x", properties={"colour": colour}))
+            colours[f"{side}-{i}"] = colour
+        connections.append(conn)
+    assert sorted(f["depth"] for f in fragments(nodes["n1"])) == [12, 12]
+    red = sorted(mid for mid, colour in colours.items() if colour == "red")
+    assert sorted(select(nodes["n2"].url, "work.xsel", "colour = 'red'", len(red))) == red
+    for conn in connections:
+        conn.close()
+    assert sorted(f["depth"] for f in fragments(nodes["n1"])) == [8, 8]  # the rest in place

@@ -170,3 +170,31 @@ def test_shared_consumers_compete_for_one_subscription(target, jms, durable):  #
     consumers = shared.result()["consumers"]
     taken = consumers[0] + consumers[1]
     assert sorted(taken) == sorted(f"t{i}" for i in range(20)), consumers  # each once
+
+
+def test_a_no_local_subscriber_gets_nothing_its_own_connection_publishes(target, jms):  # noqa: F811
+    """JMS ``createConsumer(topic, null, true)`` and ``createDurableSubscriber(topic, name, null,
+    true)`` (the ``apache.org:no-local-filter:list`` filter): what their connection publishes
+    is not theirs; another connection's messages are, and a plain subscriber gets both."""
+    url, prefix = target
+    got = jms("nolocal", url, prefix + "chat", prefix + "me", spec(0, 3), spec(3, 2)).result()
+    assert got == {"nolocal": ["t3", "t4"], "durable": ["t3", "t4"],
+                   "plain": [f"t{i}" for i in range(5)]}, got
+
+
+def test_subscriptions_on_a_node_with_workers(start_node, jms):  # noqa: F811
+    """A JMS topic on a node with two workers (docs/exchanges.md): its name is a local address
+    one worker owns, and its subscribers and publishers are served wherever they land; a
+    durable subscription keeps what came while away until unsubscribed, a shared one's
+    consumers take each message once."""
+    url = start_node({"node": {"workers": 2}}).url
+    topic, client = "wsub.news", "wsub.client"
+    assert subscriber(jms, url, topic, client, "audit").result()["ids"] == []
+    assert jms("publish", url, topic, spec(0, 4)).result()["sent"] == 4
+    assert subscriber(jms, url, topic, client, "audit").result()["ids"] == [f"t{i}" for i in range(4)]
+    assert jms("unsubscribe", url, client, "audit").result() == {"unsubscribed": "audit"}
+    shared = jms("shared", url, "wsub.jobs", "workers", 2, 2000, "true")
+    assert shared.readline(timeout=60).get("ready")
+    assert jms("publish", url, "wsub.jobs", spec(0, 10)).result()["sent"] == 10
+    consumers = shared.result()["consumers"]
+    assert sorted(consumers[0] + consumers[1]) == sorted(f"t{i}" for i in range(10)), consumers

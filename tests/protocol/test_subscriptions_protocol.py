@@ -6,9 +6,9 @@ tests/interop/test_jms_semantics.py."""
 from __future__ import annotations
 
 from memory import Harness, put_selector
-from proton import Endpoint, Message, Terminus
+from proton import Described, Endpoint, Message, Terminus, symbol
 
-from proxy.amqp.termini import capability_names, set_capabilities
+from proxy.amqp.termini import NO_LOCAL_FILTER, capability_names, filters, is_no_local, set_capabilities
 
 
 def subscriber(c, address: str | None, *, name: str, credit: int = 10, durable=False,
@@ -160,3 +160,35 @@ def test_a_subscription_selector_that_does_not_parse_is_refused():
     bad = subscriber(c, "t", name="x", selector="n >")
     assert bad.state & Endpoint.REMOTE_CLOSED
     assert bad.remote_condition.name == "amqp:invalid-field"
+
+
+def no_local_subscriber(c, address: str, *, name: str, durable: bool = False):
+    """A subscriber with the no-local filter, as Qpid JMS sends it (an empty list)."""
+    link = c._session().receiver(name)
+    link.source.address = address
+    set_capabilities(link.source, ("topic",))
+    if durable:
+        link.source.durability = Terminus.DELIVERIES
+        link.source.expiry_policy = Terminus.EXPIRE_NEVER
+    link.source.filter.put_dict({symbol("no-local"): Described(symbol(NO_LOCAL_FILTER), [])})
+    link.open()
+    c.inbox[link] = []
+    link.flow(10)
+    c.harness.pump()
+    return link
+
+
+def test_a_no_local_subscriber_gets_nothing_its_own_connection_publishes():
+    h = Harness()
+    mine, theirs = h.client(), h.client()
+    live = no_local_subscriber(mine, "chat", name="live")
+    kept = no_local_subscriber(mine, "chat", name="kept", durable=True)
+    plain = subscriber(mine, "chat", name="plain")
+    assert any(is_no_local(d) for d, _ in filters(live.remote_source).values())  # echoed
+    publish(mine, "chat", ["m0", "m1"])
+    publish(theirs, "chat", ["m2"])
+    publish(mine, "chat", ["m3"])
+    assert ids(mine, live) == ["m2"] and ids(mine, kept) == ["m2"]
+    assert ids(mine, plain) == ["m0", "m1", "m2", "m3"]
+    (record,) = [s for s in h.broker.exchanges.topic_subscriptions.describe() if s["durable"]]
+    assert record["no_local"] == mine.connection.container  # kept across a restart with it

@@ -31,6 +31,7 @@ from typing import Callable
 
 from proton import Collector, Connection, Data, Delivery, Event, Message, Terminus, Transport
 
+from memory import put_selector
 from proxy.config import settings as config_mod
 from proxy.net.memory import MemoryNetwork
 from proxy.node import build_node
@@ -206,10 +207,11 @@ class ClientLink:
             delivery.settle()
         self.client.flush()
 
-    def send(self, body, *, message_id=None, flush: bool = True) -> Delivery:
-        """Send one message; ``flush=False`` leaves it for the next write (bursts in one write)."""
+    def send(self, body, *, message_id=None, flush: bool = True, properties=None) -> Delivery:
+        """Send one message; ``flush=False`` leaves it for the next write (bursts in one write);
+        ``properties``: its application properties."""
         delivery = self.link.delivery(str(next(self.client.tags)))
-        self.link.send(Message(body=body, id=message_id).encode())
+        self.link.send(Message(body=body, id=message_id, properties=properties).encode())
         self.link.advance()
         if flush:
             self.client.flush()
@@ -300,12 +302,16 @@ class PlaybookClient(asyncio.Protocol):
         session.open()
         return session
 
-    def receiver(self, address: str, *, credit: int = 0, session=None, browse: bool = False) -> ClientLink:
-        """``browse``: a browser (source distribution-mode copy, §3.5.3)."""
+    def receiver(self, address: str, *, credit: int = 0, session=None, browse: bool = False,
+                 selector: str | None = None) -> ClientLink:
+        """``browse``: a browser (source distribution-mode copy, §3.5.3); ``selector``: a JMS
+        selector filter, as Qpid JMS sends it."""
         link = (session or self._session()).receiver(f"{self.name}-r{next(self.tags)}")
         link.source.address = address
         if browse:
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
+        if selector is not None:
+            put_selector(link.source, selector, "jms-selector")
         link.open()
         if credit:
             link.flow(credit)

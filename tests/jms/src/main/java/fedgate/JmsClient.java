@@ -94,6 +94,15 @@ import org.apache.qpid.jms.message.JmsInboundMessageDispatch;
  *                                              came (at most 60 s for the first); prints
  *                                              {"consumers": [[ids], ...]}
  *   unsubscribe URL CLIENT_ID NAME             prints {"unsubscribed": NAME} or an error
+ *   nolocal URL TOPIC CLIENT_ID OWN_SPEC OTHER_SPEC
+ *                                              on one connection (client id CLIENT_ID): a
+ *                                              non-durable and a durable (name "nolocal")
+ *                                              subscriber with noLocal = true and a plain one;
+ *                                              that connection publishes OWN_SPEC, another one
+ *                                              OTHER_SPEC (as for sendx); each subscriber takes
+ *                                              until 1 s idle; the durable subscription is
+ *                                              removed; prints {"nolocal": [ids], "durable":
+ *                                              [ids], "plain": [ids]}
  *   poison URL QUEUE IDLE_MS                   a transacted session takes each message and rolls
  *                                              back, until IDLE_MS without one; prints
  *                                              {"deliveries": {id: times}}
@@ -131,6 +140,7 @@ public final class JmsClient {
                 case "shared" -> shared(args[1], args[2], args[3], Integer.parseInt(args[4]),
                                         Long.parseLong(args[5]), Boolean.parseBoolean(args[6]));
                 case "unsubscribe" -> unsubscribe(args[1], args[2], args[3]);
+                case "nolocal" -> noLocal(args[1], args[2], args[3], args[4], args[5]);
                 case "rpc" -> rpc(args[1], args[2], Integer.parseInt(args[3]),
                                   args.length > 4 ? args[4] : args[1]);
                 case "transacted" -> transacted(args[1], args[2]);
@@ -383,6 +393,27 @@ public final class JmsClient {
             Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
             session.unsubscribe(name);
             print("{\"unsubscribed\": " + quote(name) + "}");
+        }
+    }
+
+    private static void noLocal(String url, String topicName, String clientId, String own,
+                                String other) throws Exception {
+        try (Connection connection = connectAs(url, clientId)) {
+            Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            jakarta.jms.Topic topic = session.createTopic(topicName);
+            MessageConsumer noLocal = session.createConsumer(topic, null, true);
+            MessageConsumer durable = session.createDurableSubscriber(topic, "nolocal", null, true);
+            MessageConsumer plain = session.createConsumer(topic);
+            fill(session, session.createProducer(topic), own);
+            try (Connection another = connectAs(url, null)) {
+                Session theirs = another.createSession(false, Session.AUTO_ACKNOWLEDGE);
+                fill(theirs, theirs.createProducer(theirs.createTopic(topicName)), other);
+            }
+            String got = quoteAll(drain(noLocal, 1000));
+            String kept = quoteAll(drain(durable, 1000));
+            String all = quoteAll(drain(plain, 1000));
+            session.unsubscribe("nolocal");
+            print("{\"nolocal\": " + got + ", \"durable\": " + kept + ", \"plain\": " + all + "}");
         }
     }
 
