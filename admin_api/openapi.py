@@ -197,6 +197,78 @@ PROMOTED = {"type": "object", "properties": {
              "description": "static clusters: each other node told of the new primary "
                             "(learned, ignored, or failed: why)"}}}
 
+QUEUE_NAME = {"name": "name", "in": "path", "required": True,
+              "schema": {"type": "string", "minLength": 1}}
+OPERATED = {"name": {"type": "string"}, "node": {"type": "string", "description": "the node "
+                                                 "that did it (a replicated queue's primary)"},
+            "scope": {"type": "string", "enum": ["local", "fragment", "replicated"]},
+            "forwarded_to": {"type": "string", "description": "the primary this request was "
+                                                              "forwarded to"},
+            "depth": {"type": "integer"}}
+FAILURES = {"type": "array", "items": {"type": "object", "properties": {
+    "to": {"type": "string"}, "reason": {"type": "string"}, "count": {"type": "integer"}}}}
+OPS_ERRORS = ("400", "404", "409", "413", "502")
+
+
+def _queue_ops() -> dict[str, dict]:
+    """Queue operations (admin_api.queue_ops, docs/operations.md)."""
+    def answer(description: str, **properties) -> dict:
+        return _json({"type": "object", "properties": {**OPERATED, **properties}}, description)
+
+    return {
+        "/api/v1/queues/{name}": {"delete": _op(
+            "Delete a local queue; refused (409 queue_in_use) while it has consumers or "
+            "messages unless `force` (its links are then detached with amqp:resource-deleted)",
+            answer("deleted", deleted={"type": "boolean"}, purged={"type": "integer"},
+                   links_closed={"type": "integer"}),
+            errors=OPS_ERRORS, params=[QUEUE_NAME, {
+                "name": "force", "in": "query", "required": False,
+                "schema": {"type": "string", "enum": ["true", "false", "1", "0"]}}])},
+        "/api/v1/queues/{name}/purge": {"post": _op(
+            "Remove every waiting message (a replicated queue: by its primary, the backups "
+            "follow); messages out with consumers stay theirs",
+            answer("purged", purged={"type": "integer"}, unacked={"type": "integer"}),
+            errors=OPS_ERRORS, params=[QUEUE_NAME])},
+        "/api/v1/queues/{name}/messages": {"get": _op(
+            "The first `count` waiting messages, decoded, none taken: header, properties, "
+            "application properties, annotations, delivery-count, a body preview",
+            answer("messages", messages={"type": "array", "items": {"type": "object"}},
+                   scheduled={"type": "integer"}, unacked={"type": "integer"}),
+            errors=OPS_ERRORS, params=[QUEUE_NAME, {
+                "name": "count", "in": "query", "required": False,
+                "schema": {"type": "integer", "minimum": 1, "maximum": 10000}}])},
+        "/api/v1/queues/{name}/move": {"post": _op(
+            "Move up to `count` waiting messages (those `selector` selects) to the address "
+            "`to`, at least once: each leaves the queue once `to` accepted it; one refused, or "
+            "not answered in 30 s, is back at the head",
+            answer("moved", to={"type": "string"}, selected={"type": "integer"},
+                   moved={"type": "integer"}, returned={"type": "integer"}, failures=FAILURES),
+            errors=OPS_ERRORS, params=[QUEUE_NAME],
+            body={"type": "object", "required": ["to"], "additionalProperties": False,
+                  "properties": {"to": {"type": "string", "minLength": 1},
+                                 "count": {"type": "integer", "minimum": 1, "maximum": 10000},
+                                 "selector": {"type": "string"}}})},
+        "/api/v1/queues/{name}/resend": {"post": _op(
+            "Send dead-lettered messages (up to `count`) back to the queue each came from "
+            "(its x-opt-dead-letter-address), at least once, the dead-letter annotations taken off",
+            answer("resent", selected={"type": "integer"}, resent={"type": "integer"},
+                   returned={"type": "integer"}, failures=FAILURES,
+                   targets={"type": "object", "additionalProperties": {"type": "integer"}}),
+            errors=OPS_ERRORS, params=[QUEUE_NAME],
+            body={"type": "object", "additionalProperties": False, "properties": {
+                "count": {"type": "integer", "minimum": 1, "maximum": 10000}}})},
+        "/api/v1/audit": {"get": _op(
+            "The audit log of admin changes, newest last: time, node, who, role, method, path, "
+            "body (the start), status, result",
+            _json({"type": "object", "properties": {
+                "node": {"type": "string"}, "entries": {"type": "array", "items": {
+                    "type": "object", "required": ["time", "who", "method", "path", "status"]}},
+                "kept": {"type": "integer"}, "recorded": {"type": "integer"},
+                "file": {"type": ["string", "null"]}}}, "entries"),
+            errors=("400",), params=[{"name": "limit", "in": "query", "required": False,
+                                      "schema": {"type": "integer", "minimum": 1}}])},
+    }
+
 
 def spec() -> dict[str, Any]:
     rules_put_body = {"oneOf": [
@@ -333,6 +405,7 @@ def spec() -> dict[str, Any]:
                 "owner": {"type": "string", "minLength": 1},
                 "epoch": {"type": "integer", "minimum": 1}}})},
     }
+    paths.update(_queue_ops())
     return {
         "openapi": "3.1.0",
         "info": {"title": "fedgate admin API", "version": "1",
