@@ -12,6 +12,7 @@ the backup are done by the primary and its backup's copy follows.
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -21,6 +22,8 @@ from conftest import free_port
 from etcd_servers import cluster_name, etcd_url  # noqa: F401 (fixtures)
 from proton import Message
 from proton.utils import BlockingConnection, LinkDetached
+
+from admin_api import cli
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -235,3 +238,53 @@ def test_purge_and_move_on_a_replicated_queue_asked_of_its_backup(start_node, et
     status, audit = api(n1, "GET", "/api/v1/audit")
     move = next(e for e in audit["entries"] if e["path"].endswith("/move"))
     assert move["who"].startswith("ops-alice at n2 via ")
+
+
+def cli_run(capsys, *argv: str) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser(prog="fedgate")
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(list(argv))
+    code = args.func(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_cli_peeks_moves_resends_purges_deletes_and_shows_the_audit(start_node, capsys,
+                                                                        monkeypatch):
+    node = ops_node(start_node, queue=[{"name": "jobs", "dead_letter": "jobs.dlq"}])
+    send(node.url, "jobs", [Message(id=f"j{i}", subject="job", body=f"job {i}\nline 2",
+                                    properties={"urgent": i < 2}) for i in range(5)])
+    monkeypatch.setenv("FEDGATE_TOKEN", ADMIN_TOKEN)
+    admin = ("--admin", node.admin_url)
+
+    code, out, _ = cli_run(capsys, "queue", "peek", "jobs", "--count", "2", *admin)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == f"local queue jobs on n1: depth 5, first 2"
+    assert lines[1].split() == ["ID", "SUBJECT", "DELIVERY_COUNT", "SIZE", "BODY"]
+    assert lines[2].split()[:3] == ["j0", "job", "0"] and lines[2].endswith("job 0 line 2")
+    code, out, _ = cli_run(capsys, "queue", "move", "jobs", "--to", "jobs.urgent",
+                           "--selector", "urgent = TRUE", *admin)
+    assert (code, out) == (0, "local queue jobs on n1: 2 of 2 messages moved to jobs.urgent\n")
+    code, out, err = cli_run(capsys, "queue", "delete", "jobs", *admin)
+    assert code == 1 and "409 queue_in_use (field name)" in err and "3 messages" in err
+    code, out, _ = cli_run(capsys, "queue", "move", "jobs", "--to", "jobs.dlq", "--count", "1",
+                           *admin)
+    assert code == 0 and "1 of 1 messages moved" in out
+    code, out, _ = cli_run(capsys, "queue", "resend", "jobs.dlq", *admin)
+    assert (code, out) == (0, "local queue jobs.dlq on n1: 0 of 0 dead-lettered messages resent "
+                              "(none)\n")  # moved there by hand: not dead-lettered
+    code, out, _ = cli_run(capsys, "queue", "purge", "jobs", *admin)
+    assert (code, out) == (0, "local queue jobs on n1: 2 messages purged\n")
+    code, out, _ = cli_run(capsys, "queue", "delete", "jobs", *admin)
+    assert (code, out) == (0, "local queue jobs on n1: deleted (0 messages purged, 0 links "
+                              "closed)\n")
+    assert sorted(m.id for m in receive_all(node.url, "jobs.urgent", 2)) == ["j0", "j1"]
+
+    code, out, _ = cli_run(capsys, "audit", *admin)
+    rows = [line.split() for line in out.splitlines()[1:]]
+    assert [(r[1], r[2], r[4], r[5]) for r in rows] == [
+        ("ops-alice", "POST", "200", "ok"), ("ops-alice", "DELETE", "409", "queue_in_use"),
+        ("ops-alice", "POST", "200", "ok"), ("ops-alice", "POST", "200", "ok"),
+        ("ops-alice", "POST", "200", "ok"), ("ops-alice", "DELETE", "200", "ok")]
+    assert [r[3] for r in rows][:2] == ["/api/v1/queues/jobs/move", "/api/v1/queues/jobs"]
