@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.amqp.engine import partial_transfers
+from proxy.config.version import version as release
 from proxy.queues.endpoints import QueueConsumer, QueueProducer
 
 from .errors import ApiError, json_response
@@ -184,6 +185,7 @@ def node_info(request: web.Request) -> dict[str, Any]:
     version = node.rules_store.current.version
     return {
         "id": node.node_id,
+        "version": release(),  # the release (pyproject.toml, CHANGELOG.md)
         "url": node.url if node.address else None,
         "admin_url": request.app[ADMIN_URL]["url"],
         "uptime_s": round(time.monotonic() - request.app[STARTED], 3),

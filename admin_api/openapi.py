@@ -425,6 +425,8 @@ def spec() -> dict[str, Any]:
                 "RulesRecord": RECORD,
                 "Node": {"type": "object", "properties": {
                     "id": {"type": "string"}, "rules_version": {"type": "integer"},
+                    "version": {"type": "string", "description": "the release (semver, "
+                                                                  "CHANGELOG.md)"},
                     "counters": {"type": "object"},
                     "memory": {"type": "object", "properties": {
                         "queued_bytes": {"type": "integer"}, "max_memory": {"type": "integer"},

@@ -24,6 +24,7 @@ from proton import Message
 from proton.utils import BlockingConnection, LinkDetached
 
 from admin_api import cli
+from proxy.config.version import version
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -73,6 +74,8 @@ def api(node, method: str, path: str, body=None, token=ADMIN_TOKEN):
 
 def test_peek_delete_purge_and_the_audit_log(start_node):
     node = ops_node(start_node)
+    status, about = api(node, "GET", "/api/v1/node", token=READ_TOKEN)
+    assert status == 200 and about["version"] == version()  # the release (CHANGELOG.md)
     send(node.url, "orders", [Message(id=i, subject=f"s{i}", body=f"order {i}" + "x" * 300,
                                       properties={"n": i, "color": "red"}, durable=True)
                               for i in range(5)])
