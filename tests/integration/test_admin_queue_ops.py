@@ -235,6 +235,15 @@ def test_purge_and_move_on_a_replicated_queue_asked_of_its_backup(start_node, et
     assert status == 200 and (purged["purged"], purged["scope"]) == (10, "replicated")
     wait_for(lambda: copy_depth() == 0, timeout=10, what="n2's copy empty")
     assert queue_of(n1, "orders.eu")["replication"]["in_sync"] == ["n2"]
+    # into a replicated queue: accepted there once its backup holds the messages
+    send(n1.url, "staging", [Message(id=f"s{i}", body="staged") for i in range(5)])
+    status, moved = api(n2, "POST", "/api/v1/queues/staging/move", {"to": "orders.eu"})
+    assert status == 404 and moved["error"] == "queue_not_found"  # staging is n1's
+    status, moved = api(n1, "POST", "/api/v1/queues/staging/move", {"to": "orders.eu"})
+    assert status == 200 and (moved["moved"], moved["depth"]) == (5, 0)
+    assert copy_depth() == 5  # held by the backup before the move was answered
+    status, purged = api(n1, "POST", "/api/v1/queues/orders.eu/purge")
+    assert status == 200 and purged["purged"] == 5
     status, refused = api(n1, "DELETE", "/api/v1/queues/orders.eu")
     assert status == 409 and refused["error"] == "not_deletable"
     assert sorted(m.id for m in receive_all(n1.url, "big", 20)) == list(range(10, 30))
@@ -291,3 +300,19 @@ def test_the_cli_peeks_moves_resends_purges_deletes_and_shows_the_audit(start_no
         ("ops-alice", "POST", "200", "ok"), ("ops-alice", "POST", "200", "ok"),
         ("ops-alice", "POST", "200", "ok"), ("ops-alice", "DELETE", "200", "ok")]
     assert [r[3] for r in rows][:2] == ["/api/v1/queues/jobs/move", "/api/v1/queues/jobs"]
+
+
+def test_a_fragmented_queue_is_operated_on_in_this_nodes_fragment(start_node):
+    node = ops_node(start_node, rules=[{"name": "work", "match": "work.#", "kind": "fragmented",
+                                        "fragments": ["n1"]}])
+    send(node.url, "work.a", [Message(id=i, body=f"w{i}") for i in range(10)])
+    status, peeked = api(node, "GET", "/api/v1/queues/work.a/messages?count=2")
+    assert status == 200 and (peeked["scope"], peeked["depth"]) == ("fragment", 10)
+    assert [m["properties"]["message_id"] for m in peeked["messages"]] == [0, 1]
+    status, moved = api(node, "POST", "/api/v1/queues/work.a/move", {"to": "done", "count": 4})
+    assert status == 200 and (moved["moved"], moved["depth"]) == (4, 6)
+    status, refused = api(node, "DELETE", "/api/v1/queues/work.a?force=true")
+    assert status == 409 and refused["error"] == "not_deletable"
+    status, purged = api(node, "POST", "/api/v1/queues/work.a/purge")
+    assert status == 200 and purged["purged"] == 6
+    assert [m.id for m in receive_all(node.url, "done", 4)] == [0, 1, 2, 3]
