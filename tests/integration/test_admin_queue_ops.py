@@ -316,3 +316,22 @@ def test_a_fragmented_queue_is_operated_on_in_this_nodes_fragment(start_node):
     status, purged = api(node, "POST", "/api/v1/queues/work.a/purge")
     assert status == 200 and purged["purged"] == 6
     assert [m.id for m in receive_all(node.url, "done", 4)] == [0, 1, 2, 3]
+
+
+def test_with_workers_each_queue_is_operated_on_by_the_worker_that_keeps_it(start_node):
+    node = ops_node(start_node, node={"workers": 2, "log_level": "info"})
+    names = [f"w{i}" for i in range(6)]
+    for name in names:
+        send(node.url, name, [Message(id=f"{name}-{i}", body="x") for i in range(3)])
+    status, doc = api(node, "GET", "/api/v1/queues")
+    assert sorted({q["worker"] for q in doc["queues"] if q["name"] in names}) == [0, 1]
+    for name in names:
+        status, peeked = api(node, "GET", f"/api/v1/queues/{name}/messages?count=1")
+        assert status == 200 and peeked["messages"][0]["properties"]["message_id"] == f"{name}-0"
+        status, moved = api(node, "POST", f"/api/v1/queues/{name}/move", {"to": "all", "count": 1})
+        assert status == 200 and moved["moved"] == 1, moved
+        status, purged = api(node, "POST", f"/api/v1/queues/{name}/purge")
+        assert status == 200 and purged["purged"] == 2
+    assert sorted(m.id for m in receive_all(node.url, "all", 6)) == sorted(f"{n}-0" for n in names)
+    status, audit = api(node, "GET", "/api/v1/audit")
+    assert len(audit["entries"]) == 12  # worker 0 keeps the node's log
