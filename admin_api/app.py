@@ -32,7 +32,7 @@ import time
 from aiohttp import web, web_response
 from aiohttp.http_exceptions import HttpProcessingError
 
-from . import console, first_run, health, inspect_api, openapi, queue_ops, replication, rules_api
+from . import console, first_run, health, inspect_api, openapi, queue_ops, replication, rules_api, wiring
 from .audit import AUDIT, WHO, AuditLog, audit_middleware, get_audit, jwt_who, token_who
 from .auth import Tokens, allowed, bearer_token, role_for
 from .cluster import CLUSTER, ClusterSync, follow_etcd, get_cluster, push_rules
@@ -76,7 +76,15 @@ ROUTES = [
     ("GET", "/api/v1/audit", get_audit, False),
     ("GET", "/api/v1/fragments", inspect_api.get_fragments, False),
     ("GET", "/api/v1/upstreams", inspect_api.get_upstreams, False),
-    ("GET", "/api/v1/exchanges", inspect_api.get_exchanges, False),
+    ("GET", "/api/v1/exchanges", wiring.get_exchanges, False),
+    ("POST", "/api/v1/exchanges", wiring.post_exchange, False),
+    ("GET", "/api/v1/exchanges/{name}", wiring.get_exchange, False),
+    ("PUT", "/api/v1/exchanges/{name}", wiring.put_exchange, False),
+    ("DELETE", "/api/v1/exchanges/{name}", wiring.delete_exchange, False),
+    ("GET", "/api/v1/bindings", wiring.get_bindings, False),
+    ("POST", "/api/v1/bindings", wiring.post_binding, False),
+    ("DELETE", "/api/v1/bindings/{id}", wiring.delete_binding, False),
+    ("POST", "/api/v1/cluster/wiring", wiring.push_wiring, False),
     ("GET", "/api/v1/subscriptions", inspect_api.get_subscriptions, False),
     ("DELETE", "/api/v1/subscriptions/{name}", inspect_api.delete_subscription, False),
     ("GET", "/api/v1/history", get_history, False),
@@ -198,6 +206,9 @@ def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0,
     app.cleanup_ctx.append(sync.context)
     if manager.on_etcd:
         app.cleanup_ctx.append(follow_etcd(manager))
+    wired = wiring.Wiring(node)  # exchanges and bindings declared at run time
+    app[wiring.WIRING] = wired
+    app.cleanup_ctx.append(wired.context)
     history = History(node)
     app[HISTORY] = history
     app.cleanup_ctx.append(history.context)

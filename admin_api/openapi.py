@@ -269,6 +269,66 @@ def _queue_ops() -> dict[str, dict]:
                                       "schema": {"type": "integer", "minimum": 1}}])},
     }
 
+EXCHANGE_BODY = {"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 1},
+    "type": {"type": "string", "enum": ["fanout", "direct", "topic"]},
+    "upstream_fanout": {"type": "object", "properties": {
+        "primary": {"type": "string"}, "address": {"type": "string"},
+        "upstream": {"type": "object"}}}}}
+BINDING_BODY = {"type": "object", "required": ["exchange", "queue"], "properties": {
+    "exchange": {"type": "string", "minLength": 1}, "queue": {"type": "string", "minLength": 1},
+    "key": {"type": "string"}}}
+WIRED = {"type": "object", "properties": {"version": {"type": "integer"}}}
+WIRING_ERRORS = ("400", "409", "412", "413", "422", "503")
+
+
+def _wiring_paths() -> dict[str, dict]:
+    """Exchanges and bindings at run time (admin_api.wiring, docs/operations.md)."""
+    name = {"name": "name", "in": "path", "required": True,
+            "schema": {"type": "string", "minLength": 1}}
+    etag = {"headers": ETAG_HEADER}
+    return {
+        "/api/v1/exchanges": {
+            "get": _op("Exchanges with counters, remote sources, the anonymous relay; `declared`: "
+                       "the configuration's and the run-time exchanges and bindings (ETag)",
+                       {**_json(LISTING, "exchanges"), **etag}),
+            "post": _op("Declare an exchange (the [[exchanges]] keys), stored cluster-wide",
+                        {**_json(WIRED, "declared"), **etag}, ok_code="201",
+                        errors=WIRING_ERRORS, params=[IF_MATCH], body=EXCHANGE_BODY)},
+        "/api/v1/exchanges/{name}": {
+            "get": _op("One exchange: its declaration, bindings, counters",
+                       {**_json({"type": "object"}, "the exchange"), **etag},
+                       errors=("404",), params=[name]),
+            "put": _op("Declare or change a run-time exchange",
+                       {**_json(WIRED, "changed"), **etag}, errors=WIRING_ERRORS,
+                       params=[name, IF_MATCH], body=EXCHANGE_BODY,
+                       extra={"201": _json(WIRED, "declared")}),
+            "delete": _op("Delete a run-time exchange and its bindings (its senders detached "
+                          "with amqp:resource-deleted)", {**_json(WIRED, "deleted"), **etag},
+                          errors=("404", "409", "412", "422", "503"), params=[name, IF_MATCH])},
+        "/api/v1/bindings": {
+            "get": _op("Bindings of exchanges to queues, with their id and origin",
+                       {**_json({"type": "object"}, "bindings"), **etag}),
+            "post": _op("Bind a queue to an exchange (the [[bindings]] keys)",
+                        {**_json(WIRED, "bound"), **etag}, ok_code="201",
+                        errors=WIRING_ERRORS, params=[IF_MATCH], body=BINDING_BODY)},
+        "/api/v1/bindings/{id}": {"delete": _op(
+            "Delete a run-time binding", {**_json(WIRED, "deleted"), **etag},
+            errors=("404", "409", "412", "422", "503"),
+            params=[{"name": "id", "in": "path", "required": True,
+                     "schema": {"type": "string", "minLength": 1}}, IF_MATCH])},
+        "/api/v1/cluster/wiring": {"post": _op(
+            "Node to node (static clusters): offer a run-time wiring record (adopted if newer)",
+            _json({"type": "object", "properties": {"accepted": {"type": "boolean"}}}, "result"),
+            errors=("400", "409", "413", "422"), tag="cluster",
+            body={"type": "object", "required": ["version", "exchanges", "bindings"],
+                  "properties": {"version": {"type": "integer"},
+                                 "updated_at": {"type": "number"},
+                                 "origin": {"type": ["string", "null"]},
+                                 "exchanges": {"type": "array", "items": EXCHANGE_BODY},
+                                 "bindings": {"type": "array", "items": BINDING_BODY}}})},
+    }
+
 
 def spec() -> dict[str, Any]:
     rules_put_body = {"oneOf": [
@@ -406,6 +466,7 @@ def spec() -> dict[str, Any]:
                 "epoch": {"type": "integer", "minimum": 1}}})},
     }
     paths.update(_queue_ops())
+    paths.update(_wiring_paths())
     return {
         "openapi": "3.1.0",
         "info": {"title": "fedgate admin API", "version": "1",

@@ -45,7 +45,8 @@ BASE = "http://worker"  # the host part of a URL sent over a Unix socket
 # views answered for the whole node, and the values that are worker 0's alone
 AGGREGATED = ("/api/v1/node", "/api/v1/connections", "/api/v1/links", "/api/v1/queues",
               "/api/v1/fragments", "/api/v1/upstreams", "/api/v1/exchanges")
-FIRST_ONLY = {"rules_version", "routing_table_version", "uptime_s", "id", "url", "admin_url"}
+FIRST_ONLY = {"rules_version", "routing_table_version", "uptime_s", "id", "url", "admin_url",
+              "declared"}
 
 
 def admin_socket(data_dir, worker: int) -> str:

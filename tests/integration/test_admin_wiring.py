@@ -1,0 +1,130 @@
+"""Exchanges and bindings at run time through the admin API (issue #46, docs/operations.md).
+
+Live nodes and python-qpid-proton clients: an exchange and its bindings declared through
+the API route a sender's messages to the bound queues (every id once in each), ETag and
+If-Match as for rules, 422 naming the field, 409 for the configuration's own; they survive
+a restart. Then two nodes on etcd: declared through one, applied on the other within a
+second, and deleted everywhere (a sender on the deleted exchange detached with
+amqp:resource-deleted).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from admin_client import ADMIN_TOKEN, READ_TOKEN, http, wait_for
+from cluster_support import etcd_node, wait_members
+from etcd_servers import cluster_name, etcd_url  # noqa: F401 (fixtures)
+from proton import Message
+from proton.utils import BlockingConnection, LinkDetached
+from test_admin_queue_ops import TOKENS, receive_all, send
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def api(node, method: str, path: str, body=None, token=ADMIN_TOKEN, headers=None):
+    return http(method, node.admin_url + path, body, token=token, headers=headers, timeout=10)
+
+
+def test_an_exchange_and_bindings_declared_at_run_time_route_and_survive_a_restart(start_node):
+    node = start_node({"admin": {"tokens": TOKENS},
+                       "exchanges": [{"name": "fixed", "type": "fanout"}],
+                       "bindings": [{"exchange": "fixed", "queue": "fixed.q"}]}, "n1")
+    status, body = api(node, "POST", "/api/v1/exchanges", {"name": "events", "type": "topic"})
+    assert status == 201 and body["version"] == 1
+    status, bound = api(node, "POST", "/api/v1/bindings",
+                        {"exchange": "events", "queue": "eu", "key": "orders.eu.#"})
+    assert status == 201 and bound["version"] == 2
+    eu_id = bound["binding"]["id"]
+    status, body = api(node, "POST", "/api/v1/bindings",
+                       {"exchange": "events", "queue": "all", "key": "#"})
+    assert status == 201
+    status, body = api(node, "POST", "/api/v1/bindings", {"exchange": "fixed", "queue": "extra"})
+    assert status == 201  # run-time bindings on the configuration's exchange too
+
+    # refusals: by name and field
+    status, bad = api(node, "POST", "/api/v1/exchanges", {"name": "x", "type": "headers"})
+    assert status == 422 and bad["field"] == "exchanges[1].type"
+    status, bad = api(node, "POST", "/api/v1/bindings", {"exchange": "nope", "queue": "q", "key": "k"})
+    assert status == 422 and "unknown exchange" in bad["detail"]
+    status, bad = api(node, "POST", "/api/v1/exchanges", {"name": "events", "type": "fanout"})
+    assert status == 409 and bad["error"] == "exchange_exists"
+    status, bad = api(node, "DELETE", "/api/v1/exchanges/fixed")
+    assert status == 409 and bad["error"] == "in_config"
+    status, bad = api(node, "POST", "/api/v1/bindings",
+                      {"exchange": "events", "queue": "eu", "key": "orders.eu.#"})
+    assert status == 409 and bad["id"] == eu_id
+    status, stale = api(node, "PUT", "/api/v1/exchanges/events", {"type": "fanout"},
+                        headers={"If-Match": '"1"'})
+    assert status == 412 and stale["version"] == 4
+    status, body = api(node, "POST", "/api/v1/exchanges", {"name": "x"}, token=READ_TOKEN)
+    assert status == 403
+
+    status, listing = api(node, "GET", "/api/v1/exchanges", token=READ_TOKEN)
+    declared = listing["declared"]
+    assert declared["version"] == 4
+    assert [(e["name"], e["origin"]) for e in declared["exchanges"]] == [("fixed", "config"),
+                                                                         ("events", "api")]
+    assert sorted((b["exchange"], b["queue"], b["origin"]) for b in declared["bindings"]) == [
+        ("events", "all", "api"), ("events", "eu", "api"), ("fixed", "extra", "api"),
+        ("fixed", "fixed.q", "config")]
+
+    send(node.url, "events", [Message(id=i, subject="orders.eu.de" if i % 2 else "orders.us",
+                                      body=f"e{i}") for i in range(10)])
+    send(node.url, "fixed", [Message(id=100 + i, body="f") for i in range(3)])
+    assert sorted(m.id for m in receive_all(node.url, "eu", 5)) == [1, 3, 5, 7, 9]
+    assert sorted(m.id for m in receive_all(node.url, "all", 10)) == list(range(10))
+    assert sorted(m.id for m in receive_all(node.url, "extra", 3)) == [100, 101, 102]
+
+    node.stop()
+    node.start()
+    status, listing = api(node, "GET", "/api/v1/bindings", token=READ_TOKEN)
+    assert listing["version"] == 4 and len(listing["bindings"]) == 4
+    status, body = api(node, "DELETE", f"/api/v1/bindings/{eu_id}", headers={"If-Match": '"4"'})
+    assert status == 200 and body["version"] == 5
+    send(node.url, "events", [Message(id=50, subject="orders.eu.fr", body="late")])
+    assert [m.id for m in receive_all(node.url, "all", 1)] == [50]
+    assert receive_all(node.url, "eu", 0) == []
+    status, audit = api(node, "GET", "/api/v1/audit?limit=3")
+    assert [e["path"] for e in audit["entries"]][-1] == f"/api/v1/bindings/{eu_id}"
+
+
+def test_declared_on_one_etcd_node_applied_on_the_other_within_a_second(start_node, etcd_url,
+                                                                        cluster_name):
+    nodes = {n: etcd_node(start_node, n, [etcd_url], cluster_name,
+                          admin={"tokens": TOKENS}) for n in ("n1", "n2")}
+    for item in nodes.values():
+        wait_members(item, ["n1", "n2"], 10.0)
+    n1, n2 = nodes["n1"], nodes["n2"]
+    started = time.monotonic()
+    assert api(n1, "POST", "/api/v1/exchanges", {"name": "bus", "type": "fanout"})[0] == 201
+    status, body = api(n1, "POST", "/api/v1/bindings", {"exchange": "bus", "queue": "mirror"})
+    assert status == 201 and body["version"] == 2
+
+    def bound_on_n2():
+        status, listing = api(n2, "GET", "/api/v1/exchanges", token=READ_TOKEN)
+        return listing["declared"]["version"] == 2 and \
+            any(e["name"] == "bus" and e["bindings"] == 1 for e in listing["exchanges"])
+    wait_for(bound_on_n2, timeout=2.0, interval=0.02, what="n2 to apply version 2")
+    assert time.monotonic() - started < 2.0
+    send(n2.url, "bus", [Message(id=i, body="b") for i in range(4)])
+    assert sorted(m.id for m in receive_all(n2.url, "mirror", 4)) == [0, 1, 2, 3]
+
+    # stale on n2 after a change through n1: 412 there too (one record, in etcd)
+    assert api(n1, "PUT", "/api/v1/exchanges/bus", {"type": "fanout", "name": "bus"})[0] == 200
+    status, stale = api(n2, "DELETE", "/api/v1/exchanges/bus", headers={"If-Match": '"2"'})
+    assert status == 412 and stale["version"] == 3
+    conn = BlockingConnection(n2.url, timeout=10)
+    sender = conn.create_sender("bus")
+    sender.send(Message(id=9, body="before"))
+    status, body = api(n2, "DELETE", "/api/v1/exchanges/bus", headers={"If-Match": '"3"'})
+    assert status == 200 and body["bindings_deleted"] == 1
+    with pytest.raises(LinkDetached) as detached:
+        for _ in range(50):
+            sender.send(Message(id=10, body="after"), timeout=1)
+            time.sleep(0.05)
+    assert "amqp:resource-deleted" in str(detached.value)
+    conn.close()
+    wait_for(lambda: api(n1, "GET", "/api/v1/exchanges/bus")[0] == 404, timeout=2.0,
+             what="n1 to drop bus")
