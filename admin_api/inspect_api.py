@@ -138,6 +138,7 @@ def queue_info(queue) -> dict[str, Any]:
         "browsers": len(queue.browsers),
         "unacked": queue.unacked,
         "max_depth": queue.max_depth,
+        "durable": queue.durable,
         "bytes": queue.bytes,
         "max_bytes": queue.max_bytes,
         "overflow": queue.overflow,

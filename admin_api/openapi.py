@@ -279,6 +279,12 @@ BINDING_BODY = {"type": "object", "required": ["exchange", "queue"], "properties
     "exchange": {"type": "string", "minLength": 1}, "queue": {"type": "string", "minLength": 1},
     "key": {"type": "string"}}}
 WIRED = {"type": "object", "properties": {"version": {"type": "integer"}}}
+QUEUE_BODY = {"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 1}, "max_depth": {"type": "integer", "minimum": 0},
+    "max_bytes": {"type": "integer", "minimum": 0},
+    "overflow": {"type": "string", "enum": ["reject-publish", "drop-head"]},
+    "dead_letter": {"type": "string"}, "delivery_limit": {"type": "integer", "minimum": 0},
+    "durable": {"type": "boolean"}}}
 WIRING_ERRORS = ("400", "409", "412", "413", "422", "503")
 
 
@@ -317,6 +323,19 @@ def _wiring_paths() -> dict[str, dict]:
             errors=("404", "409", "412", "422", "503"),
             params=[{"name": "id", "in": "path", "required": True,
                      "schema": {"type": "string", "minLength": 1}}, IF_MATCH])},
+        "/api/v1/queues": {"post": _op(
+            "Declare a queue (the [[queue]] keys: name, max_depth, max_bytes, overflow, "
+            "dead_letter, delivery_limit, durable), stored cluster-wide, made on the nodes "
+            "where it is local", {**_json(WIRED, "declared"), **etag}, ok_code="201",
+            errors=WIRING_ERRORS, params=[IF_MATCH], body=QUEUE_BODY)},
+        "/api/v1/queues/{name}": {
+            "get": _op("One queue: its figures on this node and its declaration (origin config "
+                       "or api)", {**_json({"type": "object"}, "the queue"), **etag},
+                       errors=("404",), params=[name]),
+            "put": _op("Declare or change a run-time queue's settings (applied in place)",
+                       {**_json(WIRED, "changed"), **etag}, errors=WIRING_ERRORS,
+                       params=[name, IF_MATCH], body=QUEUE_BODY,
+                       extra={"201": _json(WIRED, "declared")})},
         "/api/v1/cluster/wiring": {"post": _op(
             "Node to node (static clusters): offer a run-time wiring record (adopted if newer)",
             _json({"type": "object", "properties": {"accepted": {"type": "boolean"}}}, "result"),
@@ -465,8 +484,9 @@ def spec() -> dict[str, Any]:
                 "owner": {"type": "string", "minLength": 1},
                 "epoch": {"type": "integer", "minimum": 1}}})},
     }
-    paths.update(_queue_ops())
-    paths.update(_wiring_paths())
+    for extra in (_queue_ops(), _wiring_paths()):
+        for path, item in extra.items():
+            paths.setdefault(path, {}).update(item)
     return {
         "openapi": "3.1.0",
         "info": {"title": "fedgate admin API", "version": "1",

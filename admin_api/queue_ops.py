@@ -40,6 +40,7 @@ from .errors import ApiError, json_response
 from .inputs import query_int, read_json
 from .keys import NODE
 from .replication import FORWARDED, _callers_token, _headers, owner, peer_admins
+from .wiring import forget_queue
 
 log = logging.getLogger("fedgate.admin.queues")
 
@@ -145,6 +146,9 @@ async def delete_queue(request: web.Request) -> web.Response:
     except operations.Refused as exc:
         raise ApiError(409, "queue_in_use", str(exc), field="name", consumers=len(queue.consumers),
                        messages=queue.depth + len(queue.scheduled) + queue.unacked) from None
+    version = await forget_queue(request, queue.name)  # declared at run time: not any more
+    if version is not None:
+        result["version"] = version
     return _answer(queue, scope, node, **result)
 
 

@@ -34,11 +34,13 @@ from aiohttp import web
 from proxy.cluster.model import CoordinatorError
 from proxy.config.errors import ConfigError
 from proxy.config.exchanges import parse_bindings, parse_exchanges
+from proxy.config.settings import parse_queue
 from proxy.exchanges import declared
 
 from .errors import ApiError, json_response
 from .inputs import read_json
 from .inspect_api import get_exchanges as inspect_exchanges
+from .inspect_api import queue_info
 from .keys import NODE
 from .replication import _headers
 
@@ -49,7 +51,8 @@ PUSH_PATH = "/api/v1/cluster/wiring"
 FOLLOW_INTERVAL = 0.2
 PUSH_TIMEOUT = 2.0
 ATTEMPTS = 5
-EMPTY = {"version": 0, "updated_at": 0.0, "origin": None, "exchanges": [], "bindings": []}
+EMPTY = {"version": 0, "updated_at": 0.0, "origin": None, "exchanges": [], "bindings": [],
+         "queues": []}
 WIRING = web.AppKey("wiring", object)
 
 
@@ -88,13 +91,48 @@ class Wiring:
             if binding.source is not None:
                 raise ConfigError(f"bindings[{index}].source", "a remote source is declared in "
                                   "the configuration file only (not at run time yet)")
-        return mine, bindings
+        queues = record.get("queues", [])
+        if not isinstance(queues, list):
+            raise ConfigError("queues", "expected a list of [[queue]] tables")
+        decls = []
+        for index, raw in enumerate(queues):
+            decl = parse_queue(raw, f"queues[{index}]")
+            if any(q.name == decl.name for q in config.queue):
+                raise ConfigError(f"queues[{index}].name", f"{decl.name!r} is declared in the "
+                                  "configuration file")
+            if any(q.name == decl.name for q in decls):
+                raise ConfigError(f"queues[{index}].name", f"{decl.name!r} is declared twice")
+            decls.append(decl)
+        return mine, bindings, tuple(decls)
 
     def apply(self, record: dict, raw: bytes | None = None) -> None:
-        exchanges, bindings = self.parsed(record)
+        exchanges, bindings, queues = self.parsed(record)
+        self._apply_queues(queues)  # first: bindings declare their queues with these options
         declared.apply(self.node.broker.exchanges, exchanges, bindings)
-        self.record = record
+        self.record = {**record, "queues": record.get("queues", [])}
         self.applied = raw
+
+    def _apply_queues(self, decls: tuple) -> None:
+        """Declared queues: their options for every use of the name; made (local ones) or
+        changed in place now."""
+        node = self.node
+        wanted = {d.name: d for d in decls}
+        for name in getattr(self, "runtime_queues", set()) - set(wanted):
+            node.declared_queues.pop(name, None)
+        node.declared_queues.update(wanted)
+        self.runtime_queues = set(wanted)
+        for name in wanted:
+            if node.routing.resolve(name).kind != "local":
+                continue  # its options apply where the queue is made (a primary, a fragment)
+            options = node.queue_options(name)
+            queue = node.queues.get(name)
+            if queue is None:
+                node.queues.declare(name, **options)
+            else:
+                for key, value in options.items():
+                    setattr(queue, key, value)
+                node.broker.dirty_queues.add(queue)
+        node.broker.run_pending()
 
     def follow_raw(self, raw: bytes | None) -> None:
         """A record read from the store (start, the watch, a push)."""
@@ -129,14 +167,22 @@ class Wiring:
                                f"{etag(current)})", field="If-Match", version=current["version"],
                                headers={"ETag": etag(current)})
             record = {**current, "exchanges": [dict(e) for e in current["exchanges"]],
-                      "bindings": [dict(b) for b in current["bindings"]]}
+                      "bindings": [dict(b) for b in current["bindings"]],
+                      "queues": [dict(q) for q in current.get("queues", [])]}
             answer = edit(record)
             record.update(version=current["version"] + 1, updated_at=time.time(),
                           origin=self.node.node_id)
             try:
-                self.parsed(record)
+                _, _, queues = self.parsed(record)
             except ConfigError as exc:
                 raise ApiError(422, "invalid_wiring", exc.detail, field=exc.key) from None
+            for index, decl in enumerate(queues):
+                if decl.durable and self.node.journal is None:
+                    raise ApiError(409, "no_journal", f"queue {decl.name!r} cannot be durable "
+                                   "here: this node keeps no journal (none of its configured "
+                                   "queues is durable); set [queues] durable or a durable "
+                                   "[[queue]] in its configuration first",
+                                   field=f"queues[{index}].durable")
             body = orjson.dumps(record)
             try:
                 written = await self.node.coordinator.swap_state(KEY, raw, body)
@@ -362,6 +408,8 @@ async def push_wiring(request: web.Request) -> web.Response:
                        "origin (a node id), exchanges and bindings (lists)", field="body")
     if _order(record) <= _order(wiring.record):
         return json_response({"accepted": False, "version": wiring.record["version"]})
+    if not isinstance(record.get("queues", []), list):
+        raise ApiError(400, "invalid_body", "queues must be a list", field="queues")
     try:
         wiring.parsed(record)
     except ConfigError as exc:
@@ -370,3 +418,85 @@ async def push_wiring(request: web.Request) -> web.Response:
     await request.app[NODE].coordinator.put_state(KEY, body)
     wiring.follow_raw(body)
     return json_response({"accepted": True, "version": record["version"]})
+
+
+# -- declared queues --------------------------------------------------------------------------
+def _config_queue(node, name: str) -> bool:
+    return any(q.name == name for q in node.config.queue)
+
+
+def declared_queue(wiring: Wiring, node, name: str) -> dict | None:
+    if _config_queue(node, name):
+        decl = next(q for q in node.config.queue if q.name == name)
+        return {**{k: v for k, v in vars(decl).items() if v not in (None, 0, "")},
+                "origin": "config"}
+    found = next((q for q in wiring.record.get("queues", []) if q.get("name") == name), None)
+    return {**found, "origin": "api"} if found is not None else None
+
+
+async def post_queue(request: web.Request) -> web.Response:
+    raw = _object(await read_json(request), "a queue: the [[queue]] keys")
+    name = raw.get("name")
+    node = request.app[NODE]
+
+    def edit(record: dict) -> dict:
+        if isinstance(name, str) and (_config_queue(node, name) or
+                                      any(q.get("name") == name for q in record["queues"])):
+            raise ApiError(409, "queue_exists", f"queue {name!r} is declared already",
+                           field="name")
+        record["queues"].append(raw)
+        return {"queue": raw}
+    return await _edit(request, edit, 201)
+
+
+async def get_queue(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    node = request.app[NODE]
+    wiring = _wiring(request)
+    queue = node.queues.get(name)
+    found = declared_queue(wiring, node, name)
+    if queue is None and found is None:
+        raise ApiError(404, "queue_not_found", f"no queue {name!r} on node {node.node_id}",
+                       field="name")
+    body = queue_info(queue) if queue is not None else {"name": name}
+    body.update(declared=found, version=wiring.record["version"])
+    return json_response(body, headers={"ETag": etag(wiring.record)})
+
+
+async def put_queue(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    raw = _object(await read_json(request), "a queue: the [[queue]] keys")
+    if raw.get("name", name) != name:
+        raise ApiError(400, "invalid_body", "name differs from the path", field="name")
+    raw = {**raw, "name": name}
+    if _config_queue(request.app[NODE], name):
+        raise ApiError(409, "in_config", f"queue {name!r} is declared in the configuration "
+                       "file: change it there", field="name")
+    created = []
+
+    def edit(record: dict) -> dict:
+        for index, item in enumerate(record["queues"]):
+            if item.get("name") == name:
+                record["queues"][index] = raw
+                return {"queue": raw}
+        record["queues"].append(raw)
+        created.append(True)
+        return {"queue": raw}
+    response = await _edit(request, edit)
+    if created:
+        response.set_status(201)
+    return response
+
+
+async def forget_queue(request: web.Request, name: str) -> int | None:
+    """A deleted queue's run-time declaration removed too; the new version, or None."""
+    wiring = request.app.get(WIRING)
+    if wiring is None or not any(q.get("name") == name for q in wiring.record.get("queues", [])):
+        return None
+
+    def edit(record: dict) -> dict:
+        record["queues"] = [q for q in record["queues"] if q.get("name") != name]
+        return {}
+    record, _ = await wiring.change(edit, None)
+    await wiring.push(record, request.app[NODE].config.admin.node_token())
+    return record["version"]

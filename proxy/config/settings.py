@@ -323,6 +323,11 @@ class QueueDecl:
         _check_bytes(key, self.max_bytes, self.overflow)
 
 
+def parse_queue(raw: Any, key: str) -> QueueDecl:
+    """One ``[[queue]]`` table (also a queue declared through the admin API); ConfigError."""
+    return _section(raw, QueueDecl, key)
+
+
 def _check_bytes(key: str, max_bytes: int, overflow: str | None) -> None:
     if max_bytes < 0:
         raise ConfigError(f"{key}.max_bytes", "must not be negative")

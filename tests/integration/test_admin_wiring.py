@@ -128,3 +128,52 @@ def test_declared_on_one_etcd_node_applied_on_the_other_within_a_second(start_no
     conn.close()
     wait_for(lambda: api(n1, "GET", "/api/v1/exchanges/bus")[0] == 404, timeout=2.0,
              what="n1 to drop bus")
+
+
+def test_queues_declared_at_run_time_apply_their_settings_and_durable_ones_survive(start_node):
+    node = start_node({"admin": {"tokens": TOKENS},
+                       "queue": [{"name": "conf", "max_depth": 5, "durable": True}]}, "n1")
+    status, body = api(node, "POST", "/api/v1/queues",
+                       {"name": "keep", "durable": True, "dead_letter": "keep.dlq"})
+    assert status == 201 and body["version"] == 1
+    status, body = api(node, "PUT", "/api/v1/queues/small", {"max_depth": 3})
+    assert status == 201 and body["version"] == 2
+    status, bad = api(node, "POST", "/api/v1/queues", {"name": "x", "overflow": "drop-tail"})
+    assert status == 422 and bad["field"] == "queues[2].overflow"
+    status, bad = api(node, "PUT", "/api/v1/queues/conf", {"max_depth": 9})
+    assert status == 409 and bad["error"] == "in_config"
+    status, bad = api(node, "POST", "/api/v1/queues", {"name": "keep"})
+    assert status == 409 and bad["error"] == "queue_exists"
+
+    status, small = api(node, "GET", "/api/v1/queues/small", token=READ_TOKEN)
+    assert status == 200 and small["max_depth"] == 3 and small["declared"]["origin"] == "api"
+    status, conf = api(node, "GET", "/api/v1/queues/conf", token=READ_TOKEN)
+    assert conf["declared"] == {"name": "conf", "max_depth": 5, "durable": True, "origin": "config"}
+    status, body = api(node, "PUT", "/api/v1/queues/small", {"max_depth": 7},
+                       headers={"If-Match": '"2"'})
+    assert status == 200 and api(node, "GET", "/api/v1/queues/small")[1]["max_depth"] == 7
+
+    send(node.url, "keep", [Message(id=i, body=f"k{i}", durable=True) for i in range(8)])
+    conn = BlockingConnection(node.url, timeout=10)
+    receiver = conn.create_receiver("keep", credit=1)
+    receiver.receive(timeout=5)
+    receiver.reject()  # dead-lettered: the declared dead_letter applies
+    conn.close()
+    wait_for(lambda: api(node, "GET", "/api/v1/queues/keep.dlq")[1].get("depth") == 1,
+             what="one dead-lettered")
+    node.stop()
+    node.start()
+    status, keep = api(node, "GET", "/api/v1/queues/keep", token=READ_TOKEN)
+    assert status == 200 and keep["depth"] == 7 and keep["durable"] and keep["dead_letter"] == "keep.dlq"
+    assert sorted(m.id for m in receive_all(node.url, "keep", 7)) == list(range(1, 8))
+
+    status, deleted = api(node, "DELETE", "/api/v1/queues/small")
+    assert status == 200 and deleted["version"] == 4
+    assert api(node, "GET", "/api/v1/queues/small")[0] == 404
+
+
+def test_a_durable_queue_is_refused_on_a_node_without_a_journal(start_node):
+    node = start_node({"admin": {"tokens": TOKENS}}, "n1")
+    status, refused = api(node, "POST", "/api/v1/queues", {"name": "keep", "durable": True})
+    assert status == 409 and refused["error"] == "no_journal"
+    assert refused["field"] == "queues[0].durable"
