@@ -15,6 +15,7 @@ import time
 import pytest
 from admin_client import ADMIN_TOKEN, READ_TOKEN, http, wait_for
 from cluster_support import etcd_node, wait_members
+from conftest import free_port
 from etcd_servers import cluster_name, etcd_url  # noqa: F401 (fixtures)
 from proton import Message
 from proton.utils import BlockingConnection, LinkDetached
@@ -177,3 +178,24 @@ def test_a_durable_queue_is_refused_on_a_node_without_a_journal(start_node):
     status, refused = api(node, "POST", "/api/v1/queues", {"name": "keep", "durable": True})
     assert status == 409 and refused["error"] == "no_journal"
     assert refused["field"] == "queues[0].durable"
+
+
+def test_a_static_cluster_pushes_the_change_to_its_peers(start_node):
+    admin = {n: free_port() for n in ("n1", "n2")}
+    table = {n: f"http://127.0.0.1:{port}" for n, port in admin.items()}
+    nodes = {n: start_node({"admin": {"tokens": TOKENS, "listen": f"127.0.0.1:{admin[n]}",
+                                      "cluster": table}}, n) for n in ("n1", "n2")}
+    n1, n2 = nodes["n1"], nodes["n2"]
+    assert api(n1, "POST", "/api/v1/exchanges", {"name": "bus", "type": "fanout"})[0] == 201
+    assert api(n1, "POST", "/api/v1/bindings", {"exchange": "bus", "queue": "copy"})[0] == 201
+    status, listing = api(n2, "GET", "/api/v1/bindings", token=READ_TOKEN)
+    assert listing["version"] == 2 and [b["queue"] for b in listing["bindings"]] == ["copy"]
+    send(n2.url, "bus", [Message(id=i, body="b") for i in range(3)])
+    assert sorted(m.id for m in receive_all(n2.url, "copy", 3)) == [0, 1, 2]
+    status, old = api(n2, "POST", "/api/v1/cluster/wiring",
+                      {"version": 1, "updated_at": 0, "origin": "n9", "exchanges": [],
+                       "bindings": []})
+    assert status == 200 and old == {"accepted": False, "version": 2}  # an older record
+    n2.stop()
+    n2.start()  # kept in its own state file
+    assert api(n2, "GET", "/api/v1/exchanges/bus", token=READ_TOKEN)[1]["exchange"]["type"] == "fanout"
