@@ -272,7 +272,7 @@ PROMOTE = re.compile(r"^/api/v1/queues/([^/]+)/promote$")
 # a queue's operations (admin_api.queue_ops): the worker that keeps the queue does them
 QUEUE_OPS = {"POST": re.compile(r"^/api/v1/queues/([^/]+)/(promote|purge|move|resend)$"),
              "DELETE": re.compile(r"^/api/v1/queues/([^/]+)$"),
-             "GET": re.compile(r"^/api/v1/queues/([^/]+)/messages$")}
+             "GET": re.compile(r"^/api/v1/queues/([^/]+)(/messages)?$")}
 
 
 async def _owner_worker(request: web.Request) -> int:

@@ -326,6 +326,8 @@ def test_with_workers_each_queue_is_operated_on_by_the_worker_that_keeps_it(star
     status, doc = api(node, "GET", "/api/v1/queues")
     assert sorted({q["worker"] for q in doc["queues"] if q["name"] in names}) == [0, 1]
     for name in names:
+        status, one = api(node, "GET", f"/api/v1/queues/{name}")
+        assert status == 200 and one["depth"] == 3  # from the worker that keeps it
         status, peeked = api(node, "GET", f"/api/v1/queues/{name}/messages?count=1")
         assert status == 200 and peeked["messages"][0]["properties"]["message_id"] == f"{name}-0"
         status, moved = api(node, "POST", f"/api/v1/queues/{name}/move", {"to": "all", "count": 1})
