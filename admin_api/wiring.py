@@ -245,13 +245,16 @@ def _wiring(request: web.Request) -> Wiring:
     return request.app[WIRING]
 
 
+def _config_bindings(node) -> list[dict]:
+    return [{"id": binding_id({"exchange": b.exchange, "queue": b.queue, "key": b.key}),
+             "exchange": b.exchange, "queue": b.queue, "key": b.key, "origin": "config"}
+            for b in node.config.bindings if b.exchange is not None]
+
+
 def _declared(node, wiring: Wiring) -> dict:
     exchanges = [{"name": e.name, "type": e.type, "origin": "config"} for e in node.config.exchanges]
     exchanges += [{**e, "origin": "api"} for e in wiring.record["exchanges"]]
-    bindings = [{"id": binding_id({"exchange": b.exchange, "queue": b.queue, "key": b.key}),
-                 "exchange": b.exchange, "queue": b.queue, "key": b.key, "origin": "config"}
-                for b in node.config.bindings if b.exchange is not None]
-    bindings += [{**b, "origin": "api"} for b in wiring.record["bindings"]]
+    bindings = _config_bindings(node) + [{**b, "origin": "api"} for b in wiring.record["bindings"]]
     return {"version": wiring.record["version"], "exchanges": exchanges, "bindings": bindings,
             "refused": wiring.refused}
 
@@ -368,7 +371,7 @@ async def post_binding(request: web.Request) -> web.Response:
     node = request.app[NODE]
 
     def edit(record: dict) -> dict:
-        config_ids = {b["id"] for b in _declared(node, Wiring(node))["bindings"]}
+        config_ids = {b["id"] for b in _config_bindings(node)}
         if ident in config_ids or any(b.get("id") == ident for b in record["bindings"]):
             raise ApiError(409, "binding_exists", f"this binding exists (id {ident})", field="body",
                            id=ident)
@@ -381,7 +384,7 @@ async def post_binding(request: web.Request) -> web.Response:
 async def delete_binding(request: web.Request) -> web.Response:
     ident = request.match_info["id"]
     node = request.app[NODE]
-    if any(b["id"] == ident for b in _declared(node, Wiring(node))["bindings"]):
+    if any(b["id"] == ident for b in _config_bindings(node)):
         raise ApiError(409, "in_config", f"binding {ident} is declared in the configuration "
                        "file: remove it there", field="id")
 

@@ -268,7 +268,6 @@ async def aggregate_middleware(request: web.Request, handler):
 
 
 CALLER = "X-Fedgate-Caller"  # the caller's Authorization, for a worker that asks other nodes
-PROMOTE = re.compile(r"^/api/v1/queues/([^/]+)/promote$")
 # a queue's operations (admin_api.queue_ops): the worker that keeps the queue does them
 QUEUE_OPS = {"POST": re.compile(r"^/api/v1/queues/([^/]+)/(promote|purge|move|resend)$"),
              "DELETE": re.compile(r"^/api/v1/queues/([^/]+)$"),

@@ -1,6 +1,7 @@
 """Local exchanges: bindings, routing a message to queues and remote destinations.
 
 Owns: ``exchange`` (exchanges and their fan-out), ``remote_bindings``
-(subscriptions on a primary's exchange). May import: ``proxy.links``,
+(subscriptions on a primary's exchange), ``declared`` (exchanges and bindings declared at
+run time, applied over the configuration's). May import: ``proxy.links``,
 ``proxy.upstream``, ``proxy.queues``, ``proxy.amqp``, ``routing``.
 """
