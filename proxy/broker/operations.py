@@ -24,6 +24,8 @@ a consumer's work:
 * ``send``: one message to an address with its outcome, as the anonymous relay routes it
   (an exchange, a local queue journaled first, a proxied address); a replicated queue whose
   primary is this node answers once its in-sync copies hold the message (``commit_barrier``).
+  An exchange no binding of which takes the message refuses it (``amqp:not-found``): an
+  exchange accepts and drops such a message from a client, a move must not lose it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from collections import deque
 from cproton import PN_ACCEPTED, PN_REJECTED
 from proton import Condition, Message
 
-from proxy.exchanges.exchange import NOT_IMPLEMENTED, Fanin
+from proxy.amqp.message_subject import read_subject
+from proxy.exchanges.exchange import NOT_FOUND, NOT_IMPLEMENTED, Fanin
 from proxy.paging.store import Page
 from proxy.queues import durable as journal_queues
 from proxy.queues import selective
@@ -248,6 +251,12 @@ def send(broker, address: str, payload: bytes, done) -> None:
     fanin = Fanin(_Answer(done), None)
     exchange = exchanges.get(address)
     if exchange is not None:
+        subject = None if exchange.type == "fanout" else read_subject(payload)
+        if not exchange.route(subject) and not exchanges.topic_subscriptions.route(address, payload):
+            # an exchange accepts and drops what no binding takes: a move must not
+            done(PN_REJECTED, Condition(NOT_FOUND, f"exchange {address!r} has no binding for "
+                                                   "this message"))
+            return
         exchanges.publish(exchange, payload, fanin, release_when_full=True)
         return
     fanin.remaining = 1

@@ -148,7 +148,8 @@ def test_a_durable_queue_purged_stays_empty_after_a_restart(start_node):
 
 
 def test_move_by_selector_and_count_every_id_once(start_node):
-    node = ops_node(start_node, rules=[{"name": "closed", "match": "closed.#", "kind": "deny"}])
+    node = ops_node(start_node, rules=[{"name": "closed", "match": "closed.#", "kind": "deny"}],
+                    exchanges=[{"name": "void", "type": "direct"}])
     send(node.url, "orders", [Message(id=i, body=f"o{i}", properties={
         "color": "red" if i % 2 else "blue"}) for i in range(20)])
 
@@ -164,6 +165,11 @@ def test_move_by_selector_and_count_every_id_once(start_node):
     assert status == 200 and (refused["moved"], refused["returned"], refused["depth"]) == (0, 7, 7)
     assert refused["failures"][0]["to"] == "closed.x"
     assert "amqp:unauthorized-access" in refused["failures"][0]["reason"]
+
+    # an exchange that routes them nowhere would accept and drop them: refused instead
+    status, refused = api(node, "POST", "/api/v1/queues/orders/move", {"to": "void", "count": 2})
+    assert status == 200 and (refused["moved"], refused["returned"], refused["depth"]) == (0, 2, 7)
+    assert "amqp:not-found" in refused["failures"][0]["reason"]
 
     for body, field in (({"count": 1}, "to"), ({"to": "x", "count": 0}, "count"),
                         ({"to": "x", "selector": "color = "}, "selector"), ({"to": "orders"}, "to"),
