@@ -38,7 +38,7 @@ from cproton import PN_ACCEPTED, PN_REJECTED
 from proton import Condition, Message
 
 from proxy.amqp.message_subject import read_subject
-from proxy.exchanges.exchange import NOT_FOUND, NOT_IMPLEMENTED, Fanin
+from proxy.exchanges.exchange import NOT_FOUND, NOT_IMPLEMENTED, Fanin, at_depth_limit
 from proxy.paging.store import Page
 from proxy.queues import durable as journal_queues
 from proxy.queues import selective
@@ -275,7 +275,10 @@ def send(broker, address: str, payload: bytes, done) -> None:
                                "primary is another node: send there through that node")
         fanin.done(PN_REJECTED, target)
     elif kind == "local":
-        exchanges.store(target, payload, fanin)
+        if at_depth_limit(target):
+            fanin.done(None)  # its max_depth: not taken now (back at the source)
+        else:
+            exchanges.store(target, payload, fanin)  # max_bytes reject-publish: refused
     else:
         upstream, remote = target
         exchanges.destinations.get(upstream, remote).send(payload, fanin.done)

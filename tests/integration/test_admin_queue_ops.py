@@ -149,7 +149,8 @@ def test_a_durable_queue_purged_stays_empty_after_a_restart(start_node):
 
 def test_move_by_selector_and_count_every_id_once(start_node):
     node = ops_node(start_node, rules=[{"name": "closed", "match": "closed.#", "kind": "deny"}],
-                    exchanges=[{"name": "void", "type": "direct"}])
+                    exchanges=[{"name": "void", "type": "direct"}],
+                    queue=[{"name": "tiny", "max_depth": 2}])
     send(node.url, "orders", [Message(id=i, body=f"o{i}", properties={
         "color": "red" if i % 2 else "blue"}) for i in range(20)])
 
@@ -171,6 +172,11 @@ def test_move_by_selector_and_count_every_id_once(start_node):
     assert status == 200 and (refused["moved"], refused["returned"], refused["depth"]) == (0, 2, 7)
     assert "amqp:not-found" in refused["failures"][0]["reason"]
 
+    # a target at its max_depth takes what fits; the rest stays at the source
+    status, partly = api(node, "POST", "/api/v1/queues/orders/move", {"to": "tiny", "count": 3})
+    assert status == 200 and (partly["moved"], partly["returned"], partly["depth"]) == (2, 1, 5)
+    assert partly["failures"] == [{"to": "tiny", "reason": "released", "count": 1}]
+
     for body, field in (({"count": 1}, "to"), ({"to": "x", "count": 0}, "count"),
                         ({"to": "x", "selector": "color = "}, "selector"), ({"to": "orders"}, "to"),
                         ({"to": "x", "other": 1}, "other"), ([1], "body")):
@@ -179,9 +185,10 @@ def test_move_by_selector_and_count_every_id_once(start_node):
 
     red = {m.id for m in receive_all(node.url, "red", 10)}
     some = [m.id for m in receive_all(node.url, "some", 3)]
-    rest = [m.id for m in receive_all(node.url, "orders", 7)]
+    tiny = [m.id for m in receive_all(node.url, "tiny", 2)]
+    rest = [m.id for m in receive_all(node.url, "orders", 5)]
     assert red == set(range(1, 20, 2))
-    assert some == [0, 2, 4] and rest == [6, 8, 10, 12, 14, 16, 18]
+    assert some == [0, 2, 4] and tiny == [6, 8] and rest == [10, 12, 14, 16, 18]
 
 
 def test_resend_dead_lettered_messages_to_their_queue(start_node):
