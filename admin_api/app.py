@@ -3,11 +3,14 @@
 How this works
 --------------
 ``build_app(node)`` is the factory: one route table (``ROUTES``, mirrored by
-``admin_api.openapi``), two middlewares and the cluster sync as a
+``admin_api.openapi``), the middlewares, the run-time wiring's follower
+(``admin_api.wiring``) and the cluster sync as a
 ``cleanup_ctx`` (started with the app, cancelled when it is cleaned up): the
 gossip of a static cluster, or on etcd the rules manager following the watch.
 
-* ``errors`` (outermost): ``ApiError`` and aiohttp's HTTP exceptions become
+* ``audit`` (outside the others): every change, allowed or refused, one entry of the
+  audit log (``admin_api.audit``).
+* ``errors``: ``ApiError`` and aiohttp's HTTP exceptions become
   ``{"error", "detail", "field"}`` JSON; anything unexpected is logged and
   answered 500 without details.
 * ``auth``: a bearer token from ``[admin] tokens`` is required except on
