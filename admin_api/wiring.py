@@ -313,30 +313,35 @@ async def get_exchange(request: web.Request) -> web.Response:
                          headers={"ETag": etag(_wiring(request).record)})
 
 
-async def put_exchange(request: web.Request) -> web.Response:
+async def _put(request: web.Request, what: str, in_config: bool) -> web.Response:
+    """PUT of one run-time ``what`` (exchange, queue) named by the path: replaced, or added
+    (201)."""
     name = request.match_info["name"]
-    raw = _object(await read_json(request), "an exchange: type, upstream_fanout")
+    raw = _object(await read_json(request), f"a {what}: the [[{what}]] keys")
     if raw.get("name", name) != name:
         raise ApiError(400, "invalid_body", "name differs from the path", field="name")
     raw = {**raw, "name": name}
-    node = request.app[NODE]
-    if _in_config(node, name):
-        raise ApiError(409, "in_config", f"exchange {name!r} is declared in the configuration "
+    if in_config:
+        raise ApiError(409, "in_config", f"{what} {name!r} is declared in the configuration "
                        "file: change it there", field="name")
-    created = []
+    items, created = what + "s", []  # the record's "exchanges" or "queues"
 
     def edit(record: dict) -> dict:
-        for index, item in enumerate(record["exchanges"]):
+        for index, item in enumerate(record[items]):
             if item.get("name") == name:
-                record["exchanges"][index] = raw
-                return {"exchange": raw}
-        record["exchanges"].append(raw)
+                record[items][index] = raw
+                return {what: raw}
+        record[items].append(raw)
         created.append(True)
-        return {"exchange": raw}
+        return {what: raw}
     response = await _edit(request, edit)
     if created:
         response.set_status(201)
     return response
+
+
+async def put_exchange(request: web.Request) -> web.Response:
+    return await _put(request, "exchange", _in_config(request.app[NODE], request.match_info["name"]))
 
 
 async def delete_exchange(request: web.Request) -> web.Response:
@@ -467,28 +472,7 @@ async def get_queue(request: web.Request) -> web.Response:
 
 
 async def put_queue(request: web.Request) -> web.Response:
-    name = request.match_info["name"]
-    raw = _object(await read_json(request), "a queue: the [[queue]] keys")
-    if raw.get("name", name) != name:
-        raise ApiError(400, "invalid_body", "name differs from the path", field="name")
-    raw = {**raw, "name": name}
-    if _config_queue(request.app[NODE], name):
-        raise ApiError(409, "in_config", f"queue {name!r} is declared in the configuration "
-                       "file: change it there", field="name")
-    created = []
-
-    def edit(record: dict) -> dict:
-        for index, item in enumerate(record["queues"]):
-            if item.get("name") == name:
-                record["queues"][index] = raw
-                return {"queue": raw}
-        record["queues"].append(raw)
-        created.append(True)
-        return {"queue": raw}
-    response = await _edit(request, edit)
-    if created:
-        response.set_status(201)
-    return response
+    return await _put(request, "queue", _config_queue(request.app[NODE], request.match_info["name"]))
 
 
 async def forget_queue(request: web.Request, name: str) -> int | None:

@@ -12,7 +12,6 @@ the backup are done by the primary and its backup's copy follows.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -22,8 +21,8 @@ from conftest import free_port
 from etcd_servers import cluster_name, etcd_url  # noqa: F401 (fixtures)
 from proton import Message
 from proton.utils import BlockingConnection, LinkDetached
+from test_admin_replication import cli_run
 
-from admin_api import cli
 from proxy.config.version import version
 
 pytestmark = pytest.mark.timeout(90)
@@ -263,15 +262,6 @@ def test_purge_and_move_on_a_replicated_queue_asked_of_its_backup(start_node, et
     status, audit = api(n1, "GET", "/api/v1/audit")
     move = next(e for e in audit["entries"] if e["path"].endswith("/move"))
     assert move["who"].startswith("ops-alice at n2 via ")
-
-
-def cli_run(capsys, *argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="fedgate")
-    cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(list(argv))
-    code = args.func(args)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_the_cli_peeks_moves_resends_purges_deletes_and_shows_the_audit(start_node, capsys,
