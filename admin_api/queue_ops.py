@@ -26,7 +26,6 @@ import asyncio
 import logging
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from cproton import PN_ACCEPTED
 
@@ -39,7 +38,7 @@ from .audit import ON_BEHALF, WHO
 from .errors import ApiError, json_response
 from .inputs import query_int, read_json
 from .keys import NODE
-from .replication import FORWARDED, _callers_token, _headers, owner, peer_admins
+from .replication import FORWARDED, _callers_token, _headers, call_node, owner, peer_admins
 from .wiring import forget_queue
 
 log = logging.getLogger("fedgate.admin.queues")
@@ -100,23 +99,9 @@ async def _to_primary(request: web.Request, node, name: str, decision) -> web.Re
     headers = {**_headers(token), FORWARDED: node.node_id,
                ON_BEHALF: f"{request.get(WHO, ('anonymous',))[0]} at {node.node_id}"}
     body = await request.read() if request.body_exists else None
-    if body is not None:
-        headers["Content-Type"] = "application/json"
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT)) as session:
-            async with session.request(request.method, url + request.path_qs, data=body,
-                                       headers=headers) as response:
-                status = response.status
-                answer = await response.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise ApiError(502, "node_unreachable", f"primary {primary} at {url}: "
-                       f"{str(exc) or exc.__class__.__name__}", field="name") from None
-    except ValueError:
-        raise ApiError(502, "bad_gateway", f"primary {primary} at {url} answered HTTP {status} "
-                       "without JSON", field="name") from None
-    if status in (401, 403):
-        raise ApiError(502, "node_refused", f"primary {primary} refused this node's token: set "
-                       "the same [admin] cluster_token on both", field="name")
+    status, answer = await call_node(request.method, url, request.path_qs, primary,
+                                     headers=headers, field="name", body=body,
+                                     timeout=FORWARD_TIMEOUT)
     if isinstance(answer, dict):
         answer.setdefault("forwarded_to", primary)
     return json_response(answer, status=status)
