@@ -98,17 +98,17 @@ def test_declared_on_one_etcd_node_applied_on_the_other_within_a_second(start_no
     for item in nodes.values():
         wait_members(item, ["n1", "n2"], 10.0)
     n1, n2 = nodes["n1"], nodes["n2"]
-    started = time.monotonic()
     assert api(n1, "POST", "/api/v1/exchanges", {"name": "bus", "type": "fanout"})[0] == 201
     status, body = api(n1, "POST", "/api/v1/bindings", {"exchange": "bus", "queue": "mirror"})
     assert status == 201 and body["version"] == 2
+    started = time.monotonic()  # stored in etcd: n2 applies it within a second
 
     def bound_on_n2():
         status, listing = api(n2, "GET", "/api/v1/exchanges", token=READ_TOKEN)
         return listing["declared"]["version"] == 2 and \
             any(e["name"] == "bus" and e["bindings"] == 1 for e in listing["exchanges"])
-    wait_for(bound_on_n2, timeout=2.0, interval=0.02, what="n2 to apply version 2")
-    assert time.monotonic() - started < 2.0
+    wait_for(bound_on_n2, timeout=1.0, interval=0.02, what="n2 to apply version 2")
+    print(f"applied on n2 {time.monotonic() - started:.3f} s after n1 answered")
     send(n2.url, "bus", [Message(id=i, body="b") for i in range(4)])
     assert sorted(m.id for m in receive_all(n2.url, "mirror", 4)) == [0, 1, 2, 3]
 
