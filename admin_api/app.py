@@ -3,11 +3,14 @@
 How this works
 --------------
 ``build_app(node)`` is the factory: one route table (``ROUTES``, mirrored by
-``admin_api.openapi``), two middlewares and the cluster sync as a
+``admin_api.openapi``), the middlewares, the run-time wiring's follower
+(``admin_api.wiring``) and the cluster sync as a
 ``cleanup_ctx`` (started with the app, cancelled when it is cleaned up): the
 gossip of a static cluster, or on etcd the rules manager following the watch.
 
-* ``errors`` (outermost): ``ApiError`` and aiohttp's HTTP exceptions become
+* ``audit`` (outside the others): every change, allowed or refused, one entry of the
+  audit log (``admin_api.audit``).
+* ``errors``: ``ApiError`` and aiohttp's HTTP exceptions become
   ``{"error", "detail", "field"}`` JSON; anything unexpected is logged and
   answered 500 without details.
 * ``auth``: a bearer token from ``[admin] tokens`` is required except on
@@ -32,7 +35,8 @@ import time
 from aiohttp import web, web_response
 from aiohttp.http_exceptions import HttpProcessingError
 
-from . import console, first_run, health, inspect_api, openapi, replication, rules_api
+from . import console, first_run, health, inspect_api, openapi, queue_ops, replication, rules_api, wiring
+from .audit import AUDIT, WHO, AuditLog, audit_middleware, get_audit, jwt_who, token_who
 from .auth import Tokens, allowed, bearer_token, role_for
 from .cluster import CLUSTER, ClusterSync, follow_etcd, get_cluster, push_rules
 from .errors import ApiError, from_http_exception, json_response
@@ -67,9 +71,26 @@ ROUTES = [
     ("GET", "/api/v1/links", inspect_api.get_links, False),
     ("GET", "/api/v1/queues", inspect_api.get_queues, False),
     ("POST", "/api/v1/queues/{name}/promote", replication.promote, False),
+    ("POST", "/api/v1/queues", wiring.post_queue, False),
+    ("GET", "/api/v1/queues/{name}", wiring.get_queue, False),
+    ("PUT", "/api/v1/queues/{name}", wiring.put_queue, False),
+    ("DELETE", "/api/v1/queues/{name}", queue_ops.delete_queue, False),
+    ("POST", "/api/v1/queues/{name}/purge", queue_ops.purge_queue, False),
+    ("GET", "/api/v1/queues/{name}/messages", queue_ops.get_messages, False),
+    ("POST", "/api/v1/queues/{name}/move", queue_ops.move_messages, False),
+    ("POST", "/api/v1/queues/{name}/resend", queue_ops.resend_messages, False),
+    ("GET", "/api/v1/audit", get_audit, False),
     ("GET", "/api/v1/fragments", inspect_api.get_fragments, False),
     ("GET", "/api/v1/upstreams", inspect_api.get_upstreams, False),
-    ("GET", "/api/v1/exchanges", inspect_api.get_exchanges, False),
+    ("GET", "/api/v1/exchanges", wiring.get_exchanges, False),
+    ("POST", "/api/v1/exchanges", wiring.post_exchange, False),
+    ("GET", "/api/v1/exchanges/{name}", wiring.get_exchange, False),
+    ("PUT", "/api/v1/exchanges/{name}", wiring.put_exchange, False),
+    ("DELETE", "/api/v1/exchanges/{name}", wiring.delete_exchange, False),
+    ("GET", "/api/v1/bindings", wiring.get_bindings, False),
+    ("POST", "/api/v1/bindings", wiring.post_binding, False),
+    ("DELETE", "/api/v1/bindings/{id}", wiring.delete_binding, False),
+    ("POST", "/api/v1/cluster/wiring", wiring.push_wiring, False),
     ("GET", "/api/v1/subscriptions", inspect_api.get_subscriptions, False),
     ("DELETE", "/api/v1/subscriptions/{name}", inspect_api.delete_subscription, False),
     ("GET", "/api/v1/history", get_history, False),
@@ -116,7 +137,12 @@ async def auth_middleware(request: web.Request, handler):
     if (method, path) in PUBLIC:
         return await handler(request)
     token = bearer_token(request.headers.get("Authorization"))
-    role = role_for(request.app[TOKENS], getattr(request.app[NODE], "oauth", None), token) if token else None
+    tokens = request.app[TOKENS]
+    role = role_for(tokens, getattr(request.app[NODE], "oauth", None), token) if token else None
+    if token is not None:  # who, for the audit log
+        digest_known = tokens.role_of(token) is not None
+        request[WHO] = (token_who(token, tokens.names) if digest_known or role is None
+                        else jwt_who(token), role)
     if role is None:
         raise ApiError(401, "unauthorized", "a bearer token is required"
                        if token is None else "unknown token",
@@ -160,12 +186,18 @@ def _no_server_version() -> None:
     web_response.SERVER_SOFTWARE = SERVER
 
 
-def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.Application:
+def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0,
+              audit: bool = True) -> web.Application:
+    """``audit``: keep the audit log (worker 0 does for a node of several workers)."""
     settings = node.config.admin
     slow = SlowClients(settings.header_timeout, settings.body_timeout)
-    app = web.Application(middlewares=[slow.middleware, errors_middleware, auth_middleware,
-                                       aggregate_middleware],
+    app = web.Application(middlewares=[slow.middleware, audit_middleware, errors_middleware,
+                                       auth_middleware, aggregate_middleware],
                           client_max_size=MAX_BODY)
+    if audit:
+        data_dir = getattr(node, "data_dir", None)
+        app[AUDIT] = AuditLog(data_dir / "audit.jsonl" if data_dir is not None and data_dir.is_dir()
+                              else None, node.node_id)
     app[SLOW_CLIENTS] = slow
     manager = RulesManager(node)
     app[NODE] = node
@@ -180,6 +212,9 @@ def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0) -> web.A
     app.cleanup_ctx.append(sync.context)
     if manager.on_etcd:
         app.cleanup_ctx.append(follow_etcd(manager))
+    wired = wiring.Wiring(node)  # exchanges and bindings declared at run time
+    app[wiring.WIRING] = wired
+    app.cleanup_ctx.append(wired.context)
     history = History(node)
     app[HISTORY] = history
     app.cleanup_ctx.append(history.context)
@@ -257,7 +292,7 @@ class AdminService:
     async def _start_on_socket(self, worker) -> None:
         """Workers other than 0: their admin app answers worker 0 on a Unix socket only."""
         path = admin_socket(worker.data_dir, worker.index)
-        app = build_app(self.node, admin_url=f"unix:{path}")
+        app = build_app(self.node, admin_url=f"unix:{path}", audit=False)
         app[TOKENS] = Tokens.from_config(({"token": worker.admin_token, "role": "admin"},))
         app[CLUSTER].peers = {}  # worker 0 syncs rules with other nodes and hands them on
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False)

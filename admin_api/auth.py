@@ -39,20 +39,23 @@ class TokenEntry:
 
 
 class Tokens:
-    def __init__(self, entries: list[TokenEntry]) -> None:
+    def __init__(self, entries: list[TokenEntry], names: dict[bytes, str] | None = None) -> None:
         self.entries = tuple(entries)
+        self.names = names or {}  # digest -> the entry's ``name`` (the audit log's who)
 
     @classmethod
     def from_config(cls, raw: tuple[dict, ...]) -> "Tokens":
         """Entries already checked by ``proxy.config.AdminSection.check``."""
-        entries = []
+        entries, names = [], {}
         for entry in raw:
             if "token" in entry:
                 digest = hashlib.sha256(entry["token"].encode()).digest()
             else:
                 digest = bytes.fromhex(entry["token_sha256"])
             entries.append(TokenEntry(digest, entry["role"]))
-        return cls(entries)
+            if entry.get("name"):
+                names[digest] = entry["name"]
+        return cls(entries, names)
 
     def role_of(self, token: str) -> str | None:
         presented = hashlib.sha256(token.encode()).digest()

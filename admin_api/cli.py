@@ -1,5 +1,6 @@
 """``fedgate status | queues | connections | rules [get | apply FILE | resolve ADDRESS] |
-promote QUEUE [--node N] [--force]``.
+promote QUEUE [--node N] [--force] | queue (peek | purge | delete | move | resend) QUEUE |
+audit``.
 
 ``status``, ``queues``, ``connections`` and ``rules`` print tables (as
 ``rabbitmqctl`` and ``qdstat`` do), or the admin API's JSON with ``--json``;
@@ -46,7 +47,7 @@ class ApiFailure(Exception):
 
 
 def call(args: argparse.Namespace, method: str, path: str, body: Any = None,
-         headers: dict[str, str] | None = None) -> Any:
+         headers: dict[str, str] | None = None, *, timeout: float = TIMEOUT) -> Any:
     url = args.admin.rstrip("/") + path
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
@@ -56,7 +57,7 @@ def call(args: argparse.Namespace, method: str, path: str, body: Any = None,
     if data is not None:
         request.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read() or b"null")
     except urllib.error.HTTPError as exc:
         raw = exc.read()
@@ -396,6 +397,10 @@ def register(subparsers) -> None:
         _admin_option(command)
         _json_option(command)
         command.set_defaults(func=_run(func))
+
+    from .cli_queues import register_queue_commands
+
+    register_queue_commands(subparsers, _run, _admin_option, _json_option, call, table)
 
     token = subparsers.add_parser("admin-token", help="print the admin token of a node's data dir "
                                                       "(made if there is none)")

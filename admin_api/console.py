@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent / "console"
 ASSETS = {
     "app.js": "text/javascript",
     "api.js": "text/javascript",
+    "queues.js": "text/javascript",
     "style.css": "text/css",
 }
 HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff",

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.amqp.engine import partial_transfers
+from proxy.config.version import version as release
 from proxy.queues.endpoints import QueueConsumer, QueueProducer
 
 from .errors import ApiError, json_response
@@ -139,6 +140,7 @@ def queue_info(queue) -> dict[str, Any]:
         "browsers": len(queue.browsers),
         "unacked": queue.unacked,
         "max_depth": queue.max_depth,
+        "durable": queue.durable,
         "bytes": queue.bytes,
         "max_bytes": queue.max_bytes,
         "overflow": queue.overflow,
@@ -186,6 +188,7 @@ def node_info(request: web.Request) -> dict[str, Any]:
     version = node.rules_store.current.version
     return {
         "id": node.node_id,
+        "version": release(),  # the release (pyproject.toml, CHANGELOG.md)
         "url": node.url if node.address else None,
         "admin_url": request.app[ADMIN_URL]["url"],
         "uptime_s": round(time.monotonic() - request.app[STARTED], 3),

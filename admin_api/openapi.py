@@ -197,6 +197,157 @@ PROMOTED = {"type": "object", "properties": {
              "description": "static clusters: each other node told of the new primary "
                             "(learned, ignored, or failed: why)"}}}
 
+QUEUE_NAME = {"name": "name", "in": "path", "required": True,
+              "schema": {"type": "string", "minLength": 1}}
+OPERATED = {"name": {"type": "string"}, "node": {"type": "string", "description": "the node "
+                                                 "that did it (a replicated queue's primary)"},
+            "scope": {"type": "string", "enum": ["local", "fragment", "replicated"]},
+            "forwarded_to": {"type": "string", "description": "the primary this request was "
+                                                              "forwarded to"},
+            "depth": {"type": "integer"}}
+FAILURES = {"type": "array", "items": {"type": "object", "properties": {
+    "to": {"type": "string"}, "reason": {"type": "string"}, "count": {"type": "integer"}}}}
+OPS_ERRORS = ("400", "404", "409", "413", "502")
+
+
+def _queue_ops() -> dict[str, dict]:
+    """Queue operations (admin_api.queue_ops, docs/operations.md)."""
+    def answer(description: str, **properties) -> dict:
+        return _json({"type": "object", "properties": {**OPERATED, **properties}}, description)
+
+    return {
+        "/api/v1/queues/{name}": {"delete": _op(
+            "Delete a local queue; refused (409 queue_in_use) while it has consumers or "
+            "messages unless `force` (its links are then detached with amqp:resource-deleted)",
+            answer("deleted", deleted={"type": "boolean"}, purged={"type": "integer"},
+                   links_closed={"type": "integer"}),
+            errors=OPS_ERRORS, params=[QUEUE_NAME, {
+                "name": "force", "in": "query", "required": False,
+                "schema": {"type": "string", "enum": ["true", "false", "1", "0"]}}])},
+        "/api/v1/queues/{name}/purge": {"post": _op(
+            "Remove every waiting message (a replicated queue: by its primary, the backups "
+            "follow); messages out with consumers stay theirs",
+            answer("purged", purged={"type": "integer"}, unacked={"type": "integer"}),
+            errors=OPS_ERRORS, params=[QUEUE_NAME])},
+        "/api/v1/queues/{name}/messages": {"get": _op(
+            "The first `count` waiting messages, decoded, none taken: header, properties, "
+            "application properties, annotations, delivery-count, a body preview",
+            answer("messages", messages={"type": "array", "items": {"type": "object"}},
+                   scheduled={"type": "integer"}, unacked={"type": "integer"}),
+            errors=OPS_ERRORS, params=[QUEUE_NAME, {
+                "name": "count", "in": "query", "required": False,
+                "schema": {"type": "integer", "minimum": 1, "maximum": 10000}}])},
+        "/api/v1/queues/{name}/move": {"post": _op(
+            "Move up to `count` waiting messages (those `selector` selects) to the address "
+            "`to`, at least once: each leaves the queue once `to` accepted it; one refused, or "
+            "not answered in 30 s, is back at the head",
+            answer("moved", to={"type": "string"}, selected={"type": "integer"},
+                   moved={"type": "integer"}, returned={"type": "integer"}, failures=FAILURES),
+            errors=OPS_ERRORS, params=[QUEUE_NAME],
+            body={"type": "object", "required": ["to"], "additionalProperties": False,
+                  "properties": {"to": {"type": "string", "minLength": 1},
+                                 "count": {"type": "integer", "minimum": 1, "maximum": 10000},
+                                 "selector": {"type": "string"}}})},
+        "/api/v1/queues/{name}/resend": {"post": _op(
+            "Send dead-lettered messages (up to `count`) back to the queue each came from "
+            "(its x-opt-dead-letter-address), at least once, the dead-letter annotations taken off",
+            answer("resent", selected={"type": "integer"}, resent={"type": "integer"},
+                   returned={"type": "integer"}, failures=FAILURES,
+                   targets={"type": "object", "additionalProperties": {"type": "integer"}}),
+            errors=OPS_ERRORS, params=[QUEUE_NAME],
+            body={"type": "object", "additionalProperties": False, "properties": {
+                "count": {"type": "integer", "minimum": 1, "maximum": 10000}}})},
+        "/api/v1/audit": {"get": _op(
+            "The audit log of admin changes, newest last: time, node, who, role, method, path, "
+            "body (the start), status, result",
+            _json({"type": "object", "properties": {
+                "node": {"type": "string"}, "entries": {"type": "array", "items": {
+                    "type": "object", "required": ["time", "who", "method", "path", "status"]}},
+                "kept": {"type": "integer"}, "recorded": {"type": "integer"},
+                "file": {"type": ["string", "null"]}}}, "entries"),
+            errors=("400",), params=[{"name": "limit", "in": "query", "required": False,
+                                      "schema": {"type": "integer", "minimum": 1}}])},
+    }
+
+EXCHANGE_BODY = {"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 1},
+    "type": {"type": "string", "enum": ["fanout", "direct", "topic"]},
+    "upstream_fanout": {"type": "object", "properties": {
+        "primary": {"type": "string"}, "address": {"type": "string"},
+        "upstream": {"type": "object"}}}}}
+BINDING_BODY = {"type": "object", "required": ["exchange", "queue"], "properties": {
+    "exchange": {"type": "string", "minLength": 1}, "queue": {"type": "string", "minLength": 1},
+    "key": {"type": "string"}}}
+WIRED = {"type": "object", "properties": {"version": {"type": "integer"}}}
+QUEUE_BODY = {"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 1}, "max_depth": {"type": "integer", "minimum": 0},
+    "max_bytes": {"type": "integer", "minimum": 0},
+    "overflow": {"type": "string", "enum": ["reject-publish", "drop-head"]},
+    "dead_letter": {"type": "string"}, "delivery_limit": {"type": "integer", "minimum": 0},
+    "durable": {"type": "boolean"}}}
+WIRING_ERRORS = ("400", "409", "412", "413", "422", "503")
+
+
+def _wiring_paths() -> dict[str, dict]:
+    """Exchanges and bindings at run time (admin_api.wiring, docs/operations.md)."""
+    name = {"name": "name", "in": "path", "required": True,
+            "schema": {"type": "string", "minLength": 1}}
+    etag = {"headers": ETAG_HEADER}
+    return {
+        "/api/v1/exchanges": {
+            "get": _op("Exchanges with counters, remote sources, the anonymous relay; `declared`: "
+                       "the configuration's and the run-time exchanges and bindings (ETag)",
+                       {**_json(LISTING, "exchanges"), **etag}),
+            "post": _op("Declare an exchange (the [[exchanges]] keys), stored cluster-wide",
+                        {**_json(WIRED, "declared"), **etag}, ok_code="201",
+                        errors=WIRING_ERRORS, params=[IF_MATCH], body=EXCHANGE_BODY)},
+        "/api/v1/exchanges/{name}": {
+            "get": _op("One exchange: its declaration, bindings, counters",
+                       {**_json({"type": "object"}, "the exchange"), **etag},
+                       errors=("404",), params=[name]),
+            "put": _op("Declare or change a run-time exchange",
+                       {**_json(WIRED, "changed"), **etag}, errors=WIRING_ERRORS,
+                       params=[name, IF_MATCH], body=EXCHANGE_BODY,
+                       extra={"201": _json(WIRED, "declared")}),
+            "delete": _op("Delete a run-time exchange and its bindings (its senders detached "
+                          "with amqp:resource-deleted)", {**_json(WIRED, "deleted"), **etag},
+                          errors=("404", "409", "412", "422", "503"), params=[name, IF_MATCH])},
+        "/api/v1/bindings": {
+            "get": _op("Bindings of exchanges to queues, with their id and origin",
+                       {**_json({"type": "object"}, "bindings"), **etag}),
+            "post": _op("Bind a queue to an exchange (the [[bindings]] keys)",
+                        {**_json(WIRED, "bound"), **etag}, ok_code="201",
+                        errors=WIRING_ERRORS, params=[IF_MATCH], body=BINDING_BODY)},
+        "/api/v1/bindings/{id}": {"delete": _op(
+            "Delete a run-time binding", {**_json(WIRED, "deleted"), **etag},
+            errors=("404", "409", "412", "422", "503"),
+            params=[{"name": "id", "in": "path", "required": True,
+                     "schema": {"type": "string", "minLength": 1}}, IF_MATCH])},
+        "/api/v1/queues": {"post": _op(
+            "Declare a queue (the [[queue]] keys: name, max_depth, max_bytes, overflow, "
+            "dead_letter, delivery_limit, durable), stored cluster-wide, made on the nodes "
+            "where it is local", {**_json(WIRED, "declared"), **etag}, ok_code="201",
+            errors=WIRING_ERRORS, params=[IF_MATCH], body=QUEUE_BODY)},
+        "/api/v1/queues/{name}": {
+            "get": _op("One queue: its figures on this node and its declaration (origin config "
+                       "or api)", {**_json({"type": "object"}, "the queue"), **etag},
+                       errors=("404",), params=[name]),
+            "put": _op("Declare or change a run-time queue's settings (applied in place)",
+                       {**_json(WIRED, "changed"), **etag}, errors=WIRING_ERRORS,
+                       params=[name, IF_MATCH], body=QUEUE_BODY,
+                       extra={"201": _json(WIRED, "declared")})},
+        "/api/v1/cluster/wiring": {"post": _op(
+            "Node to node (static clusters): offer a run-time wiring record (adopted if newer)",
+            _json({"type": "object", "properties": {"accepted": {"type": "boolean"}}}, "result"),
+            errors=("400", "409", "413", "422"), tag="cluster",
+            body={"type": "object", "required": ["version", "exchanges", "bindings"],
+                  "properties": {"version": {"type": "integer"},
+                                 "updated_at": {"type": "number"},
+                                 "origin": {"type": ["string", "null"]},
+                                 "exchanges": {"type": "array", "items": EXCHANGE_BODY},
+                                 "bindings": {"type": "array", "items": BINDING_BODY}}})},
+    }
+
 
 def spec() -> dict[str, Any]:
     rules_put_body = {"oneOf": [
@@ -333,6 +484,9 @@ def spec() -> dict[str, Any]:
                 "owner": {"type": "string", "minLength": 1},
                 "epoch": {"type": "integer", "minimum": 1}}})},
     }
+    for extra in (_queue_ops(), _wiring_paths()):
+        for path, item in extra.items():
+            paths.setdefault(path, {}).update(item)
     return {
         "openapi": "3.1.0",
         "info": {"title": "fedgate admin API", "version": "1",
@@ -352,6 +506,8 @@ def spec() -> dict[str, Any]:
                 "RulesRecord": RECORD,
                 "Node": {"type": "object", "properties": {
                     "id": {"type": "string"}, "rules_version": {"type": "integer"},
+                    "version": {"type": "string", "description": "the release (semver, "
+                                                                  "CHANGELOG.md)"},
                     "counters": {"type": "object"},
                     "memory": {"type": "object", "properties": {
                         "queued_bytes": {"type": "integer"}, "max_memory": {"type": "integer"},

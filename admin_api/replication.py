@@ -29,6 +29,7 @@ import urllib.parse
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from routing import RuleError
@@ -246,21 +247,34 @@ async def _forward(node, name: str, target: str, force: bool, token: str | None,
                        "[admin] cluster (or, on etcd, its [cluster] advertise_admin)", field="node")
     path = f"/api/v1/queues/{urllib.parse.quote(name, safe='')}/promote"
     headers = {**_headers(token), FORWARDED: node.node_id}
+    return await call_node("POST", url, path, target, headers=headers, field="node",
+                           body=orjson.dumps({"node": target, "force": force}),
+                           timeout=FORWARD_TIMEOUT)
+
+
+async def call_node(method: str, url: str, path_qs: str, target: str, *, headers: dict,
+                    field: str, body: bytes | None = None,
+                    timeout: float = FORWARD_TIMEOUT) -> tuple[int, Any]:
+    """(status, JSON answer) of one request to node ``target``'s admin API at ``url`` on this
+    node's behalf; 502 (``node_unreachable``, ``bad_gateway``, ``node_refused``: this node's
+    token, not the caller's) when it gives no usable answer."""
+    if body is not None:
+        headers = {**headers, "Content-Type": "application/json"}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT)) as session:
-            async with session.post(url + path, json={"node": target, "force": force},
-                                    headers=headers) as response:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+            async with session.request(method, url + path_qs, data=body,
+                                       headers=headers) as response:
                 status = response.status
                 answer = await response.json(content_type=None)
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise ApiError(502, "node_unreachable", f"node {target} at {url}: "
-                       f"{str(exc) or exc.__class__.__name__}", field="node") from None
+                       f"{str(exc) or exc.__class__.__name__}", field=field) from None
     except ValueError:
         raise ApiError(502, "bad_gateway", f"node {target} at {url} answered HTTP {status} "
-                       "without JSON", field="node") from None
+                       "without JSON", field=field) from None
     if status in (401, 403):  # this node's token, not the caller's: say whose
         raise ApiError(502, "node_refused", f"node {target} refused this node's token: set the "
-                       "same [admin] cluster_token on both", field="node")
+                       "same [admin] cluster_token on both", field=field)
     return status, answer
 
 

@@ -46,7 +46,8 @@ BASE = "http://worker"  # the host part of a URL sent over a Unix socket
 AGGREGATED = ("/api/v1/node", "/api/v1/connections", "/api/v1/links", "/api/v1/queues",
               "/api/v1/fragments", "/api/v1/upstreams", "/api/v1/exchanges",
               "/api/v1/subscriptions")
-FIRST_ONLY = {"rules_version", "routing_table_version", "uptime_s", "id", "url", "admin_url"}
+FIRST_ONLY = {"rules_version", "routing_table_version", "uptime_s", "id", "url", "admin_url",
+              "declared"}
 
 
 def admin_socket(data_dir, worker: int) -> str:
@@ -246,7 +247,7 @@ async def aggregate_middleware(request: web.Request, handler):
                 lines += label_metrics(answer[1].decode(), worker, keep_comments=False)
         return web.Response(body=("\n".join(lines) + "\n").encode(),
                             headers={"Content-Type": response.headers.get("Content-Type", "text/plain")})
-    if request.method == "POST" and (owner := await _owner_worker(request)):
+    if request.method in ("POST", "DELETE", "GET") and (owner := await _owner_worker(request)):
         return await _to_owner(request, peers, owner)
     if request.method == "GET" and path == "/api/v1/resolve" and (owner := _resolve_owner(request)):
         answer = await peers.ask(owner, "GET", request.path_qs)
@@ -270,7 +271,10 @@ async def aggregate_middleware(request: web.Request, handler):
 
 
 CALLER = "X-Fedgate-Caller"  # the caller's Authorization, for a worker that asks other nodes
-PROMOTE = re.compile(r"^/api/v1/queues/([^/]+)/promote$")
+# a queue's operations (admin_api.queue_ops): the worker that keeps the queue does them
+QUEUE_OPS = {"POST": re.compile(r"^/api/v1/queues/([^/]+)/(promote|purge|move|resend)$"),
+             "DELETE": re.compile(r"^/api/v1/queues/([^/]+)$"),
+             "GET": re.compile(r"^/api/v1/queues/([^/]+)(/messages)?$")}
 
 
 async def _owner_worker(request: web.Request) -> int:
@@ -279,10 +283,11 @@ async def _owner_worker(request: web.Request) -> int:
     worker = getattr(request.app[NODE], "worker", None)
     if worker is None or worker.count < 2:
         return 0
-    match = PROMOTE.match(request.path)
+    pattern = QUEUE_OPS.get(request.method)
+    match = pattern.match(request.path) if pattern is not None else None
     if match is not None:
         return worker.owners.owner(request.match_info.get("name") or match.group(1))
-    if request.path == "/api/v1/replication/owner":
+    if request.method == "POST" and request.path == "/api/v1/replication/owner":
         try:
             address = orjson.loads(await request.read()).get("address")
         except (orjson.JSONDecodeError, AttributeError):
@@ -310,8 +315,8 @@ async def _to_owner(request: web.Request, peers: WorkerPeers, owner: int) -> web
     for name in ("X-Fedgate-Forwarded-By",):
         if name in request.headers:
             headers[name] = request.headers[name]
-    answer = await peers.ask(owner, "POST", request.path_qs, body=await request.read(),
-                             headers=headers)
+    body = await request.read() if request.body_exists else None
+    answer = await peers.ask(owner, request.method, request.path_qs, body=body, headers=headers)
     if answer is None:
         raise ApiError(502, "worker_unreachable", f"worker {owner} of this node, which keeps the "
                        "queue, did not answer", field="name")

@@ -13,6 +13,7 @@ from proxy import plugins
 from proxy.auth.users import UsersFile, UsersFileError, make_record
 from proxy.config import settings as config_mod
 from proxy.config.errors import ConfigError
+from proxy.config.version import version
 
 log = logging.getLogger("fedgate")
 
@@ -197,6 +198,7 @@ def _workers_flag(value: str) -> int | str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedgate", description="AMQP 1.0 federation proxy node")
+    parser.add_argument("--version", action="version", version=f"fedgate {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run a node")

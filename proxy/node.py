@@ -191,6 +191,8 @@ class Node:
             }
 
         self.queue_options = queue_options
+        # [[queue]] by name; queues declared through the admin API are added here too
+        self.declared_queues = declared
         self.queues = QueueRegistry(
             auto_create=defaults.auto_create, defaults=queue_options,
             max_memory=config.limits.max_memory,

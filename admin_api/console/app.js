@@ -2,6 +2,7 @@
 // every few seconds; rule changes go to the API, which validates them (the
 // error names the field) — the console never checks rules itself.
 import { Api } from '/ui/api.js';
+import { PEEK_HEADERS, bindQueueActions, queuePage } from '/ui/queues.js';
 
 const REFRESH_MS = 2000;
 const $ = (selector) => document.querySelector(selector);
@@ -82,6 +83,7 @@ async function refresh() {
 
 function renderNode(node, cluster) {
   $('#node-id').textContent = `node ${node.id}`;
+  $('#version').textContent = node.version ? `v${node.version}` : '';
   const counters = $('#counters');
   counters.replaceChildren();
   for (const [name, value] of Object.entries(node.counters)) {
@@ -264,7 +266,7 @@ function renderRules(doc) {
 function renderQueues(doc) {
   // replicated queues held on another node (this one a backup, or proxying) have no local figures
   fill('queues', doc.queues.filter((q) => q.stats).map((q) => [
-    cell(q.name, 'mono'), cell(q.depth, 'num'), cell(q.scheduled || 0, 'num'), cell(q.consumers, 'num'),
+    link(q.name, `#queue/${encodeURIComponent(q.name)}`), cell(q.depth, 'num'), cell(q.scheduled || 0, 'num'), cell(q.consumers, 'num'),
     cell(q.producers, 'num'), cell(q.unacked, 'num'), cell(q.paged_messages || 0, 'num'),
     cell(q.stats.enqueued, 'num'),
     cell(q.stats.delivered, 'num'), cell(q.stats.dead_lettered, 'num'),
@@ -362,12 +364,19 @@ function showDetail(title, fields, rowsTitle, headers, rows, emptyText) {
 function renderDetail() {
   const [kind, key] = decodeURIComponent(location.hash.slice(1)).split(/\/(.*)/s);
   const sections = document.querySelectorAll('main > section:not(#detail)');
-  if (!latest || !key || !['connection', 'upstream', 'replicated'].includes(kind)) {
+  $('#queue-actions').hidden = kind !== 'queue' || !key;
+  if (!latest || !key || !['connection', 'upstream', 'replicated', 'queue'].includes(kind)) {
     $('#detail').hidden = true;
     sections.forEach((s) => { s.hidden = false; });
     return;
   }
   sections.forEach((s) => { s.hidden = true; });
+  if (kind === 'queue') {
+    queuePage(api, key, cell).then(([fields, rows]) => {
+      showDetail(`queue ${key}`, fields, `first messages (none taken)`, PEEK_HEADERS, rows, 'no messages waiting');
+    }).catch((error) => showDetail(`queue ${key}`, [['state', error.message]], '', [], [], ''));
+    return;
+  }
   if (kind === 'connection') {
     const c = latest.connections.connections.find((x) => String(x.id) === key);
     if (!c) {
@@ -529,6 +538,10 @@ $('#edit-rule').addEventListener('submit', saveEdit);
 $('#edit-cancel').addEventListener('click', () => { $('#edit-rule').hidden = true; });
 $('#resolve').addEventListener('submit', resolveAddress);
 window.addEventListener('hashchange', renderDetail);
+bindQueueActions(() => api, () => {
+  const [kind, key] = decodeURIComponent(location.hash.slice(1)).split(/\/(.*)/s);
+  return kind === 'queue' ? key : null;
+}, refresh);
 
 const saved = sessionStorage.getItem('fedgate-token');
 if (saved) {

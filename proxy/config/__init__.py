@@ -3,6 +3,7 @@
 Owns: ``settings`` (every section), ``exchanges`` (``[[exchanges]]`` and
 ``[[bindings]]``), ``rules_store`` (routing rules kept on disk for the admin
 API), ``errors`` (``ConfigError`` naming the key), ``oauth`` (the ``[oauth]``
-table's token validator and key files). May import: ``routing``,
+table's token validator and key files), ``version`` (the release, from pyproject.toml).
+May import: ``routing``,
 ``proxy.auth`` (ACL entries, SASL mechanism names, the OAuth validator).
 """

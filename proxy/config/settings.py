@@ -129,8 +129,10 @@ class AdminSection:
 
 def _check_token(entry: dict, key: str) -> None:
     for name in entry:
-        if name not in ("token", "token_sha256", "role"):
-            raise ConfigError(f"{key}.{name}", "unknown key (known: role, token, token_sha256)")
+        if name not in ("token", "token_sha256", "role", "name"):
+            raise ConfigError(f"{key}.{name}", "unknown key (known: name, role, token, token_sha256)")
+    if "name" in entry and (not isinstance(entry["name"], str) or not 0 < len(entry["name"]) <= 64):
+        raise ConfigError(f"{key}.name", "a name of 1 to 64 characters (who, in the audit log)")
     if ("token" in entry) == ("token_sha256" in entry):
         raise ConfigError(key, "exactly one of 'token' or 'token_sha256'")
     if "token" in entry:
@@ -319,6 +321,11 @@ class QueueDecl:
         if self.delivery_limit < 0:
             raise ConfigError(f"{key}.delivery_limit", "must not be negative")
         _check_bytes(key, self.max_bytes, self.overflow)
+
+
+def parse_queue(raw: Any, key: str) -> QueueDecl:
+    """One ``[[queue]]`` table (also a queue declared through the admin API); ConfigError."""
+    return _section(raw, QueueDecl, key)
 
 
 def _check_bytes(key: str, max_bytes: int, overflow: str | None) -> None:

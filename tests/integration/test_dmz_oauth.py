@@ -216,5 +216,10 @@ def test_connections_view_and_admin_api_with_tokens(node, issuer):
     assert http("DELETE", node.admin_url + "/api/v1/connections/999999", token=reader)[0] == 403
     operator = issuer.token("oscar", "", realm_access={"roles": ["fedgate-operator"]})
     assert http("DELETE", node.admin_url + "/api/v1/connections/999999", token=operator)[0] == 404
+    # the audit log names the token's subject (issue #46)
+    status, audit = http("GET", node.admin_url + "/api/v1/audit", token=reader)
+    assert status == 200
+    assert [(e["who"], e["role"], e["status"]) for e in audit["entries"]] == [
+        ("sub:viewer", "read", 403), ("sub:oscar", "admin", 404)]
     assert http("GET", node.admin_url + "/api/v1/connections", token=issuer.token("nobody", "openid"))[0] == 403
     assert http("GET", node.admin_url + "/api/v1/connections", token=issuer.token(ttl=-60))[0] == 401

@@ -1,0 +1,91 @@
+"""Exchanges and bindings declared at run time (the admin API, docs/operations.md): applied on
+top of the configuration's.
+
+How this works
+--------------
+``apply(exchanges, declared, bindings)`` makes the node's exchanges what the configuration
+declares plus ``declared`` (``ExchangeDecl``) and ``bindings`` (``BindingDecl``, exchange
+bindings), replacing the previous run-time set, in place:
+
+* an exchange the configuration declares keeps its type and its configured bindings; run-time
+  bindings may be added to it;
+* a run-time exchange that is new is made; one whose type changed is changed in place (its
+  producers route by the new type from the next message);
+* a run-time exchange no longer declared is taken away: its producers' links are detached
+  with ``amqp:resource-deleted`` (their unsettled messages are settled as usual), and a new
+  sender to its name is routed by the rules like any address;
+* the local queues of new bindings are declared (as at start).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from proxy.exchanges.exchange import Binding, Exchange, ExchangeProducer
+from proxy.upstream.target import UpstreamTarget
+
+log = logging.getLogger("fedgate.exchanges")
+
+RESOURCE_DELETED = "amqp:resource-deleted"
+
+
+def _configured(exchanges) -> dict:
+    """{name: [Binding]} of the configuration, taken once (before the first apply)."""
+    found = getattr(exchanges, "configured", None)
+    if found is None:
+        found = exchanges.configured = {
+            name: list(exchange.bindings) for name, exchange in exchanges.exchanges.items()}
+    return found
+
+
+def apply(exchanges, declared: tuple, bindings: tuple) -> dict:
+    """Make the run-time set ``declared`` + ``bindings``; what changed, by name."""
+    configured = _configured(exchanges)
+    wanted = {decl.name: decl for decl in declared if decl.name not in configured}
+    changed = {"added": [], "removed": [], "changed": []}
+    for name in [n for n in exchanges.exchanges if n not in configured and n not in wanted]:
+        if getattr(exchanges.exchanges[name], "runtime", False):
+            _remove(exchanges, name)
+            changed["removed"].append(name)
+    for name, decl in wanted.items():
+        exchange = exchanges.exchanges.get(name)
+        if exchange is None:
+            exchange = exchanges.exchanges[name] = Exchange(name, decl.type)
+            changed["added"].append(name)
+        elif exchange.type != decl.type:
+            exchange.type = decl.type
+            changed["changed"].append(name)
+        exchange.runtime = True
+        exchange.fanout = decl.upstream_fanout
+        exchange.fanout_key = UpstreamTarget.from_url(decl.upstream_fanout.url).key \
+            if decl.upstream_fanout is not None else None
+    by_exchange: dict[str, list[Binding]] = {}
+    for binding in bindings:
+        by_exchange.setdefault(binding.exchange, []).append(Binding(binding.queue, binding.key))
+    broker = exchanges.broker
+    for name, exchange in exchanges.exchanges.items():
+        if name not in configured and name not in wanted:
+            continue  # a topic's exchange (declare_topic): not ours
+        new = configured.get(name, []) + by_exchange.get(name, [])
+        if [(b.queue, b.key) for b in new] != [(b.queue, b.key) for b in exchange.bindings]:
+            exchange.bindings = new
+            if name not in changed["added"]:
+                changed["changed"].append(name)
+        for binding in new:
+            if broker.resolve(binding.queue).kind == "local":
+                broker.queues.declare(binding.queue, **exchanges.queue_options(binding.queue))
+    if any(changed.values()):
+        log.info("exchanges declared at run time: %s", ", ".join(
+            f"{what} {', '.join(names)}" for what, names in changed.items() if names))
+    broker.run_pending()
+    return changed
+
+
+def _remove(exchanges, name: str) -> None:
+    exchange = exchanges.exchanges.pop(name)
+    exchange.bindings = []
+    for handler in list(exchanges.broker.handlers.values()):
+        for endpoint in list(handler.links.values()):
+            if isinstance(endpoint, ExchangeProducer) and endpoint.exchange is exchange:
+                handler.close_link(endpoint.link, RESOURCE_DELETED,
+                                   f"exchange {name!r} deleted by an operator")
