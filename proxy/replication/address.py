@@ -481,15 +481,20 @@ class ReplicatedAddress:
                 url = self.service.url_of(node)
                 if url is not None:
                     backups[node] = url
+        # make before break: an in-sync backup the set leaves out stays until all of the set's
+        # are in sync (in_sync_changed drops it then; docs/nemesis.md, finding 28)
+        isr = self.primary.replica_set.isr
+        if not all(node in isr for node in backups):
+            for node in isr:
+                url = self.service.url_of(node)
+                if node not in backups and url is not None:
+                    backups[node] = url
         self.primary.set_backups(backups)
 
     def fence(self, why: str, *, keep: bool = False) -> None:
-        """Stop being the primary. ``keep``: this node lost its lease (paused, cut off from
-        etcd), not the queue to a known new owner. It keeps what it held, as a journal's
-        recovery is kept: still named primary in the record, it claims again with it when it
-        may act and no copy in sync took over; another node's claim drops it (``owner_changed``),
-        as does becoming that node's backup. Thrown away here, it was lost when the only backup
-        had died meanwhile (docs/nemesis.md finding 24)."""
+        """Stop being the primary. ``keep``: for this node's own lease, not a known new owner:
+        what it held is kept as a journal's recovery is, to claim again with while the record
+        names it; another node's claim, or being its backup, drops it (docs/nemesis.md, 24)."""
         primary = self.primary
         if primary is None or primary.fenced:
             return
@@ -530,8 +535,10 @@ class ReplicatedAddress:
         loop.call_later(hold + 0.05, self._recheck)
 
     def in_sync_changed(self, isr: frozenset) -> None:
-        """The primary's in-sync set was written: a fragment held away from home goes back
+        """The primary's in-sync set was written: a backup kept only until the replica set's
+        own were in sync goes (``members_changed``); a fragment held away from home goes back
         once its home member is in sync (with etcd: the home claims it when it is released)."""
+        self.members_changed()
         if self.home is None or self.home == self.node_id or self.home not in isr:
             return
         if not self.service.automatic or self._handing_back is not None:
