@@ -21,28 +21,11 @@
 // "replicated_page": {...} | null, "console_errors": [...], "error": null | "..."}.
 'use strict';
 
-const { chromium } = require('playwright-core');
+const { launch, options: parse } = require('./console_browser');
 
-const LAUNCH_ARGS = [
-  '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-  '--disable-background-networking', '--disable-component-update', '--disable-sync',
-];
-
-function options(argv) {
-  const out = { chromium: '/usr/bin/chromium', ruleName: 'ui-deny', ruleMatch: 'ui.secret.#',
-    editMatch: 'ui.hidden.#', filledQueue: null, upstream: null, replicatedQueue: null };
-  for (let i = 2; i < argv.length; i += 2) {
-    const key = argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
-    out[key] = argv[i + 1];
-  }
-  for (const required of ['url', 'token', 'screenshot']) {
-    if (!out[required]) {
-      process.stderr.write(`missing --${required}\n`);
-      process.exit(64);
-    }
-  }
-  return out;
-}
+const DEFAULTS = { ruleName: 'ui-deny', ruleMatch: 'ui.secret.#', editMatch: 'ui.hidden.#',
+  filledQueue: null, upstream: null, replicatedQueue: null };
+const options = (argv) => parse(argv, DEFAULTS, ['url', 'token', 'screenshot']);
 
 async function texts(page, selector) {
   return page.$$eval(selector, (cells) => cells.map((c) => c.textContent.trim()));
@@ -92,7 +75,7 @@ async function main() {
   const opts = options(process.argv);
   const result = { rules: [], added: null, invalid_error: null, edited: null, edit_error: null, queues: [],
     history: null, depths: [], console_errors: [], error: null };
-  const browser = await chromium.launch({ executablePath: opts.chromium, args: LAUNCH_ARGS, timeout: 30000 });
+  const browser = await launch(opts);
   try {
     const page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
     page.setDefaultTimeout(10000);

@@ -12,21 +12,7 @@
 // "console_errors": [...], "error": null | "..."}.
 'use strict';
 
-const { chromium } = require('playwright-core');
-
-const LAUNCH_ARGS = [
-  '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-  '--disable-background-networking', '--disable-component-update', '--disable-sync',
-];
-
-function options(argv) {
-  const out = { chromium: '/usr/bin/chromium' };
-  for (let i = 2; i < argv.length; i += 2) {
-    const key = argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
-    out[key] = argv[i + 1];
-  }
-  return out;
-}
+const { launch, options } = require('./console_browser');
 
 const rowsOf = (page) => page.$$eval('#detail-rows tbody tr', (trs) => trs.map((tr) => [...tr.children].map((td) => td.textContent.trim())));
 
@@ -44,7 +30,7 @@ async function act(page, click) {
 async function main() {
   const opts = options(process.argv);
   const result = { console_errors: [], error: null };
-  const browser = await chromium.launch({ executablePath: opts.chromium, args: LAUNCH_ARGS, timeout: 30000 });
+  const browser = await launch(opts);
   try {
     const page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
     page.setDefaultTimeout(10000);
