@@ -286,18 +286,26 @@ def _in_config(node, name: str) -> bool:
     return any(e.name == name for e in node.config.exchanges)
 
 
-async def post_exchange(request: web.Request) -> web.Response:
-    raw = _object(await read_json(request), "an exchange: name, type, upstream_fanout")
+async def _post(request: web.Request, what: str, describe: str, in_config) -> web.Response:
+    """POST of one run-time ``what`` (exchange, queue): added (201), or 409 when a run-time one
+    or the configuration's (``in_config(node, name)``) has that name."""
+    raw = _object(await read_json(request), describe)
     name = raw.get("name")
     node = request.app[NODE]
+    items = what + "s"  # the record's "exchanges" or "queues"
 
     def edit(record: dict) -> dict:
-        if isinstance(name, str) and (_in_config(node, name) or
-                                      any(e.get("name") == name for e in record["exchanges"])):
-            raise ApiError(409, "exchange_exists", f"exchange {name!r} exists", field="name")
-        record["exchanges"].append(raw)
-        return {"exchange": raw}
+        if isinstance(name, str) and (in_config(node, name) or
+                                      any(item.get("name") == name for item in record[items])):
+            raise ApiError(409, f"{what}_exists", f"{what} {name!r} is declared already",
+                           field="name")
+        record[items].append(raw)
+        return {what: raw}
     return await _edit(request, edit, 201)
+
+
+async def post_exchange(request: web.Request) -> web.Response:
+    return await _post(request, "exchange", "an exchange: name, type, upstream_fanout", _in_config)
 
 
 async def get_exchange(request: web.Request) -> web.Response:
@@ -443,18 +451,7 @@ def declared_queue(wiring: Wiring, node, name: str) -> dict | None:
 
 
 async def post_queue(request: web.Request) -> web.Response:
-    raw = _object(await read_json(request), "a queue: the [[queue]] keys")
-    name = raw.get("name")
-    node = request.app[NODE]
-
-    def edit(record: dict) -> dict:
-        if isinstance(name, str) and (_config_queue(node, name) or
-                                      any(q.get("name") == name for q in record["queues"])):
-            raise ApiError(409, "queue_exists", f"queue {name!r} is declared already",
-                           field="name")
-        record["queues"].append(raw)
-        return {"queue": raw}
-    return await _edit(request, edit, 201)
+    return await _post(request, "queue", "a queue: the [[queue]] keys", _config_queue)
 
 
 async def get_queue(request: web.Request) -> web.Response:

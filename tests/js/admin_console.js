@@ -21,7 +21,7 @@
 // "replicated_page": {...} | null, "console_errors": [...], "error": null | "..."}.
 'use strict';
 
-const { launch, options: parse } = require('./console_browser');
+const { run, options: parse } = require('./console_browser');
 
 const DEFAULTS = { ruleName: 'ui-deny', ruleMatch: 'ui.secret.#', editMatch: 'ui.hidden.#',
   filledQueue: null, upstream: null, replicatedQueue: null };
@@ -71,98 +71,84 @@ function chartFigures(svg) {
     samples: Number(svg.dataset.samples) };
 }
 
-async function main() {
-  const opts = options(process.argv);
-  const result = { rules: [], added: null, invalid_error: null, edited: null, edit_error: null, queues: [],
-    history: null, depths: [], console_errors: [], error: null };
-  const browser = await launch(opts);
-  try {
-    const page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
-    page.setDefaultTimeout(10000);
-    page.on('console', (msg) => { if (msg.type() === 'error') result.console_errors.push(msg.text()); });
-    page.on('pageerror', (err) => result.console_errors.push(String(err)));
+const opts = options(process.argv);
+run(opts, async (browser, result) => {
+  Object.assign(result, { rules: [], added: null, invalid_error: null, edited: null,
+    edit_error: null, queues: [], history: null, depths: [], console_errors: [] });
+  const page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
+  page.setDefaultTimeout(10000);
+  page.on('console', (msg) => { if (msg.type() === 'error') result.console_errors.push(msg.text()); });
+  page.on('pageerror', (err) => result.console_errors.push(String(err)));
 
-    await page.goto(opts.url);
-    await page.fill('#token', opts.token);
-    await page.click('#login button[type=submit]');
-    await page.waitForSelector('#status.ok');
-    await page.waitForSelector('#nodes tbody td');
+  await page.goto(opts.url);
+  await page.fill('#token', opts.token);
+  await page.click('#login button[type=submit]');
+  await page.waitForSelector('#status.ok');
+  await page.waitForSelector('#nodes tbody td');
 
-    const form = '#add-rule';
-    await page.fill(`${form} input[name=name]`, opts.ruleName);
-    await page.fill(`${form} input[name=match]`, opts.ruleMatch);
-    await page.selectOption(`${form} select[name=kind]`, 'deny');
-    await page.click(`${form} button[type=submit]`);
-    await page.waitForSelector('#rule-ok:not([hidden])');
-    result.added = (await page.textContent('#rule-ok')).trim();
-    await page.waitForFunction(
-      (name) => [...document.querySelectorAll('#rules tbody td')].some((td) => td.textContent === name),
-      opts.ruleName);
+  const form = '#add-rule';
+  await page.fill(`${form} input[name=name]`, opts.ruleName);
+  await page.fill(`${form} input[name=match]`, opts.ruleMatch);
+  await page.selectOption(`${form} select[name=kind]`, 'deny');
+  await page.click(`${form} button[type=submit]`);
+  await page.waitForSelector('#rule-ok:not([hidden])');
+  result.added = (await page.textContent('#rule-ok')).trim();
+  await page.waitForFunction(
+    (name) => [...document.querySelectorAll('#rules tbody td')].some((td) => td.textContent === name),
+    opts.ruleName);
 
-    // The server validates: a local rule may not have a primary.
-    await page.fill(`${form} input[name=name]`, 'ui-invalid');
-    await page.fill(`${form} input[name=match]`, 'ui.invalid');
-    await page.selectOption(`${form} select[name=kind]`, 'local');
-    await page.fill(`${form} input[name=primary]`, 'n2');
-    await page.click(`${form} button[type=submit]`);
-    await page.waitForSelector('#rule-error:not([hidden])');
-    result.invalid_error = (await page.textContent('#rule-error')).trim();
+  // The server validates: a local rule may not have a primary.
+  await page.fill(`${form} input[name=name]`, 'ui-invalid');
+  await page.fill(`${form} input[name=match]`, 'ui.invalid');
+  await page.selectOption(`${form} select[name=kind]`, 'local');
+  await page.fill(`${form} input[name=primary]`, 'n2');
+  await page.click(`${form} button[type=submit]`);
+  await page.waitForSelector('#rule-error:not([hidden])');
+  result.invalid_error = (await page.textContent('#rule-error')).trim();
 
-    // Edit the rule just added (PUT /api/v1/rules/NAME), then an edit the server refuses
-    result.edited = await editRule(page, opts.ruleName, (rule) => ({ ...rule, match: opts.editMatch }), 'ok');
-    result.edit_form_hidden = await page.isHidden('#edit-rule');
-    result.edit_error = await editRule(page, opts.ruleName, (rule) => ({ ...rule, kind: 'proxy' }), 'error');
-    await page.click('#edit-cancel');
-    await page.waitForFunction(
-      ([name, match]) => [...document.querySelectorAll('#rules tbody tr')].some(
-        (tr) => tr.children[1].textContent === name && tr.children[2].textContent === match),
-      [opts.ruleName, opts.editMatch]);
+  // Edit the rule just added (PUT /api/v1/rules/NAME), then an edit the server refuses
+  result.edited = await editRule(page, opts.ruleName, (rule) => ({ ...rule, match: opts.editMatch }), 'ok');
+  result.edit_form_hidden = await page.isHidden('#edit-rule');
+  result.edit_error = await editRule(page, opts.ruleName, (rule) => ({ ...rule, kind: 'proxy' }), 'error');
+  await page.click('#edit-cancel');
+  await page.waitForFunction(
+    ([name, match]) => [...document.querySelectorAll('#rules tbody tr')].some(
+      (tr) => tr.children[1].textContent === name && tr.children[2].textContent === match),
+    [opts.ruleName, opts.editMatch]);
 
-    result.rules = await texts(page, '#rules tbody td:nth-child(2)');
-    result.queues = await texts(page, '#queues tbody td:nth-child(1)');
-    // the charts of the last hour: wait until the node's samples show the load (raw
-    // figures: data-peak has no floor) and the filled queue has its depth line
-    await page.waitForFunction((queue) => {
-      const peak = (id) => Number(document.querySelector(id).dataset.peak || 0);
-      const lines = [...document.querySelectorAll('#chart-depths polyline')].map((l) => l.dataset.name);
-      return peak('#chart-in') > 0 && peak('#chart-out') > 0 && (!queue || lines.includes(queue));
-    }, opts.filledQueue, { timeout: 30000 });
-    result.history = {};
-    for (const name of ['in', 'out', 'connections', 'bytes', 'upstreams', 'depths']) {
-      result.history[name] = await page.$eval(`#chart-${name}`, chartFigures);
-    }
-    result.depths = await page.$$eval('#chart-depths polyline', (lines) => lines.map((l) => ({
-      queue: l.dataset.name, peak: Number(l.dataset.peak), last: l.dataset.last === '' ? null : Number(l.dataset.last) })));
-    result.depths_legend = await texts(page, '#depths-legend li');
-    await page.screenshot({ path: opts.screenshot, fullPage: true });
-    await page.locator('#history-section').screenshot({ path: opts.screenshot.replace(/\.png$/, '-charts.png') });
+  result.rules = await texts(page, '#rules tbody td:nth-child(2)');
+  result.queues = await texts(page, '#queues tbody td:nth-child(1)');
+  // the charts of the last hour: wait until the node's samples show the load (raw
+  // figures: data-peak has no floor) and the filled queue has its depth line
+  await page.waitForFunction((queue) => {
+    const peak = (id) => Number(document.querySelector(id).dataset.peak || 0);
+    const lines = [...document.querySelectorAll('#chart-depths polyline')].map((l) => l.dataset.name);
+    return peak('#chart-in') > 0 && peak('#chart-out') > 0 && (!queue || lines.includes(queue));
+  }, opts.filledQueue, { timeout: 30000 });
+  result.history = {};
+  for (const name of ['in', 'out', 'connections', 'bytes', 'upstreams', 'depths']) {
+    result.history[name] = await page.$eval(`#chart-${name}`, chartFigures);
+  }
+  result.depths = await page.$$eval('#chart-depths polyline', (lines) => lines.map((l) => ({
+    queue: l.dataset.name, peak: Number(l.dataset.peak), last: l.dataset.last === '' ? null : Number(l.dataset.last) })));
+  result.depths_legend = await texts(page, '#depths-legend li');
+  await page.screenshot({ path: opts.screenshot, fullPage: true });
+  await page.locator('#history-section').screenshot({ path: opts.screenshot.replace(/\.png$/, '-charts.png') });
 
-    // a page per connection and per upstream: follow the first link of each table
-    result.connection_page = await detailPage(page, '#connections', opts.screenshot.replace(/\.png$/, '-connection.png'));
+  // a page per connection and per upstream: follow the first link of each table
+  result.connection_page = await detailPage(page, '#connections', opts.screenshot.replace(/\.png$/, '-connection.png'));
+  await page.click('#detail-back');
+  await page.waitForSelector('#detail', { state: 'hidden' });
+  result.upstream_page = await detailPage(page, '#upstreams', opts.screenshot.replace(/\.png$/, '-upstream.png'),
+    opts.upstream);
+  if (opts.replicatedQueue) {  // the replicated queues table, and the queue's page
     await page.click('#detail-back');
     await page.waitForSelector('#detail', { state: 'hidden' });
-    result.upstream_page = await detailPage(page, '#upstreams', opts.screenshot.replace(/\.png$/, '-upstream.png'),
-      opts.upstream);
-    if (opts.replicatedQueue) {  // the replicated queues table, and the queue's page
-      await page.click('#detail-back');
-      await page.waitForSelector('#detail', { state: 'hidden' });
-      await page.waitForFunction((queue) => [...document.querySelectorAll('#replicated tbody tr')].some(
-        (tr) => tr.children[0].textContent === queue && tr.children[4].dataset.backups), opts.replicatedQueue);
-      result.replicated = await page.$$eval('#replicated tbody tr', (trs) => trs.map((tr) => [...tr.children].map((td) => td.textContent.trim())));
-      await page.locator('#replicated-section').screenshot({ path: opts.screenshot.replace(/\.png$/, '-replicated.png') });
-      result.replicated_page = await detailPage(page, '#replicated', opts.screenshot.replace(/\.png$/, '-replicated-queue.png'),
-        opts.replicatedQueue);
-    }
-  } catch (err) {
-    result.error = String(err && err.stack ? err.stack : err);
-  } finally {
-    await browser.close();
+    await page.waitForFunction((queue) => [...document.querySelectorAll('#replicated tbody tr')].some(
+      (tr) => tr.children[0].textContent === queue && tr.children[4].dataset.backups), opts.replicatedQueue);
+    result.replicated = await page.$$eval('#replicated tbody tr', (trs) => trs.map((tr) => [...tr.children].map((td) => td.textContent.trim())));
+    await page.locator('#replicated-section').screenshot({ path: opts.screenshot.replace(/\.png$/, '-replicated.png') });
+    result.replicated_page = await detailPage(page, '#replicated', opts.screenshot.replace(/\.png$/, '-replicated-queue.png'),
+      opts.replicatedQueue);
   }
-  process.stdout.write(JSON.stringify(result) + '\n');
-  process.exit(result.error ? 2 : 0);
-}
-
-main().catch((err) => {
-  process.stdout.write(JSON.stringify({ error: String(err) }) + '\n');
-  process.exit(2);
 });

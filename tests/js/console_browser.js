@@ -30,4 +30,25 @@ function launch(opts) {
   return chromium.launch({ executablePath: opts.chromium, args: LAUNCH_ARGS, timeout: 30000 });
 }
 
-module.exports = { options, launch };
+// Runs `drive(browser, result)`, then prints `result` as one JSON line (with `error` set if
+// anything threw) and exits 2 on an error, 0 otherwise.
+function run(opts, drive) {
+  (async () => {
+    const result = { error: null };
+    const browser = await launch(opts);
+    try {
+      await drive(browser, result);
+    } catch (err) {
+      result.error = String(err && err.stack ? err.stack : err);
+    } finally {
+      await browser.close();
+    }
+    process.stdout.write(JSON.stringify(result) + '\n');
+    process.exit(result.error ? 2 : 0);
+  })().catch((err) => {
+    process.stdout.write(JSON.stringify({ error: String(err) }) + '\n');
+    process.exit(2);
+  });
+}
+
+module.exports = { options, launch, run };
