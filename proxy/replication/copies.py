@@ -72,7 +72,8 @@ class PrimaryCopy:
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.replica_set = ReplicaSet(entry.wire, epoch, loop.time, min_in_sync=settings.min_in_sync,
-                                      catchup_timeout=settings.catchup_timeout, isr=isr)
+                                      catchup_timeout=settings.catchup_timeout, isr=isr,
+                                      peers=getattr(service, "backup_silence", None))
         for message in queue.waiting():  # promoted or recovered content: rids kept, or given
             if message.rid:
                 self.replica_set.index[message.rid] = message
@@ -88,6 +89,8 @@ class PrimaryCopy:
         self._timer = loop.call_later(LAG_CHECK, self._check_lag)
         self._stuck_since, self._stuck_at = None, -1  # since when nothing was accepted (_starved)
         self._heard_before = None  # peers' activity when the backups fell silent (_cut_off_alone)
+        self._listening_since = 0.0  # when _heard_before was taken
+        self._hold_drop = False  # _cut_off_alone: no silent backup dropped at this look
         self._complete_timer: asyncio.TimerHandle | None = None  # _complete, when acting again
 
     # -- backups ----------------------------------------------------------------------
@@ -184,14 +187,19 @@ class PrimaryCopy:
         if self.fenced:
             return
         self._keepalive()
+        self._hold_drop = False
         if self._starved() or self._cut_off_alone():
             return
         silent_after = self.service.lease_ttl() if self.service.automatic else None
         if silent_after is not None and self.replica_set.min_in_sync < 2:
             silent_after += aside_margin(silent_after)  # _cut_off_alone looks first
+        if self._hold_drop:  # _cut_off_alone listens for other peers a while longer
+            silent_after = None
         for node, why in self.replica_set.lagging(self.loop.time(), silent_after):
             log.warning("queue %s: backup %s dropped from the in-sync set: %s", self.address, node, why)
             self.replica_set.detach(node, why)
+            if self.replica_set.peers is not None:
+                self.replica_set.peers.judged(node)
             pusher = self.pushers.get(node)
             if pusher is not None:
                 pusher.detach_upstream_link()  # it catches up again after REATTACH
@@ -267,12 +275,20 @@ class PrimaryCopy:
         if replica_set.answering(now, lease / 2):
             self._heard_before = None
             return False
+        silent = set(replica_set.isr)
+        peers = replica_set.peers
+        if peers is not None and all(peers.was_judged(node) for node in silent):
+            # the node's other queues found these backups cut off, in this same silence
+            # (finding 29): dropped (lagging) without listening again
+            self._heard_before = None
+            return False
         if self._heard_before is None:  # silent for half a lease: who has been heard so far
             self._heard_before = self.service.peer_activity()
+            self._listening_since = now
+            self._hold_drop = True
             return False
         if replica_set.answering(now, lease + aside_margin(lease)):
             return False
-        silent = set(replica_set.isr)
         members = set(self.service.members())
         if not silent <= members:
             return False  # a backup is gone: the silent ones are dropped (lagging)
@@ -282,6 +298,12 @@ class PrimaryCopy:
         others = members - silent - {self.node_id}
         if heard or (not others and len(silent) < 2):
             return False  # the backups are the ones cut off, or nothing tells: dropped
+        if now - self._listening_since < lease / 2 + aside_margin(lease) - 0.01:
+            # the silence was long already when this queue began to listen (its backups
+            # silent on the node's other queues first, finding 29): listen as long as a
+            # queue that saw the silence grow does, before judging this node cut off
+            self._hold_drop = True
+            return False
         self.entry.stand_aside(
             f"its in-sync backups ({', '.join(sorted(silent))}) answer nothing for "
             f"{lease + aside_margin(lease):.2f} s yet keep their leases, and no other peer was "

@@ -77,6 +77,7 @@ class BackupStream:
     catchup_acked: bool = False  # the batch with catchup-done was acknowledged
     last_sent: float = 0.0  # when the last batch went (keepalives: copies.KEEPALIVE)
     dropped: str | None = None  # why it leaves the ISR (lagging, link lost)
+    peers: "PeerSilence | None" = None  # the node's silence across its queues
 
     def add(self, event: Event, ticket: int, now: float) -> None:
         self.pending.append((event, ticket, now))
@@ -116,6 +117,8 @@ class BackupStream:
             return 0.0
         first = self.unacked[0].sent_at
         since = self.acked_at if self.acked_at and first - self.acked_at <= ASKED_AGAIN else first
+        if self.peers is not None:  # silent on the node's other queues since before
+            since = min(since, now - self.peers.silent_for(self.node, now))
         return now - since
 
     def behind_since(self) -> float | None:
@@ -135,14 +138,47 @@ class BackupStream:
                 + (len(self.catchup) if self.catchup else 0))
 
 
+class PeerSilence:
+    """Per backup node, over every queue this node is primary of: since when it has owed an
+    answer and answered nothing (docs/nemesis.md, finding 29). A queue that sent a node
+    nothing for a while owes it nothing; its first batch then must not start the node's
+    silence again when the node's other queues have heard nothing from it for longer."""
+
+    def __init__(self) -> None:
+        self._owed_since: dict[str, float] = {}
+        self._judged: set[str] = set()  # dropped by a queue in this silence
+
+    def sent(self, node: str, now: float) -> None:
+        self._owed_since.setdefault(node, now)
+
+    def answered(self, node: str) -> None:
+        self._owed_since.pop(node, None)
+        self._judged.discard(node)
+
+    def judged(self, node: str) -> None:
+        """A queue dropped ``node`` from its in-sync set while it owed an answer: the node is
+        the one cut off (or gone), for the node's other queues too until it answers."""
+        if node in self._owed_since:
+            self._judged.add(node)
+
+    def was_judged(self, node: str) -> bool:
+        return node in self._judged
+
+    def silent_for(self, node: str, now: float) -> float:
+        since = self._owed_since.get(node)
+        return 0.0 if since is None else now - since
+
+
 class ReplicaSet:
     """The primary's state for one replicated queue (see the module note)."""
 
     def __init__(self, name: str, epoch: int, clock, *, min_in_sync: int = 1,
                  catchup_timeout: float = 10.0, isr: frozenset = frozenset(),
-                 index: dict | None = None) -> None:
-        """``clock()``: the time now (the event loop's; a virtual one in tests)."""
+                 index: dict | None = None, peers: PeerSilence | None = None) -> None:
+        """``clock()``: the time now (the event loop's; a virtual one in tests). ``peers``: the
+        node's PeerSilence, shared by its queues."""
         self.name = name
+        self.peers = peers
         self.clock = clock
         self.epoch = epoch
         self.min_in_sync = min_in_sync
@@ -205,7 +241,7 @@ class ReplicaSet:
     # -- backups ----------------------------------------------------------------------
     def attach(self, node: str, now: float) -> BackupStream:
         """A backup's link arrived: a fresh stream, beginning with a catch-up of everything."""
-        stream = BackupStream(node)
+        stream = BackupStream(node, peers=self.peers)
         stream.catchup = list(self.index)  # the sync point; sent from its end: newest first
         stream.catchup_total = len(stream.catchup)
         stream.acked_at = now
@@ -284,6 +320,8 @@ class ReplicaSet:
         stream.unacked.append(SentBatch(number, now, through if through is not None else stream.held_through,
                                         ends_catchup))
         stream.last_sent = now
+        if self.peers is not None:
+            self.peers.sent(node, now)
         return number, events
 
     def take_keepalive(self, node: str, now: float, every: float) -> int | None:
@@ -300,6 +338,8 @@ class ReplicaSet:
         stream.next_number += 1
         stream.unacked.append(SentBatch(number, now, self.ticket))
         stream.last_sent = now
+        if self.peers is not None:
+            self.peers.sent(node, now)
         return number
 
     def acked(self, node: str, number: int, now: float) -> None:
@@ -312,6 +352,8 @@ class ReplicaSet:
             stream.held_through = max(stream.held_through, batch.through)
             stream.catchup_acked = stream.catchup_acked or batch.ends_catchup
         stream.acked_at = now
+        if self.peers is not None:
+            self.peers.answered(node)
 
     def lagging(self, now: float, silent_after: float | None = None) -> list[tuple[str, str]]:
         """Backups to drop now: (node, why). ``silent_after``: an in-sync backup that has not

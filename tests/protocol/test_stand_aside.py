@@ -241,3 +241,54 @@ def test_an_idle_queue_with_clients_keeps_its_primary_and_its_backups(tmp_path):
         await world.close()
 
     run(play)
+
+
+def test_a_backup_silent_on_one_queue_is_dropped_at_once_from_an_idle_one_that_sends(tmp_path):
+    """Finding 29 (docs/nemesis.md): a node's silence is the node's, not one queue's. Two queues
+    with the same primary and the same only backup; the backup is cut off from its peers (alive,
+    on etcd). The busy queue drops it after a lease and a margin, as 5b says. The other queue
+    had no client, so it sent the backup nothing and owed nothing: when a producer came to it
+    later, its silence began only with that first batch, and the producer waited another
+    lease and margin (the nemesis: 6.1 s without an acceptance for a 6 s cut, allowed 5). Now
+    the backup's silence on the node's other queues counts: it is dropped within a look or two."""
+    rule = {**RULE, "replicas": 2}
+
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=rule)
+        primary, backup = placement(nodes, ADDRESS)
+        idle = next(a for a in (f"orders.y{i}" for i in range(100))
+                    if placement(nodes, a) == [primary, backup])
+        third = next(n for n in nodes if n not in (primary, backup))
+        await make_primary(world, nodes, ADDRESS)
+        starter = await world.client(primary, "idle-starter")
+        link = starter.receiver(idle)
+        await world.until(lambda: view(nodes[primary], idle).get("role") == "primary"
+                          and view(nodes[primary], idle).get("in_sync") == [backup],
+                          what="the idle queue's primary, its backup in sync")
+        link.link.close()  # the idle queue has no client now: it sends its backup nothing
+        starter.flush()
+        pump = Numbered((await world.client(third, "producer")).sender(ADDRESS))
+        await world.until(lambda: pump.upto(10), what="accepted")
+
+        loop = asyncio.get_running_loop()
+        cut = loop.time()
+        world.network.partition(backup, primary)
+        world.network.partition(backup, third)
+        target = 10
+        while loop.time() - cut < TTL + 2:  # the busy queue drops its silent backup
+            target += 1
+            pump.upto(target)
+            await asyncio.sleep(0.1)
+        await world.until(lambda: pump.upto(target), timeout=1.0, what="accepted by the primary")
+        assert view(nodes[primary], idle)["in_sync"] == [backup]  # it owed nothing, so far
+
+        late = Numbered((await world.client(third, "late-producer")).sender(idle), base=1000)
+        came = loop.time()
+        await world.until(lambda: late.upto(5), timeout=TTL, what="the idle queue accepts")
+        assert loop.time() - came <= 1.5, f"waited {loop.time() - came:.2f} s"
+        assert view(nodes[primary], idle)["role"] == "primary"
+        assert view(nodes[primary], idle)["stood_aside"] == 0
+        await world.close()
+
+    run(play)
