@@ -166,16 +166,23 @@ class PrimaryCopy:
         idle in-sync backup every ``KEEPALIVE``. Producers of other nodes reach this primary
         through its peers; cut off from them, nothing waits here, and without a batch out
         nothing showed that the backups answer nothing: the primary held the queue for the
-        whole cut (docs/nemesis.md, finding 17). A queue nobody uses sends nothing."""
-        if not self.service.automatic or not self._in_use():
+        whole cut (docs/nemesis.md, finding 17). A queue nobody uses sends one only when no
+        queue of this node sent that backup anything for ``LAG_CHECK`` (one per backup node,
+        not per queue: a backup's silence is its node's, finding 29). And when a backup node's
+        silence crosses half a lease, who has been heard so far is noted for every queue."""
+        if not self.service.automatic:
             return
         now, sent = self.loop.time(), False
+        in_use, peers = self._in_use(), self.replica_set.peers
         for node, pusher in self.pushers.items():
-            if pusher.credit > 0:
+            if pusher.credit > 0 and (in_use or (peers is not None
+                                                 and peers.keepalive_due(node, now, LAG_CHECK))):
                 number = self.replica_set.take_keepalive(node, now, KEEPALIVE)
                 if number is not None:
                     pusher.send(number, [])
                     sent = True
+            if peers is not None and peers.wants_listening(node, now, self.service.lease_ttl() / 2):
+                peers.listen(node, now, self.service.peer_activity())
         if sent:  # a timer's doing: no input cycle flushes it
             self.node.broker.run_pending()
 
@@ -193,7 +200,9 @@ class PrimaryCopy:
         silent_after = self.service.lease_ttl() if self.service.automatic else None
         if silent_after is not None and self.replica_set.min_in_sync < 2:
             silent_after += aside_margin(silent_after)  # _cut_off_alone looks first
-        if self._hold_drop:  # _cut_off_alone listens for other peers a while longer
+        if self._hold_drop or not (self.replica_set.waiting or self._in_use()):
+            # _cut_off_alone listens for other peers a while longer; or nothing waits here
+            # and nobody uses the queue: dropping a silent backup would gain nothing
             silent_after = None
         for node, why in self.replica_set.lagging(self.loop.time(), silent_after):
             log.warning("queue %s: backup %s dropped from the in-sync set: %s", self.address, node, why)
@@ -283,10 +292,14 @@ class PrimaryCopy:
             self._heard_before = None
             return False
         if self._heard_before is None:  # silent for half a lease: who has been heard so far
-            self._heard_before = self.service.peer_activity()
-            self._listening_since = now
-            self._hold_drop = True
-            return False
+            shared = peers.listening(silent) if peers is not None else None
+            if shared is None:  # noted here, as the backups' silence crosses half a lease
+                self._heard_before = self.service.peer_activity()
+                self._listening_since = now
+                self._hold_drop = True
+                return False
+            # noted when the backup nodes' silence crossed half a lease, on any queue
+            self._listening_since, self._heard_before = shared
         if replica_set.answering(now, lease + aside_margin(lease)):
             return False
         members = set(self.service.members())

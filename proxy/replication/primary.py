@@ -77,7 +77,7 @@ class BackupStream:
     catchup_acked: bool = False  # the batch with catchup-done was acknowledged
     last_sent: float = 0.0  # when the last batch went (keepalives: copies.KEEPALIVE)
     dropped: str | None = None  # why it leaves the ISR (lagging, link lost)
-    peers: "PeerSilence | None" = None  # the node's silence across its queues
+    peers: "BackupSilence | None" = None  # the backup node's silence across its queues
 
     def add(self, event: Event, ticket: int, now: float) -> None:
         self.pending.append((event, ticket, now))
@@ -138,45 +138,14 @@ class BackupStream:
                 + (len(self.catchup) if self.catchup else 0))
 
 
-class PeerSilence:
-    """Per backup node, over every queue this node is primary of: since when it has owed an
-    answer and answered nothing (docs/nemesis.md, finding 29). A queue that sent a node
-    nothing for a while owes it nothing; its first batch then must not start the node's
-    silence again when the node's other queues have heard nothing from it for longer."""
-
-    def __init__(self) -> None:
-        self._owed_since: dict[str, float] = {}
-        self._judged: set[str] = set()  # dropped by a queue in this silence
-
-    def sent(self, node: str, now: float) -> None:
-        self._owed_since.setdefault(node, now)
-
-    def answered(self, node: str) -> None:
-        self._owed_since.pop(node, None)
-        self._judged.discard(node)
-
-    def judged(self, node: str) -> None:
-        """A queue dropped ``node`` from its in-sync set while it owed an answer: the node is
-        the one cut off (or gone), for the node's other queues too until it answers."""
-        if node in self._owed_since:
-            self._judged.add(node)
-
-    def was_judged(self, node: str) -> bool:
-        return node in self._judged
-
-    def silent_for(self, node: str, now: float) -> float:
-        since = self._owed_since.get(node)
-        return 0.0 if since is None else now - since
-
-
 class ReplicaSet:
     """The primary's state for one replicated queue (see the module note)."""
 
     def __init__(self, name: str, epoch: int, clock, *, min_in_sync: int = 1,
                  catchup_timeout: float = 10.0, isr: frozenset = frozenset(),
-                 index: dict | None = None, peers: PeerSilence | None = None) -> None:
+                 index: dict | None = None, peers=None) -> None:
         """``clock()``: the time now (the event loop's; a virtual one in tests). ``peers``: the
-        node's PeerSilence, shared by its queues."""
+        node's ``BackupSilence``, shared by its queues."""
         self.name = name
         self.peers = peers
         self.clock = clock

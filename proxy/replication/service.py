@@ -40,7 +40,7 @@ from proxy.broker.handler import LinkRefused
 
 from .address import NOT_ALLOWED, PromoteRefused, ReplicatedAddress, ReplicationSettings
 from .links import link_properties
-from .primary import PeerSilence
+from .backup_silence import BackupSilence
 from .silence import SilentPeers
 
 log = logging.getLogger("fedgate.replication")
@@ -64,7 +64,7 @@ class ReplicationService:
         self._tasks: set[asyncio.Task] = set()
         self._rings: dict[tuple, HashRing] = {}  # member ids -> their ketama ring
         self.silent_peers = SilentPeers(self)  # fenced: clients of peers that answer nothing
-        self.backup_silence = PeerSilence()  # each backup node's silence, across its queues
+        self.backup_silence = BackupSilence()  # each backup node's silence, across its queues
         # fragmented addresses -> a function giving the fragment group to tell (fragments)
         self.fragment_listeners: dict = {}
         node.serve_kind("replicated", self)
