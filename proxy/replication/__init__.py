@@ -2,8 +2,9 @@
 
 Owns: the replication events and their batches (``events``), the states of a copy
 (``states``), the primary's side of the protocol (``primary``: rids, a stream per
-backup, delayed completion, the in-sync set), a backup's copy (``replica``), the
-replicated local queue (``queue``). docs/replication.md has the design.
+backup, delayed completion, the in-sync set), each backup node's silence over all of a
+node's queues (``backup_silence``), a backup's copy (``replica``), the replicated local
+queue (``queue``). docs/replication.md has the design.
 
 The service (``service``, with the per-address logic in ``address``, who may claim a queue
 whose owner is gone in ``eligible``, the client links
