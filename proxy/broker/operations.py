@@ -187,6 +187,8 @@ def take(queue, count: int, *, selector=None, where=None) -> list:
     out as dispatch does; each must come back through ``settle``."""
     now = time.monotonic()
     chosen = []
+    if hasattr(queue.messages, "unrun"):  # runs on disk: message objects needed (docs/paging.md)
+        queue.messages.unrun()
     for stored in queue.messages:
         if stored.expires_at and stored.expires_at <= now:
             continue
