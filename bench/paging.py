@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -85,9 +86,11 @@ class Node:
 
     def start(self) -> None:
         self.port = h.free_port(self.host)
+        # this checkout's code, not the one the venv's console script was installed from
+        env = {**os.environ, "PYTHONPATH": str(h.REPO_ROOT)}
         self.proc = h.start_fedgate_node(self.port, self.data_dir, host=self.host,
                                          extra_args=["--config", str(self.config)],
-                                         log_path=self.dir / "node.log", admin=None)
+                                         log_path=self.dir / "node.log", admin=None, env=env)
         log(f"{self.mode}: node pid {self.proc.pid} on {self.host}:{self.port}")
 
     def memory(self) -> dict:
