@@ -148,9 +148,11 @@ class RunQueue:
         return data
 
     # -- the pager's side ----------------------------------------------------------------------
-    def page_out(self, keep: int, wanted: int) -> int:
+    def page_out(self, keep: int, wanted: int) -> int | None:
         """The oldest of the tail, up to ``wanted`` bytes, written as new runs after the
-        last (only while the head and runs hold ``keep`` messages); bytes freed."""
+        last (only while the head and runs hold ``keep`` messages); bytes freed. None: the
+        first message after ``keep`` may not be in a run (``excluded``, ``origin``): the
+        queue is a plain deque again, paged message by message this time."""
         if not self.runs:
             head = self.head
             if len(head) <= keep:
@@ -171,10 +173,11 @@ class RunQueue:
             tail.popleft()
             taken.append(message)
             freed += len(message.payload)
-        if not self.runs and not taken:  # nothing could go: as before
+        if not self.runs and not taken:  # the tail starts with what is never in a run
             self.head.extend(tail)
-            tail.clear()
-            return 0
+            self.tail = deque()
+            self.queue.messages = self.head
+            return None  # paged message by message (proxy.paging.pager), as before runs
         if not taken:
             return 0
         pager = self.pager

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from proton import Message
+from proton import Delivery, Message
 from test_paging import BUDGET, READ_AHEAD, drain, fill, ids_of, page_files, paging_node, take
 
 from playbook import World, run
@@ -273,6 +273,40 @@ def test_runs_off_keeps_paging_message_by_message(tmp_path):
         queue = node.queues.get("plain")
         assert type(queue.messages) is not RunQueue and queue.paged_count > 50
         assert await drain(world, client, "plain", 100) == list(range(100))
+        await world.close()
+
+    run(play)
+
+
+def test_a_message_never_in_a_run_after_the_window_falls_back_to_one_by_one(tmp_path):
+    """Modified undeliverable-here messages (``excluded``) past the read-ahead window: the
+    runs cannot start before them, so the queue pages message by message, order kept."""
+    async def play():
+        world = World(tmp_path)
+        node = await paging_node(world)
+        client = await world.client("a")
+        sender = client.sender("picky")
+        await fill(world, sender, 12)
+        refused = client.receiver("picky", credit=12)
+        await world.until(lambda: len(refused.received) == 12, what="12 out")
+        for _, delivery in refused.received:
+            delivery.local.undeliverable = True
+            delivery.update(Delivery.MODIFIED)
+            delivery.settle()
+        client.flush()
+        queue = node.queues.get("picky")
+        await world.until(lambda: queue.unacked == 0, what="the 12 back, excluded there")
+        refused.link.close()
+        client.flush()
+        await fill(world, sender, 100, 12)
+        await world.quiet(0.05)
+        assert type(queue.messages) is not RunQueue and queue.paged_count > 50
+        assert queue.depth == 112 and queue_info(queue)["depth"] == 112
+        got = await drain(world, client, "picky", 112, credit=20)
+        # each came back to the head as it was settled (the last first), then the rest
+        assert sorted(got[:12]) == list(range(12)) and got[12:] == list(range(12, 112))
+        await world.quiet(0.1)
+        all_back(node, queue)
         await world.close()
 
     run(play)
