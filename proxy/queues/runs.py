@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import islice
+from zlib import crc32
 
 from proxy.paging.store import HEADER, PAGED, STORED, WRITING, Page, records
 from proxy.queues.message import StoredMessage
@@ -305,20 +306,37 @@ class RunQueue:
         self._shortened(chunk, count)
 
     def _absorb(self, chunk: Chunk, data: bytes, at: int, limit: int) -> int:
-        """Records of ``chunk``'s front found in ``data`` from ``at``, to the head."""
-        head = self.head
+        """Records of ``chunk``'s front found in ``data`` from ``at``, to the head (the
+        loop of ``proxy.paging.store.records``, inlined: this is the drain's path)."""
+        append = self.head.append
         segment = chunk.segment
         base = chunk.offset - at
+        unpack = HEADER.unpack_from
+        header = HEADER.size
+        end = len(data)
+        limit = min(limit, chunk.count)
+        empty = frozenset()
         count = size = 0
         first = None
-        for position, length, meta, payload in records(data, at, min(limit, chunk.count)):
-            page = Page(segment, base + position, length)
+        while count < limit and at + header <= end:
+            length, crc, seq, priority, attempts, expires_at, journal_id, rid, enqueued_at = \
+                unpack(data, at)
+            stop = at + header + length
+            if stop > end:
+                break
+            payload = data[at + header:stop]
+            if crc32(payload) != crc:
+                raise OSError(f"a page record of segment {segment.number} at "
+                              f"{base + at} does not read back (crc)")
+            page = Page(segment, base + at, length)
             page.state = STORED
-            head.append(message_of(page, meta, payload))
+            append(StoredMessage(payload, empty, journal_id, enqueued_at, None, seq, expires_at,
+                                 rid, priority, attempts, page))
             if first is None:
                 first = page
             count += 1
             size += length
+            at = stop
         if not count:
             return 0
         first.trigger = True  # handing it out asks for the next read-ahead
