@@ -20,7 +20,7 @@ from playbook import World, run
 import proxy.queues.local as local_queues
 from admin_api.inspect_api import queue_info
 from proxy.broker import operations
-from proxy.queues.runs import RunQueue
+from proxy.queues.runs import FAILED, RunQueue
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -305,6 +305,56 @@ def test_a_message_never_in_a_run_after_the_window_falls_back_to_one_by_one(tmp_
         got = await drain(world, client, "picky", 112, credit=20)
         # each came back to the head as it was settled (the last first), then the rest
         assert sorted(got[:12]) == list(range(12)) and got[12:] == list(range(12, 112))
+        await world.quiet(0.1)
+        all_back(node, queue)
+        await world.close()
+
+    run(play)
+
+
+def test_drop_head_takes_the_oldest_out_of_the_runs(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        node = await paging_node(world, queue=[{"name": "recent", "max_bytes": 150_000,
+                                                "overflow": "drop-head"}])
+        client = await world.client("a")
+        sender = client.sender("recent")
+        await fill(world, sender, 400)
+        await world.quiet(0.05)
+        queue = node.queues.get("recent")
+        kept = queue.depth
+        assert 100 < kept < 150 and queue.stats.dropped == 400 - kept
+        assert in_runs(queue) > 50 and node.pager.store.reads_now > 0, \
+            "the head emptied by drop-head: the first run's front loaded at once"
+        assert queue_info(queue)["depth"] == kept and queue.bytes <= 150_000
+        assert await drain(world, client, "recent", kept, credit=20) == list(range(400 - kept, 400))
+        await world.quiet(0.1)
+        all_back(node, queue)
+        await world.close()
+
+    run(play)
+
+
+def test_a_failed_write_keeps_the_run_in_memory_and_loses_nothing(tmp_path, monkeypatch):
+    import os
+
+    def failing(*args):
+        raise OSError(28, "No space left on device (the test's)")
+
+    monkeypatch.setattr(os, "pwritev", failing)
+
+    async def play():
+        world = World(tmp_path)
+        node = await paging_node(world)
+        client = await world.client("a")
+        sender = client.sender("failed")
+        await fill(world, sender, 40)  # on the credit given before the write failed
+        await world.quiet(0.05)
+        queue = node.queues.get("failed")
+        assert node.pager.bound == "error" and queue.paged_count == 0
+        assert {c.state for c in queue.messages.runs} == {FAILED}, "the runs keep their messages"
+        assert queue.depth == 40 and queue_info(queue)["depth"] == 40
+        assert await drain(world, client, "failed", 40) == list(range(40))
         await world.quiet(0.1)
         all_back(node, queue)
         await world.close()
