@@ -148,8 +148,9 @@ def without_dead_letter_marks(payload: bytes) -> bytes:
 # -- changing ---------------------------------------------------------------------------
 def purge(broker, queue) -> int:
     """Every waiting message out (journaled as dequeued); how many."""
-    for stored in queue.waiting():
-        journal_queues.dequeued(broker.journal, stored)
+    if broker.journal is not None:  # (a queue's runs are read for their journal ids)
+        for stored in queue.waiting():
+            journal_queues.dequeued(broker.journal, stored)
     count = queue.purge()
     broker.dirty_queues.add(queue)
     broker.run_pending()
