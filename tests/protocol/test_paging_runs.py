@@ -360,3 +360,30 @@ def test_a_failed_write_keeps_the_run_in_memory_and_loses_nothing(tmp_path, monk
         await world.close()
 
     run(play)
+
+
+def test_a_drain_waits_for_the_run_being_read_and_is_answered_with_messages(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        node = await paging_node(world)
+        client = await world.client("a")
+        await fill(world, client.sender("drained"), 100)
+        await world.quiet(0.05)
+        queue = node.queues.get("drained")
+        assert in_runs(queue) > 80
+        receiver = client.receiver("drained")
+        taken = []
+        while len(taken) < 100:
+            before = len(receiver.received)
+            receiver.drain(30)  # §2.6.7: messages as available, then the credit used up
+            await world.until(lambda: receiver.credit == 0, what="the drain answered")
+            got = len(receiver.received) - before
+            assert got == min(30, 100 - len(taken)), "a drain answered before the run was read"
+            receiver.settle()
+            taken = ids_of(receiver)
+        assert taken == list(range(100))
+        await world.quiet(0.1)
+        all_back(node, queue)
+        await world.close()
+
+    run(play)
