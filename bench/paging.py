@@ -19,9 +19,12 @@ every 100 ms; its peak above the RSS before the run is reported, and, from the n
 API at the end of the fill, what it held in memory and on disk.
 
 Summary: per mode the medians, and the ratios paging / memory of the fill and drain rates
-(goals: fill >= 0.7, drain >= 0.5), and the paging node's peak RSS against budget + 150 MB.
-Also the index's bytes per waiting message (``--index``: measured in this process with
-tracemalloc, the StoredMessage and its page record of a paged message).
+(goals: fill >= 0.7, drain >= 0.5), and the paging node's peak RSS against budget + 150 MB
+(per phase too, and a sample a second in the results). The nodes run this checkout's code.
+
+``--index`` measures only the index's bytes per waiting paged message, in this process
+with tracemalloc: a real queue, pager and page store (the I/O on the loop) filled from
+100,000 to 300,000 messages, with runs (docs/paging.md, "Runs") and message by message.
 
 Results go to ``bench/results/paging.json`` (``--output -`` for none).
 """
