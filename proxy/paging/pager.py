@@ -200,6 +200,7 @@ class Pager:
             for (payload, (_, message)), page in zip(fresh, pages):
                 message.page = page
                 self.writing += page.size
+            queue.page_writes += len(fresh)
             self.paged_out += len(fresh)
         return freed
 
@@ -214,6 +215,7 @@ class Pager:
     def _written(self, done: list, error: OSError | None) -> None:
         for (queue, message), page in done:
             self.writing -= page.size
+            queue.page_writes -= 1
             if error is not None:  # the body stays in memory, without a record
                 if message.page is page:
                     message.page = None
@@ -234,9 +236,8 @@ class Pager:
         """The next paged messages of ``queue``'s order, read back (one job at a time)."""
         if queue.reading or not queue.paged_count:
             return
-        runs = getattr(queue.messages, "read_ahead", None)
-        if runs is not None:  # a RunQueue (proxy.queues.runs)
-            runs()
+        if getattr(queue.messages, "runs", None):  # a RunQueue with runs (proxy.queues.runs)
+            queue.messages.read_ahead()
             return
         half_count = max(1, self.read_ahead_count // 2)
         half_bytes = max(1, self.read_ahead_bytes // 2)

@@ -139,6 +139,7 @@ class LocalQueue:
     # whether a read-ahead is under way
     paged_bytes: int = 0
     paged_count: int = 0
+    page_writes: int = 0  # bodies being written one by one (not in runs)
     reading: bool = False
     pages: ClassVar[bool] = True  # whether the pager may take its messages' bodies to disk
     runs: ClassVar[bool] = True  # whether they may go in runs (proxy.queues.runs): FIFO only
@@ -383,7 +384,8 @@ class LocalQueue:
         messages paged one by one already)."""
         messages = self.messages
         if type(messages) is deque:
-            if not (self.runs and pager.runs) or self.paged_count or len(messages) <= keep:
+            if not (self.runs and pager.runs) or self.paged_count or self.page_writes \
+                    or len(messages) <= keep:  # runs only once nothing is paged one by one
                 return None
             messages = self.messages = RunQueue(self, pager, messages, deque())
         elif type(messages) is not RunQueue:
