@@ -19,9 +19,12 @@ every 100 ms; its peak above the RSS before the run is reported, and, from the n
 API at the end of the fill, what it held in memory and on disk.
 
 Summary: per mode the medians, and the ratios paging / memory of the fill and drain rates
-(goals: fill >= 0.7, drain >= 0.5), and the paging node's peak RSS against budget + 150 MB.
-Also the index's bytes per waiting message (``--index``: measured in this process with
-tracemalloc, the StoredMessage and its page record of a paged message).
+(goals: fill >= 0.7, drain >= 0.5), and the paging node's peak RSS against budget + 150 MB
+(per phase too, and a sample a second in the results). The nodes run this checkout's code.
+
+``--index`` measures only the index's bytes per waiting paged message, in this process
+with tracemalloc: a real queue, pager and page store (the I/O on the loop) filled from
+100,000 to 300,000 messages, with runs (docs/paging.md, "Runs") and message by message.
 
 Results go to ``bench/results/paging.json`` (``--output -`` for none).
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -85,9 +89,11 @@ class Node:
 
     def start(self) -> None:
         self.port = h.free_port(self.host)
+        # this checkout's code, not the one the venv's console script was installed from
+        env = {**os.environ, "PYTHONPATH": str(h.REPO_ROOT)}
         self.proc = h.start_fedgate_node(self.port, self.data_dir, host=self.host,
                                          extra_args=["--config", str(self.config)],
-                                         log_path=self.dir / "node.log", admin=None)
+                                         log_path=self.dir / "node.log", admin=None, env=env)
         log(f"{self.mode}: node pid {self.proc.pid} on {self.host}:{self.port}")
 
     def memory(self) -> dict:
@@ -102,16 +108,29 @@ class Node:
 
 
 class RssPeak:
+    """The node's RSS every 100 ms: its peak, per phase, and a sample a second."""
+
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.peak = rss_mb(pid)
+        self.phase = "fill"
+        self.peaks: dict[str, float] = {}
+        self.samples: list = []  # (seconds since start, phase, MB), one a second
+        self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        last = -1
         while not self._stop.wait(0.1):
-            self.peak = max(self.peak, rss_mb(self.pid))
+            now = rss_mb(self.pid)
+            self.peak = max(self.peak, now)
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), now)
+            second = int(time.monotonic() - self._started)
+            if second != last:
+                last = second
+                self.samples.append((second, self.phase, round(now, 1)))
 
     def stop(self) -> float:
         self._stop.set()
@@ -137,17 +156,23 @@ def run_one(node: Node, tag: str, n: int, args) -> dict:
     watch = RssPeak(node.proc.pid)
     fill = phase(node, h.sender_cmd(node.host, node.port, address, n, args.body_bytes), n, args)
     held = node.memory()
+    watch.phase = "drain"
     drain = phase(node, h.receiver_cmd(node.host, node.port, address, n, args.credit), n, args)
     peak = watch.stop()
     return {"mode": node.mode, "messages": n, "fill": fill, "drain": drain,
             "rss_before_mb": round(before, 1), "rss_peak_mb": round(peak, 1),
+            "rss_peak_fill_mb": round(watch.peaks.get("fill", 0.0), 1),
+            "rss_peak_drain_mb": round(watch.peaks.get("drain", 0.0), 1),
+            "rss_after_drain_mb": round(rss_mb(node.proc.pid), 1),
+            "rss_samples": watch.samples,
             "rss_growth_mb": round(peak - before, 1),
             "after_fill": {k: held.get(k) for k in ("queued_bytes", "resident_bytes",
                                                     "paged_bytes", "bound")}}
 
 
 def index_bytes(count: int = 100_000) -> float:
-    """Bytes in memory per paged message: its StoredMessage, its Page, in a deque."""
+    """Bytes in memory per paged message paged one by one: its StoredMessage, its Page, in a
+    deque (the figure before runs; still the cost in priority and replicated queues)."""
     import tracemalloc
     from collections import deque
 
@@ -170,6 +195,54 @@ def index_bytes(count: int = 100_000) -> float:
     return (after - before) / count
 
 
+def queue_index_bytes(runs: bool, body_bytes: int = 1024, first: int = 100_000,
+                      then: int = 300_000, budget: int = 16 * 1024 * 1024) -> dict:
+    """A real queue, pager and page store (the I/O on the loop) filled in this process: the
+    memory traced per paged message between ``first`` and ``then`` messages (the resident
+    part is the same at both: the budget), with runs or message by message."""
+    import asyncio
+    import tracemalloc
+
+    from proxy.paging.pager import Pager
+    from proxy.paging.store import PageStore
+    from proxy.queues.local import LocalQueue, StoredMessage
+    from proxy.queues.memory import MemoryUse
+
+    payload = bytes(body_bytes)
+
+    async def fill(queue, count: int) -> None:
+        for i in range(count):
+            queue.enqueue(StoredMessage(payload))
+            if i % 2000 == 0:
+                for _ in range(5):
+                    await asyncio.sleep(0)
+        for _ in range(50):
+            await asyncio.sleep(0)
+
+    async def measure() -> dict:
+        directory = Path(tempfile.mkdtemp(prefix="fedgate-index-"))
+        memory = MemoryUse(budget)
+        queues = []
+        pager = Pager(PageStore(directory / "paging", threads=False), memory, lambda: queues,
+                      runs=runs)
+        pager.start(asyncio.get_running_loop())
+        queue = LocalQueue("index", memory=memory)
+        queues.append(queue)
+        tracemalloc.start()
+        await fill(queue, first)
+        t1, p1 = tracemalloc.get_traced_memory()[0], queue.paged_count
+        await fill(queue, then - first)
+        t2, p2 = tracemalloc.get_traced_memory()[0], queue.paged_count
+        tracemalloc.stop()
+        chunks = len(getattr(queue.messages, "runs", ()))
+        pager.close()
+        shutil.rmtree(directory, ignore_errors=True)
+        return {"runs": runs, "messages": then, "paged": p2, "run_objects": chunks,
+                "bytes_per_paged_message": round((t2 - t1) / max(1, p2 - p1), 2)}
+
+    return asyncio.run(measure())
+
+
 def fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -184,7 +257,14 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--output", default=str(h.REPO_ROOT / "bench" / "results" / "paging.json"))
+    parser.add_argument("--index", action="store_true",
+                        help="only the index's bytes per paged message, in this process")
     args = parser.parse_args()
+    if args.index:
+        print(json.dumps({"per_message_objects": round(index_bytes(), 1),
+                          "queue_message_by_message": queue_index_bytes(False),
+                          "queue_with_runs": queue_index_bytes(True)}, indent=1))
+        return 0
     h.require_c_clients()
     workdir = Path(tempfile.mkdtemp(prefix="fedgate-paging-bench-"))
     nodes = [Node(mode, workdir, args) for mode in args.modes]

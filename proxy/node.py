@@ -216,7 +216,8 @@ class Node:
                 self.queues.memory, lambda: self.queues.queues.values(),
                 read_ahead=config.paging.read_ahead,
                 read_ahead_bytes=config.paging.read_ahead_bytes,
-                max_disk=config.limits.max_disk, min_free_disk=config.limits.min_free_disk)
+                max_disk=config.limits.max_disk, min_free_disk=config.limits.min_free_disk,
+                runs=config.paging.runs)
         self.broker = Broker(
             node_id=self.node_id,
             queues=self.queues,

@@ -148,8 +148,9 @@ def without_dead_letter_marks(payload: bytes) -> bytes:
 # -- changing ---------------------------------------------------------------------------
 def purge(broker, queue) -> int:
     """Every waiting message out (journaled as dequeued); how many."""
-    for stored in queue.waiting():
-        journal_queues.dequeued(broker.journal, stored)
+    if broker.journal is not None:  # (a queue's runs are read for their journal ids)
+        for stored in queue.waiting():
+            journal_queues.dequeued(broker.journal, stored)
     count = queue.purge()
     broker.dirty_queues.add(queue)
     broker.run_pending()
@@ -187,6 +188,8 @@ def take(queue, count: int, *, selector=None, where=None) -> list:
     out as dispatch does; each must come back through ``settle``."""
     now = time.monotonic()
     chosen = []
+    if hasattr(queue.messages, "unrun"):  # runs on disk: message objects needed (docs/paging.md)
+        queue.messages.unrun()
     for stored in queue.messages:
         if stored.expires_at and stored.expires_at <= now:
             continue

@@ -45,13 +45,14 @@ ROUND_BYTES = 8 * 1024 * 1024  # at most this much is handed to the writer per r
 class Pager:
     def __init__(self, store: PageStore, memory, queues: Callable[[], object], *,
                  read_ahead: int = 1000, read_ahead_bytes: int = 4 * 1024 * 1024,
-                 max_disk: int = 0, min_free_disk: int = 0) -> None:
+                 max_disk: int = 0, min_free_disk: int = 0, runs: bool = True) -> None:
         self.store = store
         self.memory = memory
         self.queues = queues  # -> the node's queues (an iterable of LocalQueue)
         self.read_ahead_count = read_ahead
         self.read_ahead_bytes = read_ahead_bytes
         self.max_disk = max_disk
+        self.runs = runs  # FIFO queues keep paged messages in runs (proxy.queues.runs)
         self.min_free_disk = min_free_disk
         self.on_loaded: Callable[[object], None] = lambda queue: None
         # the broker's cycle: producers topped up once pages made room (MemoryUse.freed)
@@ -150,7 +151,11 @@ class Pager:
         """In-memory messages of ``queue``'s tail, up to ``wanted`` bytes: to disk, the
         oldest of them first, so that the paged part is one piece between the messages kept
         at the head and the newest. A priority queue is taken level by level, the lowest
-        first: each level is a FIFO like a plain queue."""
+        first: each level is a FIFO like a plain queue. A queue that keeps runs does it
+        itself (``queue.page_out``)."""
+        freed = queue.page_out(self, self.read_ahead_count, wanted)
+        if freed is not None:
+            return freed
         messages = queue.messages
         levels = getattr(messages, "levels", None)
         if levels is None:
@@ -195,6 +200,7 @@ class Pager:
             for (payload, (_, message)), page in zip(fresh, pages):
                 message.page = page
                 self.writing += page.size
+            queue.page_writes += len(fresh)
             self.paged_out += len(fresh)
         return freed
 
@@ -209,6 +215,7 @@ class Pager:
     def _written(self, done: list, error: OSError | None) -> None:
         for (queue, message), page in done:
             self.writing -= page.size
+            queue.page_writes -= 1
             if error is not None:  # the body stays in memory, without a record
                 if message.page is page:
                     message.page = None
@@ -228,6 +235,9 @@ class Pager:
     def read_ahead(self, queue) -> None:
         """The next paged messages of ``queue``'s order, read back (one job at a time)."""
         if queue.reading or not queue.paged_count:
+            return
+        if getattr(queue.messages, "runs", None):  # a RunQueue with runs (proxy.queues.runs)
+            queue.messages.read_ahead()
             return
         half_count = max(1, self.read_ahead_count // 2)
         half_bytes = max(1, self.read_ahead_bytes // 2)

@@ -3,7 +3,10 @@
 How this works
 --------------
 Per node (per worker), under ``<data_dir>/paging``: segment files of page records, each
-``length (4 bytes), crc32 (4 bytes), payload``. The event loop decides everything: it
+``length (4 bytes), crc32 (4 bytes)``, the message's index fields (``META``: seq, priority,
+attempts, expires_at, journal_id, rid, enqueued_at; zeros where the writer gives none) and
+the payload: a queue's *runs* (``proxy.queues.runs``) keep no object per record, so the
+record itself says what the queue needs to decide on it. The event loop decides everything: it
 places a record (``write``: the segment and offset are known at once) and asks for records
 back (``read``); one I/O thread does the ``pwritev`` and ``pread`` calls, in the order they
 were asked, and reports back on the loop. Nothing is fsynced: paged non-durable messages
@@ -36,7 +39,9 @@ from typing import Callable
 log = logging.getLogger("fedgate.paging")
 
 WRITING, STORED, PAGED, READING, DEAD = range(5)
-HEADER = struct.Struct(">II")
+HEADER = struct.Struct(">IIQBIdQQd")  # length, crc32 of the body, then META
+NO_META = (0, 0, 0, 0.0, 0, 0, 0.0)  # seq, priority, attempts, expires_at, journal_id, rid,
+# enqueued_at
 SEGMENT_SIZE = 64 * 1024 * 1024
 IOV_MAX = 512  # buffers per pwritev call (the kernel's limit is 1024)
 
@@ -106,6 +111,7 @@ class PageStore:
         self._closing = False
         self.writes = 0  # records written
         self.reads = 0  # records read back
+        self.reads_now = 0  # synchronous range reads (a run's front needed at once)
 
     # -- life --------------------------------------------------------------------------------
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -132,21 +138,47 @@ class PageStore:
         shutil.rmtree(self.directory, ignore_errors=True)
 
     # -- the loop's side ---------------------------------------------------------------------
-    def write(self, items: list, done: Callable[[list, OSError | None], None]) -> list[Page]:
-        """Place each ``(payload, owner)``; ``done([(owner, page), ...], error)`` once written."""
+    def write(self, items: list, done: Callable[[list, OSError | None], None],
+              metas: list | None = None) -> list[Page]:
+        """Place each ``(payload, owner)`` (with ``metas[i]``: its record's index fields);
+        ``done([(owner, page), ...], error)`` once written."""
         batch = []
-        for payload, owner in items:
+        for i, (payload, owner) in enumerate(items):
             page = self._place(len(payload))
-            batch.append((owner, page, payload))
+            batch.append((owner, page, payload, metas[i] if metas is not None else NO_META))
         self._pending.append((batch, done))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
-        return [page for _, page, _ in batch]
+        return [page for _, page, _, _ in batch]
 
     def read(self, items: list, done: Callable[[list, OSError | None], None]) -> None:
         """Read each ``(owner, page)``; ``done([(owner, page, payload), ...], error)``."""
+        if self._pending:  # the writes placed before go to the thread first
+            self._flush()
         self._submit(("read", items, done))
+
+    def read_range(self, segment: "Segment", offset: int, size: int,
+                   done: Callable[[bytes | None, OSError | None], None]) -> None:
+        """``size`` bytes of ``segment`` from ``offset`` (records of a run), in the thread."""
+        if self._pending:
+            self._flush()
+        self._submit(("range", (segment, offset, size), done))
+
+    def read_now(self, segment: "Segment", offset: int, size: int) -> bytes:
+        """The same, here and now (a run's front needed at once; only once it is written)."""
+        self.reads_now += 1
+        return os.pread(segment.fd, size, offset)
+
+    def dead_records(self, segment: "Segment", count: int, size: int) -> None:
+        """``count`` records of ``size`` bytes (headers included) of ``segment`` are no longer
+        wanted (a run purged)."""
+        if not count:
+            return
+        segment.live -= count
+        self.live_bytes -= size
+        if segment.live == 0 and segment.full and segment.number in self.segments:
+            self._drop(segment)
 
     def dead(self, page: Page) -> None:
         """The record is no longer wanted; its segment goes when it has none left."""
@@ -220,9 +252,12 @@ class PageStore:
         try:
             if kind == "write":
                 self._write(items)
-                result = [(owner, page) for owner, page, _ in items]
+                result = [(owner, page) for owner, page, _, _ in items]
             elif kind == "read":
                 result = self._read(items)
+            elif kind == "range":
+                segment, offset, size = items
+                result = os.pread(segment.fd, size, offset)
             else:
                 os.close(items.fd)
                 os.unlink(items.path)
@@ -230,7 +265,7 @@ class PageStore:
             error = exc
             log.error("paging: %s failed: %s", kind, exc)
             if kind == "write":
-                result = [(owner, page) for owner, page, _ in items]
+                result = [(owner, page) for owner, page, _, _ in items]
             elif kind == "read":  # none of them read: they stay on disk
                 result = [(owner, page, None) for owner, page in items]
         if done is None:
@@ -248,7 +283,7 @@ class PageStore:
             self.error = error
         elif kind == "write":
             self.writes += len(result)
-        else:
+        elif kind == "read":
             self.reads += len(result)
         done(result, error)
 
@@ -261,8 +296,8 @@ class PageStore:
             buffers = []
             while index < len(items) and items[index][1].segment is segment \
                     and len(buffers) < IOV_MAX:
-                _, page, payload = items[index]
-                buffers.append(HEADER.pack(page.size, zlib.crc32(payload)))
+                _, page, payload, meta = items[index]
+                buffers.append(HEADER.pack(page.size, zlib.crc32(payload), *meta))
                 buffers.append(payload)
                 index += 1
             expected = sum(len(b) for b in buffers)
@@ -293,8 +328,29 @@ class PageStore:
 
 def check(page: Page, data: bytes, at: int) -> bytes:
     """The body of ``page``'s record at ``at`` in ``data``; OSError if it is not whole."""
-    length, crc = HEADER.unpack_from(data, at)
+    length, crc = HEADER.unpack_from(data, at)[:2]
     payload = data[at + HEADER.size:at + HEADER.size + length]
     if length != page.size or len(payload) != length or zlib.crc32(payload) != crc:
         raise OSError(f"page record {page!r} does not read back (length {length}, crc {crc:#x})")
     return payload
+
+
+def records(data: bytes, at: int = 0, limit: int = 0):
+    """The whole records in ``data`` from ``at``, in order: ``(offset in data, size, meta,
+    payload)``; at most ``limit`` (0: all). OSError for a record that does not check."""
+    end = len(data)
+    found = 0
+    while at + HEADER.size <= end:
+        fields = HEADER.unpack_from(data, at)
+        length = fields[0]
+        stop = at + HEADER.size + length
+        if stop > end:
+            return
+        payload = data[at + HEADER.size:stop]
+        if zlib.crc32(payload) != fields[1]:
+            raise OSError(f"a page record at {at} does not read back (crc)")
+        yield at, length, fields[2:], payload
+        at = stop
+        found += 1
+        if found == limit:
+            return

@@ -39,39 +39,11 @@ from proxy.amqp import message_header
 from proxy.paging.store import PAGED, STORED, WRITING, Page, body
 from proxy.queues import schedule, selective
 from proxy.queues.memory import MemoryUse
+from proxy.queues.message import StoredMessage
+from proxy.queues.runs import RunQueue
 from proxy.queues.store import DEFAULT_PRIORITY, PriorityStore
 
-
-@dataclass(slots=True)
-class StoredMessage:
-    """One message as stored: encoded bytes plus the little state we track."""
-
-    payload: bytes
-    # Consumers (by id) this message must not be offered to again
-    # (modified with undeliverable-here, §3.4.5).
-    excluded: frozenset[int] = frozenset()
-    # Id of its ENQUEUE record in the journal (proxy.journal); 0 = not journaled.
-    journal_id: int = 0
-    # time.monotonic() when first stored: delivery latency is measured from here
-    enqueued_at: float = field(default_factory=monotonic)
-    # A message whose outcome another party settles: (that party, its token). Its
-    # outcome goes to ``party.settle_at_home(token, state, client delivery)``, not to
-    # a local queue (fragments: a message stolen from its home fragment).
-    origin: tuple | None = None
-    # Its place in the order of enqueues (set by LocalQueue.enqueue); browsers keep
-    # the last one they were sent
-    seq: int = 0
-    # time.monotonic() after which it is expired (its header's ttl); 0 = never
-    expires_at: float = 0.0
-    # its replication id on a replicated queue (proxy.replication); 0 = not replicated
-    rid: int = 0
-    # the header's priority (0-9, set by LocalQueue.enqueue): higher first
-    priority: int = 4
-    # times it came back from a consumer (released, modified, orphaned): delivery_limit
-    attempts: int = 0
-    # its record in the page store (proxy.paging.store.Page), None: none; while the body is
-    # on disk only, ``payload`` is that Page too (docs/paging.md)
-    page: object = None
+__all__ = ["Consumer", "LocalQueue", "QueueStats", "StoredMessage"]
 
 
 class Consumer(Protocol):
@@ -167,8 +139,10 @@ class LocalQueue:
     # whether a read-ahead is under way
     paged_bytes: int = 0
     paged_count: int = 0
+    page_writes: int = 0  # bodies being written one by one (not in runs)
     reading: bool = False
     pages: ClassVar[bool] = True  # whether the pager may take its messages' bodies to disk
+    runs: ClassVar[bool] = True  # whether they may go in runs (proxy.queues.runs): FIFO only
 
     # -- producer side -----------------------------------------------------
     def enqueue(self, message: StoredMessage, *, expiry: bool = True) -> None:
@@ -203,7 +177,7 @@ class LocalQueue:
     def _ready(self, message: StoredMessage) -> None:
         """Into the ready place, at the tail of its priority."""
         messages = self.messages
-        if message.priority != DEFAULT_PRIORITY and type(messages) is deque:
+        if message.priority != DEFAULT_PRIORITY and type(messages) is not PriorityStore:
             messages = self._prioritise()
         messages.append(message)
         if self.selective:
@@ -211,6 +185,8 @@ class LocalQueue:
 
     def _prioritise(self) -> PriorityStore:
         """From a plain deque to a PriorityStore (a priority other than 4, or a selector)."""
+        if type(self.messages) is RunQueue:  # runs back to messages (docs/paging.md)
+            self.messages.unrun()
         if type(self.messages) is deque:
             self.messages = PriorityStore(self.messages)
         return self.messages
@@ -230,7 +206,7 @@ class LocalQueue:
         if schedule.marked(message.payload) and schedule.hold(self, message):
             return
         messages = self.messages
-        if message.priority != DEFAULT_PRIORITY and type(messages) is deque:
+        if message.priority != DEFAULT_PRIORITY and type(messages) is not PriorityStore:
             messages = self._prioritise()
         messages.appendleft(message)
         if self.selective:
@@ -354,7 +330,12 @@ class LocalQueue:
             return selective.dispatch(self)
         sent = 0
         now = 0.0
+        runs = type(messages) is RunQueue
         while messages:
+            if runs and not messages.head:  # a run comes next: read back, at once or later
+                if not (consumers or standby) or not messages.read_ahead():
+                    break
+                continue
             message = messages[0]
             page = message.page
             if message.expires_at:
@@ -397,6 +378,20 @@ class LocalQueue:
             page.trigger = False
             self.memory.pager.read_ahead(self)
 
+    def page_out(self, pager, keep: int, wanted: int) -> int | None:
+        """Up to ``wanted`` bytes of the tail to disk as runs (proxy.queues.runs): bytes
+        freed; None where this queue pages message by message (priority, replicated, or
+        messages paged one by one already)."""
+        messages = self.messages
+        if type(messages) is deque:
+            if not (self.runs and pager.runs) or self.paged_count or self.page_writes \
+                    or len(messages) <= keep:  # runs only once nothing is paged one by one
+                return None
+            messages = self.messages = RunQueue(self, pager, messages, deque())
+        elif type(messages) is not RunQueue:
+            return None
+        return messages.page_out(keep, wanted)
+
     def body(self, message: StoredMessage) -> bytes:
         """A waiting message's body, read from the page store if it is there (browsers,
         selectors: it stays paged)."""
@@ -437,7 +432,7 @@ class LocalQueue:
         if type(messages) is not deque or selector is not None:  # not in seq order, or filtered
             now = monotonic()
             found = []
-            for m in messages:
+            for m in messages.iterate(after) if type(messages) is RunQueue else messages:
                 if m.seq > after and not (m.expires_at and m.expires_at <= now) \
                         and (selector is None or selector.matches(self.body(m))):
                     found.append(m)
@@ -525,11 +520,16 @@ class LocalQueue:
     def purge(self) -> int:
         held = [entry[2] for entry in self.scheduled]
         count = len(self.messages) + len(held)
+        in_runs = 0
+        if type(self.messages) is RunQueue:  # the runs' records die; head and tail stay
+            in_runs = self.messages.drop_runs()
+            self.messages = self.messages.head
         if self.memory.pager is not None:
             for message in self.messages:
                 if message.page is not None:
                     self.memory.pager.gone(self, message)
-        self._released(sum(len(m.payload) for m in self.messages) + sum(len(m.payload) for m in held))
+        self._released(in_runs + sum(len(m.payload) for m in self.messages)
+                       + sum(len(m.payload) for m in held))
         self.messages.clear()
         self.scheduled.clear()
         for consumer in self.selective:

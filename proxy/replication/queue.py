@@ -13,6 +13,7 @@ report, for the batches to go out in the same cycle (``broker.dirty_queues``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from proxy.queues.local import LocalQueue, StoredMessage
 
@@ -21,6 +22,8 @@ from proxy.queues.local import LocalQueue, StoredMessage
 class ReplicatedQueue(LocalQueue):
     # replica_set (LocalQueue's field): proxy.replication.primary.ReplicaSet while primary
     changed: object = None  # called with the queue after a report
+    # its rid index and catch-up name message objects: paged one by one, never in runs
+    runs: ClassVar[bool] = False
 
     def serve_replicas(self, replica_set, changed) -> None:
         self.replica_set = replica_set

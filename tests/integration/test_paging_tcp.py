@@ -108,6 +108,32 @@ def test_a_backlog_of_fifteen_budgets_with_rss_bounded_then_drained_in_order(sta
     assert memory["paging"]["read_back"] >= count - 3 * budget // SIZE
 
 
+def test_a_deep_queue_of_small_messages_keeps_no_index_in_memory(start_node, clients):
+    """Runs (docs/paging.md): 300,000 waiting messages of 512 bytes, most in runs on disk.
+    Paged one by one, their index alone would be about 90 MB (300 bytes each); in runs the
+    RSS stays within the budget and a fixed margin, then every id comes back in order."""
+    budget = 8 * 1024 * 1024
+    count, size = 300_000, 512
+    node = start_node(paging_config(budget))
+    watch = RssWatch(node.proc.pid)
+    (sent,) = clients("go", "send", node.url, address="deep", count=count, sizes=size,
+                      timeout_ms=200_000).finish(timeout=220)
+    peak = watch.stop()
+    assert sent["error"] is None and sent["accepted"] == count, sent
+    queue = admin(node, "/api/v1/queues")["queues"][0]
+    assert queue["depth"] == count and queue["paged_messages"] >= count - 3 * budget // size
+    growth = peak - watch.start
+    assert growth < budget * 1.25 / 2**20 + 40, \
+        f"RSS grew {growth:.1f} MB (from {watch.start:.1f} MB)"
+    lines = clients("go", "receive", node.url, address="deep", count=count, credit=500,
+                    check_body=True, timeout_ms=200_000).finish(timeout=220)
+    assert lines[-1]["error"] is None, lines[-1]
+    assert ids_of(lines) == [f"go-{n}" for n in range(count)], "not every id once, in order"
+    memory = memory_of(node)
+    assert (memory["queued_bytes"], memory["paged_bytes"]) == (0, 0), memory
+    assert memory["paging"]["live_bytes"] == 0
+
+
 def test_kill_while_paging_loses_no_durable_message_and_the_store_starts_empty(start_node,
                                                                             clients, tmp_path):
     config = paging_config(2 * 1024 * 1024)
