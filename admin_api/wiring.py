@@ -32,6 +32,7 @@ import orjson
 from aiohttp import web
 
 from proxy.cluster.model import CoordinatorError
+from proxy.config import compat
 from proxy.config.errors import ConfigError
 from proxy.config.exchanges import parse_bindings, parse_exchanges
 from proxy.config.settings import parse_queue
@@ -157,6 +158,7 @@ class Wiring:
 
     async def change(self, edit, if_match: str | None) -> tuple[dict, Any]:
         """Apply ``edit(record) -> answer`` (it changes the record given) by compare-and-swap."""
+        self._refuse_mixed_versions()
         for _ in range(ATTEMPTS):
             raw = await self.read()
             current = orjson.loads(raw) if raw else dict(EMPTY)
@@ -199,6 +201,20 @@ class Wiring:
                        headers={"Retry-After": "1"})
 
     # -- following the cluster -------------------------------------------------------------
+    def _refuse_mixed_versions(self) -> None:
+        """A live member without the ``wiring`` feature (0.5.0: it would neither follow the
+        record nor answer the push) leaves the cluster's wiring unchanged until it is
+        upgraded (docs/upgrades.md). A static peer's version is not known: not refused."""
+        coordinator = self.node.coordinator
+        if getattr(coordinator, "kind", "static") != "etcd":
+            return
+        lacking = compat.cluster_lacks("wiring", coordinator.members())
+        if lacking:
+            names = ", ".join(f"{m.id} ({m.version or 'unknown'})" for m in lacking)
+            raise ApiError(409, "mixed_versions", f"members {names} have no run-time wiring: "
+                           "change it once every node is upgraded (docs/upgrades.md)",
+                           members=[{"id": m.id, "version": m.version} for m in lacking])
+
     async def context(self, app: web.Application):
         with contextlib.suppress(ApiError):
             self.follow_raw(await self.read())

@@ -31,7 +31,7 @@ from proxy.paging.store import body
 from proxy.queues import durable as journal_queues
 from proxy.queues.local import StoredMessage
 
-from .links import LAGGING, STALE_EPOCH, ReplicaSink, ReplicationPusher
+from .links import LAGGING, STALE_EPOCH, ReplicaSink, ReplicationPusher, announce
 from .primary import ReplicaSet
 from .replica import ReplicaImage, StaleEpoch
 from .states import CopyRole, CopyState
@@ -424,6 +424,7 @@ class BackupCopy:
         self._pages_removed(self._journal_removed(self.image.restart(epoch)))
         self.unconfirmed_at = self.unconfirmed_seen = None
         self.primary = primary
+        announce(link)  # our release and features, in our answer (docs/upgrades.md)
         handler.open_link(link)
         sink = ReplicaSink(handler, link, self, primary, epoch)
         handler.links[sink.link_ptr] = sink
