@@ -156,9 +156,11 @@ class Wiring:
             raise ApiError(503, "coordinator_unavailable", f"the cluster state cannot be read: "
                            f"{exc}", headers={"Retry-After": "1"}) from None
 
-    async def change(self, edit, if_match: str | None) -> tuple[dict, Any]:
-        """Apply ``edit(record) -> answer`` (it changes the record given) by compare-and-swap."""
-        self._refuse_mixed_versions()
+    async def change(self, edit, if_match: str | None, *, removal: bool = False) -> tuple[dict, Any]:
+        """Apply ``edit(record) -> answer`` (it changes the record given) by compare-and-swap
+        (``removal``: only takes away what older members never had; not refused for them)."""
+        if not removal:
+            self._refuse_mixed_versions()
         for _ in range(ATTEMPTS):
             raw = await self.read()
             current = orjson.loads(raw) if raw else dict(EMPTY)
@@ -497,6 +499,6 @@ async def forget_queue(request: web.Request, name: str) -> int | None:
     def edit(record: dict) -> dict:
         record["queues"] = [q for q in record["queues"] if q.get("name") != name]
         return {}
-    record, _ = await wiring.change(edit, None)
+    record, _ = await wiring.change(edit, None, removal=True)
     await wiring.push(record, request.app[NODE].config.admin.node_token())
     return record["version"]
