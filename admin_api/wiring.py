@@ -249,6 +249,10 @@ class Wiring:
                 try:
                     async with session.post(url + PUSH_PATH, json=record) as response:
                         await response.read()
+                        if response.status == 404:  # a release without run-time wiring
+                            log.warning("run-time wiring version %d not taken by %s: it has no "
+                                        "run-time wiring (a release before 0.6.0?)",
+                                        record["version"], peer)
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                     log.warning("run-time wiring version %d not pushed to %s: %s",
                                 record["version"], peer, exc or exc.__class__.__name__)

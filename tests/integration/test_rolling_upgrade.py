@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -289,3 +290,21 @@ def test_a_data_dir_a_newer_release_wrote_is_refused_at_start(tmp_path):
     assert "written by fedgate 9.0.0 (data format 99)" in proc.stderr
     assert f"this is fedgate {version()}" in proc.stderr
     assert "listening" not in proc.stdout
+
+
+def test_a_worker_of_another_release_than_its_supervisor_exits_naming_both(tmp_path):
+    """A worker process started by a supervisor of another release (the package replaced
+    under a running node) exits at once: the worker channels carry no version."""
+    config = tmp_path / "n1.toml"
+    config.write_text(f'[node]\nid = "n1"\nlisten = "127.0.0.1:0"\ndata_dir = "{tmp_path}"\n')
+    command = [PYTHON, "-m", "proxy", "_worker", "--index", "1", "--count", "2",
+               "--channel-fd", "0", "--config", str(config)]
+    for supervisor, said in ((None, "older than 0.6.0"), ("0.7.0", "supervisor fedgate 0.7.0")):
+        env = {k: v for k, v in os.environ.items() if k != compat.SUPERVISOR_VERSION}
+        if supervisor is not None:
+            env[compat.SUPERVISOR_VERSION] = supervisor
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=30,
+                              env=env, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 1, (proc.stdout, proc.stderr)
+        assert f"worker 1: this worker runs fedgate {version()}" in proc.stderr, proc.stderr
+        assert said in proc.stderr, proc.stderr
