@@ -13,7 +13,8 @@ How this works
   code runs its Python path). The worktree is removed at the end.
 * Queues: ``orders.a`` replicated (3 copies), ``ledger.a`` replicated and durable (every
   copy journals), ``jobs.a`` fragmented over the three nodes, each fragment replicated on one
-  other member. A sender and a receiver per queue on every node's failover list, at a
+  other member; ``stock``, a durable local queue, filled on n1 before the upgrade and
+  drained from it after (0.5.0's journal read by this code: every message, once). A sender and a receiver per queue on every node's failover list, at a
   steady rate, for the whole upgrade.
 * Each node in turn: stopped (SIGTERM), started on the same configuration, ports and data
   dir with this code, then waited for until it is back in sync: a member again, in the
@@ -60,6 +61,8 @@ DURABLE = {"name": "ledger", "match": "ledger.*", "kind": "replicated", "replica
 FRAGMENTED = {"name": "jobs", "match": "jobs.*", "kind": "fragmented", "fragments": list(NAMES),
               "replicas": 2}
 QUEUES = ("orders.a", "ledger.a", "jobs.a")
+LOCAL = "stock"  # a durable local queue: n1's journal of 0.5.0 read by this code
+LOCAL_COUNT = 200
 RATE = 25  # per sender
 PER_SENDER = 1000  # 40 s at RATE: the whole upgrade runs under load
 CREDIT = 10
@@ -194,7 +197,8 @@ def test_a_050_cluster_is_upgraded_node_by_node_under_load(
                   "cluster": {"name": cluster_name, "etcd": [etcd_url], "lease_ttl": LEASE_TTL,
                               "start_timeout": 20.0},
                   "node": {"log_level": "info"},
-                  "rules": [REPLICATED, DURABLE, FRAGMENTED]}
+                  "rules": [REPLICATED, DURABLE, FRAGMENTED],
+                  "queue": [{"name": LOCAL, "durable": True}]}
         nodes[name] = ReleaseNode(tmp_path, config, name, old_python, old_checkout).start()
     try:
         for node in nodes.values():
@@ -202,6 +206,10 @@ def test_a_050_cluster_is_upgraded_node_by_node_under_load(
                      what="every member listed")
             assert node_version(node) == compat.PREVIOUS
         n1, n2, n3 = (nodes[n] for n in NAMES)
+        fill = Workload(clients, LOCAL, senders=[(n1.url, "s")], receivers=[],
+                        per_sender=LOCAL_COUNT, rate=0, durable=True)
+        stored = set(fill.start_senders().result(timeout=20.0, want=set()).accepted)
+        assert len(stored) == LOCAL_COUNT
         loads = {}
         for address in QUEUES:
             prefix = address.split(".")[0]
@@ -242,6 +250,12 @@ def test_a_050_cluster_is_upgraded_node_by_node_under_load(
         assert status == 201, body
 
         outcomes = {a: load.result(timeout=90.0) for a, load in loads.items()}
+        # what n1's 0.5.0 journal held comes back from this code, each message once
+        drained = Workload(clients, LOCAL, senders=[], receivers=[n1.url],
+                           credit=CREDIT).start_receivers().result(timeout=20.0, quiet=0.5,
+                                                                   want=stored)
+        assert drained.received_ids == stored and drained.duplicates == 0, \
+            (len(drained.received_ids), drained.duplicates)
         in_flight = {a: sum(load.in_flight_sends(t) for t in stops) for a, load in loads.items()}
         resent = {a: load.resent() for a, load in loads.items()}
         for address, outcome in outcomes.items():
