@@ -387,7 +387,11 @@ class PrimaryCopy:
         self.node.broker.run_pending()
 
     def describe(self) -> dict:
-        return self.replica_set.describe(self.loop.time())
+        out = self.replica_set.describe(self.loop.time())
+        for backup in out["backups"]:  # its release, as its link's attach said (docs/upgrades.md)
+            pusher = self.pushers.get(backup["node"])
+            backup["version"] = pusher.peer_version if pusher and pusher.attached_once else None
+        return out
 
 
 class BackupCopy:

@@ -48,7 +48,7 @@ from cluster_support import LEASE_TTL, member_ids
 from conftest import PYTHON, ROOT, NodeProcess, require
 from etcd_servers import cluster_name, etcd_url  # noqa: F401 (fixtures)
 from replication_support import (NAMES, Workload, etcd_get, failover_urls, fragment_isr,
-                                  fragment_owner, isr_record)
+                                  fragment_owner, isr_record, queues_of)
 
 from proxy.config import compat
 from proxy.config.version import version
@@ -248,6 +248,10 @@ def test_a_050_cluster_is_upgraded_node_by_node_under_load(
             print(f"\n{name} upgraded: {time.time() - stops[-1]:.1f} s from its stop to in sync")
         status, body = wiring_change(n2, "after-upgrade")
         assert status == 201, body
+        for address in ("orders.a", "ledger.a"):  # every link says this release now
+            primary = (isr_record(etcd_url, cluster_name, address) or {}).get("primary")
+            backups = queues_of(nodes[primary])[address]["backups"]
+            assert len(backups) == 2 and all(b["version"] == version() for b in backups), backups
 
         outcomes = {a: load.result(timeout=90.0) for a, load in loads.items()}
         # what n1's 0.5.0 journal held comes back from this code, each message once

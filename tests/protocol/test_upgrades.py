@@ -239,6 +239,8 @@ def test_a_replication_link_with_a_side_that_announces_nothing_uses_050s_batches
             assert pusher.peer_version == version()
             assert pusher.features == compat.FEATURES
         assert pusher.batch_version == 1
+        # what the primary's admin view says of its backup
+        assert view(nodes[primary], "orders.x")["backups"][0]["version"] == pusher.peer_version
         await world.close()
 
     run(play)
