@@ -28,8 +28,9 @@ PREVIOUS = "0.5.0"  # the release this one works with in one cluster
 # what 0.5.0 had (it announced nothing): replication batches of version 1
 BASELINE = frozenset({"replication-batch-1"})
 # this release: wiring = run-time exchanges, bindings and queues (the `wiring` record);
-# versioned = announces its version and features (member record, attach properties)
-FEATURES = frozenset(BASELINE | {"versioned", "wiring"})
+# versioned = announces its version and features (member record, attach properties);
+# fragment-selectors = its fragments serve stealers with a JMS selector (0.5.0 refuses them)
+FEATURES = frozenset(BASELINE | {"versioned", "wiring", "fragment-selectors"})
 BATCH_VERSIONS = (1,)  # replication batch versions this node reads (0.5.0's: 1)
 
 DATA_FORMAT = 1  # what this release writes in the data dir; 0.5.0's unmarked dir is 1

@@ -78,6 +78,28 @@ def test_a_cluster_wide_feature_waits_for_every_member():
     assert compat.cluster_lacks("wiring", [new, old, static_peer]) == [old]
 
 
+def test_no_selective_stealing_from_a_member_without_fragment_selectors():
+    """0.5.0 refuses a consumer with a selector on a fragmented queue: a 0.6.0 member steals
+    from it without selectors only (fragments.selective)."""
+    from types import SimpleNamespace
+
+    from fragments.selective import lacks_selectors
+    from routing.rules import FragmentMember
+
+    members = [Member("n2", "amqp://n2", None, 1, "0.5.0", None),
+               Member("n3", "amqp://n3", None, 1, version(), None,
+                      features=tuple(compat.FEATURES))]
+    group = SimpleNamespace(
+        members={"n2": FragmentMember(peer="n2"), "n3": FragmentMember(peer="n3"),
+                 "n1/w1": None},  # a sibling worker: one release with this one
+        node=SimpleNamespace(coordinator=SimpleNamespace(members=lambda: members)))
+    assert lacks_selectors(group, "n2") is True
+    assert lacks_selectors(group, "n3") is False
+    assert lacks_selectors(group, "n1/w1") is False
+    members[0] = Member("n2", "amqp://n2", None, 1, "", None)  # static: release unknown
+    assert lacks_selectors(group, "n2") is False
+
+
 # -- etcd member records -----------------------------------------------------------------------
 def test_a_050_member_record_is_read_and_ours_keeps_its_keys():
     record_050 = json.dumps({"id": "n2", "amqp": "amqp://n2:5672", "admin": None, "workers": 1,
