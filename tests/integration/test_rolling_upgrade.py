@@ -7,8 +7,9 @@ How this works
   ``version = "<compat.PREVIOUS>"`` into pyproject.toml (the history of that line is the list
   of releases, CHANGELOG.md). It is checked out with ``git worktree add --detach`` into the
   test's temporary directory and run from a virtualenv of its own (``python -m venv
-  --without-pip``, a ``.pth`` file naming the old checkout and this checkout's virtualenv's
-  site-packages for the dependencies; nothing is installed over the network). The C fast
+  --without-pip``, the old release's package metadata written from its pyproject.toml,
+  a ``.pth`` file naming the old checkout and this checkout's virtualenv's site-packages
+  for the dependencies; nothing is fetched over the network). The C fast
   path is the same source in both releases: the built module is copied (without it the old
   code runs its Python path). The worktree is removed at the end.
 * Queues: ``orders.a`` replicated (3 copies), ``ledger.a`` replicated and durable (every
@@ -40,6 +41,7 @@ import shutil
 import subprocess
 import sysconfig
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -109,13 +111,35 @@ def previous_release(tmp_path_factory):
                               timeout=30).stdout.strip()
         deps = sysconfig.get_paths()["purelib"]  # this checkout's virtualenv: the dependencies
         Path(site, "fedgate-previous.pth").write_text(f"{checkout}\n{deps}\n")
+        install_metadata(checkout, Path(site))
         said = subprocess.run([str(python), "-m", "proxy", "--version"], cwd=checkout,
                               capture_output=True, text=True, timeout=30)
         assert said.stdout.strip() == f"fedgate {compat.PREVIOUS}", (said.stdout, said.stderr)
+        # what the old code reads of its installed package (its member record's version)
+        said = subprocess.run([str(python), "-c", "from importlib.metadata import version; "
+                               "print(version('fedgate'))"], cwd=base, capture_output=True,
+                              text=True, timeout=30)
+        assert said.stdout.strip() == compat.PREVIOUS, (said.stdout, said.stderr)
         yield python, checkout
     finally:
         with contextlib.suppress(subprocess.CalledProcessError, OSError):
             git("worktree", "remove", "--force", str(checkout))
+
+
+def install_metadata(checkout: Path, site: Path) -> None:
+    """The old release's package metadata in its virtualenv, from its pyproject.toml: its
+    version and its entry points (the plug-ins a node loads). It comes first on that
+    virtualenv's path, before this checkout's installed metadata."""
+    project = tomllib.loads((checkout / "pyproject.toml").read_text())["project"]
+    info = site / f"fedgate-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fedgate\n"
+                                   f"Version: {project['version']}\n")
+    groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in items.items()) + "\n"
+        for group, items in groups.items()))
+    (info / "INSTALLER").write_text("tests/integration/test_rolling_upgrade.py\n")
 
 
 class ReleaseNode(NodeProcess):
