@@ -274,7 +274,7 @@ def test_a_050_cluster_is_upgraded_node_by_node_under_load(
         assert status == 201, body
         for address in ("orders.a", "ledger.a"):  # every link says this release now
             primary = (isr_record(etcd_url, cluster_name, address) or {}).get("primary")
-            backups = queues_of(nodes[primary])[address]["backups"]
+            backups = queues_of(nodes[primary])[address]["replication"]["backups"]
             assert len(backups) == 2 and all(b["version"] == version() for b in backups), backups
 
         outcomes = {a: load.result(timeout=90.0) for a, load in loads.items()}
