@@ -148,7 +148,10 @@ BACKUP = {"type": "object", "properties": {
     "node": {"type": "string"},
     "state": {"type": "string", "enum": ["catching-up", "ready", "lagging", "absent"]},
     "lag_messages": {"type": "integer"}, "lag_ms": {"type": "number"},
-    "catchup_left": {"type": "integer"}}}
+    "catchup_left": {"type": "integer"},
+    "version": {"type": ["string", "null"],
+                "description": "the backup's release, as its replication link said (0.5.0: "
+                               "it says none); null before its link attached"}}}
 REPLICATION = {
     "type": "object",
     "description": "A replicated queue as this node sees it (docs/replication.md)",

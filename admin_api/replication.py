@@ -32,6 +32,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy.config.version import version as release_version
 from routing import RuleError
 
 from .errors import ApiError, json_response
@@ -130,8 +131,16 @@ def _callers_token(request: web.Request) -> str | None:
     return header.partition(" ")[2].strip() or None
 
 
+VERSION_HEADER = "Fedgate-Version"
+
+
 def _headers(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    """A node-to-node call's headers: the cluster token, and this node's release (read by
+    nobody yet: a newer node may; docs/upgrades.md)."""
+    headers = {VERSION_HEADER: release_version()}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
 
 
 async def push_owner(node, token: str | None, address: str, owner_id: str,

@@ -32,6 +32,7 @@ import orjson
 from aiohttp import web
 
 from proxy.cluster.model import CoordinatorError
+from proxy.config import compat
 from proxy.config.errors import ConfigError
 from proxy.config.exchanges import parse_bindings, parse_exchanges
 from proxy.config.settings import parse_queue
@@ -155,8 +156,11 @@ class Wiring:
             raise ApiError(503, "coordinator_unavailable", f"the cluster state cannot be read: "
                            f"{exc}", headers={"Retry-After": "1"}) from None
 
-    async def change(self, edit, if_match: str | None) -> tuple[dict, Any]:
-        """Apply ``edit(record) -> answer`` (it changes the record given) by compare-and-swap."""
+    async def change(self, edit, if_match: str | None, *, removal: bool = False) -> tuple[dict, Any]:
+        """Apply ``edit(record) -> answer`` (it changes the record given) by compare-and-swap
+        (``removal``: only takes away what older members never had; not refused for them)."""
+        if not removal:
+            self._refuse_mixed_versions()
         for _ in range(ATTEMPTS):
             raw = await self.read()
             current = orjson.loads(raw) if raw else dict(EMPTY)
@@ -199,6 +203,20 @@ class Wiring:
                        headers={"Retry-After": "1"})
 
     # -- following the cluster -------------------------------------------------------------
+    def _refuse_mixed_versions(self) -> None:
+        """A live member without the ``wiring`` feature (0.5.0: it would neither follow the
+        record nor answer the push) leaves the cluster's wiring unchanged until it is
+        upgraded (docs/upgrades.md). A static peer's version is not known: not refused."""
+        coordinator = self.node.coordinator
+        if getattr(coordinator, "kind", "static") != "etcd":
+            return
+        lacking = compat.cluster_lacks("wiring", coordinator.members())
+        if lacking:
+            names = ", ".join(f"{m.id} ({m.version or 'unknown'})" for m in lacking)
+            raise ApiError(409, "mixed_versions", f"members {names} have no run-time wiring: "
+                           "change it once every node is upgraded (docs/upgrades.md)",
+                           members=[{"id": m.id, "version": m.version} for m in lacking])
+
     async def context(self, app: web.Application):
         with contextlib.suppress(ApiError):
             self.follow_raw(await self.read())
@@ -231,6 +249,10 @@ class Wiring:
                 try:
                     async with session.post(url + PUSH_PATH, json=record) as response:
                         await response.read()
+                        if response.status == 404:  # a release without run-time wiring
+                            log.warning("run-time wiring version %d not taken by %s: it has no "
+                                        "run-time wiring (a release before 0.6.0?)",
+                                        record["version"], peer)
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                     log.warning("run-time wiring version %d not pushed to %s: %s",
                                 record["version"], peer, exc or exc.__class__.__name__)
@@ -481,6 +503,6 @@ async def forget_queue(request: web.Request, name: str) -> int | None:
     def edit(record: dict) -> dict:
         record["queues"] = [q for q in record["queues"] if q.get("name") != name]
         return {}
-    record, _ = await wiring.change(edit, None)
+    record, _ = await wiring.change(edit, None, removal=True)
     await wiring.push(record, request.app[NODE].config.admin.node_token())
     return record["version"]

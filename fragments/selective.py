@@ -32,7 +32,22 @@ from __future__ import annotations
 
 from collections import deque
 
+from proxy.config import compat
+
 from .steal import Stealer
+
+
+def lacks_selectors(group, key: str) -> bool:
+    """The member's node announced no ``fragment-selectors`` (0.5.0: it refuses a consumer
+    with a selector on a fragmented queue): nothing is stolen from it with a selector, and
+    selective consumers on other nodes get its fragment's messages once it is upgraded
+    (docs/upgrades.md). A sibling worker, or a node of unknown release (static), has it."""
+    peer = getattr(group.members.get(key), "peer", None)
+    coordinator = getattr(group.node, "coordinator", None)
+    if peer is None or coordinator is None:
+        return False
+    return bool(compat.cluster_lacks("fragment-selectors",
+                                     [m for m in coordinator.members() if m.id == peer]))
 
 
 def taker(queue, message):
@@ -183,6 +198,8 @@ class SelectiveSteals:
             if stealer is None:
                 url, address, peer = group.target(key)
                 if url is None or not peer:  # gone, or a third-party broker (no selectors)
+                    continue
+                if lacks_selectors(group, key):  # a 0.5.0 member refuses such a link
                     continue
                 upstream = group.node.upstreams.for_url(url, group.rule.upstream)
                 stealer = Stealer(group, key, upstream, address, selector=selector)

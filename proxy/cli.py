@@ -77,17 +77,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from proxy.cluster import CoordinatorError
+    from proxy.config import compat
     from proxy.journal.journal import JournalError
 
     workers = config_mod.worker_count(config.node.workers)
+    try:  # a data dir a newer release wrote is refused before anything in it is opened
+        compat.check_data_dir(config.node.data_dir)
+    except (compat.DataDirRefused, OSError) as exc:
+        print(f"fedgate: {exc}", file=sys.stderr)
+        return 1
     try:
         if workers > 1:
             from proxy.workers import supervisor
 
             return asyncio.run(supervisor.run(config, workers, _passed_on(args)))
         return asyncio.run(_serve(config))
-    except JournalError as exc:  # e.g. the data dir's journal is another node's
-        print(f"fedgate: {exc}", file=sys.stderr)
+    except JournalError as exc:  # e.g. the data dir's journal is another node's, or newer
+        print(f"fedgate {version()}: {exc}", file=sys.stderr)
         return 1
     except CoordinatorError as exc:  # etcd unreachable at start, or our node id is taken
         print(f"fedgate: cluster: {exc}", file=sys.stderr)
@@ -110,6 +116,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = _load_config(args.config, listen=args.listen, admin=args.admin, node_id=args.node_id,
                           data_dir=args.data_dir, log_level=args.log_level,
                           advertise=args.advertise, advertise_admin=args.advertise_admin)
+    from proxy.config.compat import worker_release_problem
+
+    problem = worker_release_problem(os.environ)
+    if problem is not None:
+        print(f"fedgate: worker {args.index}: {problem}", file=sys.stderr)
+        return 1
     logging.basicConfig(
         level=config.node.log_level.upper(),
         format=f"%(asctime)s %(levelname)s w{args.index} %(name)s: %(message)s",
@@ -131,7 +143,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_serve(config, worker=worker))
     except JournalError as exc:
-        print(f"fedgate: worker {args.index}: {exc}", file=sys.stderr)
+        print(f"fedgate {version()}: worker {args.index}: {exc}", file=sys.stderr)
         return 1
     except CoordinatorError as exc:
         print(f"fedgate: worker {args.index}: cluster: {exc}", file=sys.stderr)

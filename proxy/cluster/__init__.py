@@ -15,10 +15,10 @@ per message: the node reads members and ``acting()`` from memory.
 from __future__ import annotations
 
 import socket
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from proxy.config.settings import Config
+from proxy.config.version import version as release_version
 
 from .model import (Claim, Coordinator, CoordinatorError, CoordinatorUnavailable, DuplicateNode,
                     Member)
@@ -29,10 +29,10 @@ __all__ = ["Claim", "Coordinator", "CoordinatorError", "CoordinatorUnavailable",
 
 
 def fedgate_version() -> str:
-    try:
-        return version("fedgate")
-    except PackageNotFoundError:
-        return "unknown"
+    """This code's release (``proxy.config.version``: the checkout's pyproject.toml, else the
+    package's metadata; an editable install's metadata keeps the version it was installed
+    at, so it is read second)."""
+    return release_version()
 
 
 def _url(scheme: str, host: str, port: int) -> str:

@@ -55,6 +55,8 @@ import time
 from dataclasses import replace
 from collections.abc import Callable
 
+from proxy.config.compat import FEATURES
+
 from .lease import Backoff, LeaseKeeper, LeaseState
 from .model import (Claim, CoordinatorError, CoordinatorUnavailable, DuplicateNode, Listeners, Member,
                     claim_value, member_value, parse_claim, parse_member)
@@ -78,7 +80,8 @@ class EtcdCoordinator:
         self.name = name
         self.reach = dict(reach or {})  # node id -> how this node reaches it ([cluster] reach)
         self.node_id = node_id
-        self.local = Member(node_id, amqp, admin, workers, version, None)
+        self.local = Member(node_id, amqp, admin, workers, version, None,
+                            features=tuple(sorted(FEATURES)))
         self.store = store
         self.endpoints = list(endpoints)
         self.lease_ttl = lease_ttl
@@ -441,7 +444,7 @@ class EtcdCoordinator:
 
     def _registration(self) -> Member:
         return Member(self.local.id, self.local.amqp, self.local.admin, self.local.workers,
-                      self.local.version, None, self.draining)
+                      self.local.version, None, self.draining, self.local.features)
 
     async def _register(self) -> None:
         loop = asyncio.get_running_loop()

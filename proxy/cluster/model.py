@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
+from proxy.config.compat import MEMBER_FORMAT
+
 
 @dataclass(frozen=True)
 class Member:
@@ -25,6 +27,8 @@ class Member:
     version: str  # fedgate's version on it
     lease_age_s: float | None  # seconds since it registered its current lease (None: static)
     draining: bool = False  # it is leaving: its fragments of "*" queues are being emptied
+    # what it announced (docs/upgrades.md); None: nothing (0.5.0, or a static peer)
+    features: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,6 +89,8 @@ def member_value(member: Member, *, registered_at: float) -> bytes:
     body = member.to_dict()
     del body["lease_age_s"]
     body["registered_at"] = registered_at
+    body["format"] = MEMBER_FORMAT  # 0.5.0's record has none; it ignores keys it does not know
+    body["features"] = sorted(member.features or ())
     return json.dumps(body, sort_keys=True).encode()
 
 
@@ -96,9 +102,16 @@ def parse_member(value: bytes, *, now: float) -> Member | None:
         return Member(id=str(body["id"]), amqp=str(body["amqp"]), admin=body.get("admin"),
                       workers=int(body.get("workers", 1)), version=str(body.get("version", "")),
                       lease_age_s=round(max(0.0, now - registered_at), 3),
-                      draining=bool(body.get("draining", False)))
+                      draining=bool(body.get("draining", False)),
+                      features=_features(body.get("features")))
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _features(value) -> tuple[str, ...] | None:
+    if not isinstance(value, list):
+        return None  # 0.5.0's record: no features announced
+    return tuple(sorted(str(item) for item in value))
 
 
 def claim_value(claim: Claim) -> bytes:

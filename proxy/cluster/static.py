@@ -23,6 +23,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from proxy.config.compat import FEATURES
+
 from .model import Claim, CoordinatorError, Listeners, Member
 
 log = logging.getLogger("fedgate.cluster")
@@ -70,7 +72,8 @@ class StaticCoordinator:
     def __init__(self, *, node_id: str, amqp: str, admin: str | None, workers: int, version: str,
                  peers: dict[str, str], peer_admins: dict[str, str], data_dir: Path) -> None:
         self.node_id = node_id
-        self.local = Member(node_id, amqp, admin, workers, version, None)
+        self.local = Member(node_id, amqp, admin, workers, version, None,
+                            features=tuple(sorted(FEATURES)))
         self.peers = dict(peers)
         self.peer_admins = dict(peer_admins)
         self.endpoints: list[str] = []

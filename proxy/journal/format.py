@@ -2,7 +2,7 @@
 
 A segment file is a 24-byte file header followed by records, appended only::
 
-    file header   magic b"FGJRNL\\x00\\x01" | segment number u64 | first message id u64
+    file header   b"FGJRNL" | journal format u16 (big-endian) | segment number u64 | first message id u64
     record        magic 0xA5 u8 | type u8 | body length u32 | crc32 u32 | body
     ENQUEUE body  message id u64 | queue name length u16 | queue name (UTF-8) | message bytes
     DEQUEUE body  message id u64 * n
@@ -14,7 +14,11 @@ every record nested in it, so a torn or damaged TXN record is dropped whole.
 Each nested record is a complete record of its own: the cleaner can copy a
 live message's nested ENQUEUE out of it verbatim, like any other.
 
-All integers are little-endian. The CRC (``zlib.crc32``) covers the first six
+The journal format is 1 (0.5.0 wrote the same bytes, ``FGJRNL\\x00\\x01``, as its magic: read
+as format 1). A segment of a greater format was written by a newer fedgate: it is refused
+at start (``journal_format``; docs/upgrades.md), never taken for a damaged segment.
+
+The other integers are little-endian. The CRC (``zlib.crc32``) covers the first six
 header bytes (magic, type, length) and the body, so a length or type damaged
 on disk is caught like damaged content. A zero-filled region (a file extended
 by the file system but never written) fails the magic byte check.
@@ -34,7 +38,10 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
-FILE_MAGIC = b"FGJRNL\x00\x01"
+FILE_PREFIX = b"FGJRNL"
+JOURNAL_FORMAT = 1  # what this release writes
+READS_JOURNAL_FORMATS = (1,)  # what it reads: its own and the previous release's (0.5.0: 1)
+FILE_MAGIC = FILE_PREFIX + JOURNAL_FORMAT.to_bytes(2, "big")
 FILE_HEADER = struct.Struct("<8sQQ")
 RECORD_MAGIC = 0xA5
 RECORD_HEADER = struct.Struct("<BBII")  # magic, type, body length, crc32
@@ -71,6 +78,33 @@ def segment_number(name: str) -> int | None:
 
 def encode_file_header(number: int, first_id: int) -> bytes:
     return FILE_HEADER.pack(FILE_MAGIC, number, first_id)
+
+
+def journal_format(data: bytes) -> int | None:
+    """The journal format a segment's header says; None when it is no segment header."""
+    if len(data) < len(FILE_PREFIX) + 2 or not data.startswith(FILE_PREFIX):
+        return None
+    return int.from_bytes(data[len(FILE_PREFIX):len(FILE_PREFIX) + 2], "big")
+
+
+class JournalError(Exception):
+    """The journal cannot take more records (write failed, closed, timed out), or cannot be
+    read (a newer format)."""
+
+
+class JournalFormatError(JournalError):
+    """A segment written by a newer fedgate (a greater journal format): refused at start, not
+    repaired as if damaged (docs/upgrades.md)."""
+
+
+def check_journal_format(path, data: bytes) -> None:
+    found = journal_format(data)
+    if found is None or found in READS_JOURNAL_FORMATS:
+        return
+    raise JournalFormatError(
+        f"journal segment {path} was written by a newer fedgate (journal format {found}); this "
+        f"fedgate reads journal formats up to {max(READS_JOURNAL_FORMATS)}: a downgrade is "
+        "refused (start the newer release on this data dir)")
 
 
 def decode_file_header(data: bytes) -> tuple[int, int] | None:

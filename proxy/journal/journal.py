@@ -72,6 +72,8 @@ from proxy.journal.format import (
     TXN,
     ScanStop,
     decode_dequeue,
+    JournalError,
+    check_journal_format,
     decode_file_header,
     encode_dequeue,
     encode_enqueue,
@@ -89,10 +91,6 @@ DEFAULT_SEGMENT_SIZE = 64 * 1024 * 1024
 MAX_IDS_PER_DEQUEUE = 8192
 SYNC_STAGED = 1024  # without a loop: hand staged items over every this many
 _LOW32 = 0xFFFFFFFF
-
-
-class JournalError(Exception):
-    """The journal cannot take more records (write failed, closed, timed out)."""
 
 
 class Waiter(Protocol):
@@ -483,6 +481,7 @@ class Journal:
         problem: tuple[int, ScanStop, int] | None = None  # (index, stop, data length)
         for index, number in enumerate(numbers):
             data = (directory / segment_name(number)).read_bytes()
+            check_journal_format(directory / segment_name(number), data)  # a newer one: refused
             header = decode_file_header(data)
             if header is None or header[0] != number:
                 stop = ScanStop(0, "bad segment file header", len(data) < FILE_HEADER.size)

@@ -31,7 +31,7 @@ from proxy.paging.store import body
 from proxy.queues import durable as journal_queues
 from proxy.queues.local import StoredMessage
 
-from .links import LAGGING, STALE_EPOCH, ReplicaSink, ReplicationPusher
+from .links import LAGGING, STALE_EPOCH, ReplicaSink, ReplicationPusher, announce
 from .primary import ReplicaSet
 from .replica import ReplicaImage, StaleEpoch
 from .states import CopyRole, CopyState
@@ -422,7 +422,11 @@ class PrimaryCopy:
         self.node.broker.run_pending()
 
     def describe(self) -> dict:
-        return self.replica_set.describe(self.loop.time())
+        out = self.replica_set.describe(self.loop.time())
+        for backup in out["backups"]:  # its release, as its link's attach said (docs/upgrades.md)
+            pusher = self.pushers.get(backup["node"])
+            backup["version"] = pusher.peer_version if pusher and pusher.attached_once else None
+        return out
 
 
 class BackupCopy:
@@ -459,6 +463,7 @@ class BackupCopy:
         self._pages_removed(self._journal_removed(self.image.restart(epoch)))
         self.unconfirmed_at = self.unconfirmed_seen = None
         self.primary = primary
+        announce(link)  # our release and features, in our answer (docs/upgrades.md)
         handler.open_link(link)
         sink = ReplicaSink(handler, link, self, primary, epoch)
         handler.links[sink.link_ptr] = sink

@@ -13,6 +13,10 @@ A batch::
 
     version u8 | epoch u64 | batch number u64 | events u32 | event...
 
+``version`` is the batch format: 1 in 0.5.0 and 0.6.0. A backup reads every version of
+``proxy.config.compat.BATCH_VERSIONS`` (its own release's and the previous one's); the
+primary sends the greatest the backup announced on the link (docs/upgrades.md).
+
 An event starts with its kind (one ASCII byte) and its rid (u64):
 
 * ``E`` enqueue: ``len u32`` + the message's bytes, at the tail;
@@ -35,7 +39,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-VERSION = 1
+from proxy.config.compat import BATCH_VERSIONS
+
+VERSION = 1  # what 0.5.0 sends and reads, and what a backup that announced nothing gets
 ENQUEUE, FRONT, ACQUIRE, RELEASE, DEQUEUE, CATCHUP_DONE, IN_SYNC = b"EFARDCS"
 KINDS = {ENQUEUE, FRONT, ACQUIRE, RELEASE, DEQUEUE, CATCHUP_DONE, IN_SYNC}
 UNCHANGED = 0xFFFFFFFF  # a release that keeps the message's bytes
@@ -99,9 +105,9 @@ class Batch:
     events: list
 
 
-def encode(epoch: int, number: int, events: list[Event]) -> bytearray:
+def encode(epoch: int, number: int, events: list[Event], version: int = VERSION) -> bytearray:
     out = bytearray(_HEADER.size + sum(e.size for e in events))
-    _HEADER.pack_into(out, 0, VERSION, epoch, number, len(events))
+    _HEADER.pack_into(out, 0, version, epoch, number, len(events))
     at = _HEADER.size
     for event in events:
         kind = event.kind
@@ -131,8 +137,10 @@ def decode(data) -> Batch:
     view = memoryview(data)
     try:
         version, epoch, number, count = _HEADER.unpack_from(view, 0)
-        if version != VERSION:
-            raise BatchError(f"replication batch version {version}, this node reads {VERSION}")
+        if version not in BATCH_VERSIONS:
+            raise BatchError(f"replication batch version {version}, this node reads "
+                             f"{', '.join(map(str, BATCH_VERSIONS))} (a newer fedgate's "
+                             "primary that did not negotiate?)")
         at = _HEADER.size
         events = []
         for _ in range(count):

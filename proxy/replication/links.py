@@ -34,6 +34,8 @@ from cproton import (
 from proton import Condition, Data, Link, symbol, ulong
 
 from proxy.amqp import engine
+from proxy.config import compat
+from proxy.config.version import version as release_version
 from proxy.amqp.outcomes import outcome_of
 from proxy.amqp.termini import capability_names, set_capabilities
 from proxy.upstream.owner import UpstreamLinkOwner
@@ -46,6 +48,8 @@ REPLICATION = "fedgate:replication"  # the target capability of a replication li
 EPOCH = "fedgate:epoch"
 PRIMARY = "fedgate:primary"
 RESOURCE = "fedgate:resource"
+VERSION = "fedgate:version"  # the node's release (docs/upgrades.md); 0.5.0 sends none
+FEATURES = "fedgate:features"  # what it has (``compat.FEATURES``), a list of symbols
 STALE_EPOCH = "fedgate:stale-epoch"
 LAGGING = "fedgate:replica-lagging"
 SINK_CREDIT = 32  # batches a backup lets be on the way
@@ -69,6 +73,28 @@ def link_properties(link: Link) -> tuple[str | None, int, str | None]:
         return None, 0, None
 
 
+def announcement() -> dict:
+    """What a node says of itself on a replication link: its release and its features."""
+    return {symbol(VERSION): release_version(),
+            symbol(FEATURES): [symbol(name) for name in sorted(compat.FEATURES)]}
+
+
+def announce(link: Link, properties: dict | None = None) -> None:
+    """Our attach's properties: ``properties`` and the announcement (a backup's answer too)."""
+    data = Data(engine._lib.pn_link_properties(link._impl))
+    data.clear()
+    data.put_object({**(properties or {}), **announcement()})
+
+
+def peer_announcement(link: Link) -> tuple[str, frozenset]:
+    """The peer's (version, features) from its attach; none announced: 0.5.0's."""
+    props = link.remote_properties or {}
+    announced = props.get(symbol(FEATURES))
+    peer_version = props.get(symbol(VERSION))
+    features = compat.features_of(announced if isinstance(announced, (list, tuple)) else None)
+    return (str(peer_version) if peer_version is not None else compat.PREVIOUS), features
+
+
 class ReplicationPusher(UpstreamLinkOwner):
     """The primary's link to one backup (module note); ``copy`` is the primary's glue."""
 
@@ -82,6 +108,10 @@ class ReplicationPusher(UpstreamLinkOwner):
         self.tags = itertools.count(1)
         self.batches: dict = {}  # our delivery -> batch number
         self.attached_once = False
+        # the backup's release and what this link uses (its attach's answer; docs/upgrades.md)
+        self.peer_version = compat.PREVIOUS
+        self.features = compat.BASELINE
+        self.batch_version = events.VERSION
         self.join_pool()
 
     def link_name(self) -> str:
@@ -93,13 +123,14 @@ class ReplicationPusher(UpstreamLinkOwner):
         link.source.address = self.copy.address
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
-        data = Data(engine._lib.pn_link_properties(link._impl))
-        data.clear()
-        data.put_object({symbol(PRIMARY): self.copy.node_id, symbol(EPOCH): ulong(self.copy.epoch),
-                         symbol(RESOURCE): self.copy.resource})
+        announce(link, {symbol(PRIMARY): self.copy.node_id, symbol(EPOCH): ulong(self.copy.epoch),
+                        symbol(RESOURCE): self.copy.resource})
 
     def link_attached(self) -> None:
         self.attached_once = True
+        self.peer_version, theirs = peer_announcement(self.up_link)
+        self.features = compat.negotiate(compat.FEATURES, theirs)
+        self.batch_version = compat.batch_version(self.features)
         self.batches.clear()
         self.copy.backup_attached(self)
 
@@ -119,7 +150,7 @@ class ReplicationPusher(UpstreamLinkOwner):
         return pn_link_credit(self.up_ptr) if self.up_attached else 0
 
     def send(self, number: int, items: list) -> None:
-        payload = events.encode(self.copy.epoch, number, items)
+        payload = events.encode(self.copy.epoch, number, items, self.batch_version)
         delivery = engine.send_message(self.up_ptr, str(next(self.tags)).encode(), payload)
         self.batches[delivery] = number
         self.member.mark_dirty()

@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from proxy.config.compat import SUPERVISOR_VERSION
 from proxy.config.settings import Config
+from proxy.config.version import version as release_version
 from proxy.workers.ownership import OwnerTable, balanced_worker
 from proxy.workers.worker import MAX_HANDOVER
 
@@ -141,7 +143,10 @@ class Supervisor:
         try:
             worker.process = await asyncio.create_subprocess_exec(
                 *args, pass_fds=(theirs.fileno(), asking.fileno()),
-                env={**os.environ, "FEDGATE_WORKER_TOKEN": self.admin_token})
+                env={**os.environ, "FEDGATE_WORKER_TOKEN": self.admin_token,
+                     # a worker runs only under a supervisor of its own release (the worker
+                     # channels are not versioned: docs/upgrades.md)
+                     SUPERVISOR_VERSION: release_version()})
         finally:
             theirs.close()
             asking.close()

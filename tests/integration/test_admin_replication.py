@@ -24,6 +24,7 @@ from proton.utils import BlockingConnection
 from admin_api import cli, prometheus, replication
 from admin_api.errors import ApiError
 from admin_api.inspect_api import queues_doc
+from proxy.config.version import version
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,7 +75,7 @@ def test_queues_resolve_and_metrics_on_the_primary_a_backup_and_a_proxy(tmp_path
         r = item["replication"]
         assert (r["primary"], r["epoch"], r["placement"], r["failovers"]) == ("a", 1, ["a", "b"], 0)
         assert r["backups"] == [{"node": "b", "state": "ready", "lag_messages": 0, "lag_ms": 0.0,
-                                 "catchup_left": 0}]
+                                 "catchup_left": 0, "version": version()}]
         assert (r["in_sync_backups"], r["lag_messages"], r["waiting_acceptance"]) == (1, 0, 0)
 
         doc = queues_doc(nodes["b"])  # the backup: no local queue, its copy
