@@ -349,6 +349,9 @@ def _uses_brokers(path) -> bool:
 
 
 FAULTS = ROOT / "tests" / "faults"
+# modules of the other process that balance the two (the side one was the shorter by about
+# 1.5 minutes before the rolling upgrade's 46 s came)
+SIDE_MODULES = ("test_rolling_upgrade.py",)
 
 
 def pytest_itemcollected(item):
@@ -357,7 +360,8 @@ def pytest_itemcollected(item):
     # about half the run's time: the brokers' tests and tests/faults, but for the replication
     # faults (no broker in them; 2.5 minutes), which balance the other process
     if _uses_brokers(item.path) or (FAULTS in item.path.parents
-                                    and item.path.name != "test_replication_faults.py"):
+                                    and item.path.name != "test_replication_faults.py") \
+            or item.path.name in SIDE_MODULES:
         item.add_marker(pytest.mark.side)
     # its gap limits are timed: alone, after the rest; the control run times nothing and runs
     # with everything else (the side process is the longer one since the token fuzz came)
