@@ -257,7 +257,7 @@ class AdminService:
         app = build_app(self.node, admin_url=f"http://{shown}:{port}")
         if worker is not None and worker.count > 1:  # worker 0 answers for the whole node
             peers = WorkerPeers({k: admin_socket(worker.data_dir, k) for k in range(1, worker.count)},
-                                worker.admin_token, app[MANAGER])
+                                worker.admin_token, app[MANAGER], app[wiring.WIRING])
             app[WORKER_PEERS] = peers
             app.cleanup_ctx.append(peers.context)
         token_file = None

@@ -71,6 +71,19 @@ class Wiring:
         self.record = dict(EMPTY)
         self.applied: bytes | None = None
         self.refused: str | None = None
+        # called with each new record this node follows (worker 0 hands it to its workers)
+        self.followers: list = []
+
+    @property
+    def static(self) -> bool:
+        return getattr(self.node.coordinator, "kind", "static") != "etcd"
+
+    @property
+    def second_worker(self) -> bool:
+        """A worker other than 0 of a node with workers: worker 0 keeps the record for the node
+        in a static cluster and hands it on (``admin_api.workers``)."""
+        worker = getattr(self.node, "worker", None)
+        return worker is not None and worker.count > 1 and worker.index != 0
 
     # -- validation and applying --------------------------------------------------------
     def parsed(self, record: dict) -> tuple[tuple, tuple]:
@@ -122,8 +135,10 @@ class Wiring:
         node.declared_queues.update(wanted)
         self.runtime_queues = set(wanted)
         for name in wanted:
-            if node.routing.resolve(name).kind != "local":
-                continue  # its options apply where the queue is made (a primary, a fragment)
+            if node.broker.resolve(name).kind != "local":
+                # its options apply where the queue is made (a primary, a fragment, the
+                # worker that owns it)
+                continue
             options = node.queue_options(name)
             queue = node.queues.get(name)
             if queue is None:
@@ -146,6 +161,8 @@ class Wiring:
             self.applied = raw  # not again until it changes
             self.refused = str(exc)
             log.error("run-time exchanges and bindings not applied here: %s", exc)
+        for follower in list(self.followers):
+            follower(raw)
 
     # -- the store ---------------------------------------------------------------------
     async def read(self) -> bytes | None:
@@ -223,7 +240,7 @@ class Wiring:
         """Static clusters: the new record to every ``[admin] cluster`` peer (best effort)."""
         peers = {p: u.rstrip("/") for p, u in self.node.config.admin.cluster.items()
                  if p != self.node.node_id}
-        if not peers or getattr(self.node.coordinator, "kind", "static") == "etcd":
+        if not peers or not self.static or self.second_worker:
             return
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PUSH_TIMEOUT),
                                          headers=_headers(token)) as session:
@@ -475,6 +492,8 @@ async def put_queue(request: web.Request) -> web.Response:
 async def forget_queue(request: web.Request, name: str) -> int | None:
     """A deleted queue's run-time declaration removed too; the new version, or None."""
     wiring = request.app.get(WIRING)
+    if wiring is not None and wiring.static and wiring.second_worker:
+        return None  # worker 0 keeps the node's record: it edits it (admin_api.workers)
     if wiring is None or not any(q.get("name") == name for q in wiring.record.get("queues", [])):
         return None
 
