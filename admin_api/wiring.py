@@ -27,7 +27,6 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
@@ -42,14 +41,12 @@ from .inputs import read_json
 from .inspect_api import get_exchanges as inspect_exchanges
 from .inspect_api import queue_info
 from .keys import NODE
-from .replication import _headers
 
 log = logging.getLogger("fedgate.admin.wiring")
 
 KEY = "wiring"
 PUSH_PATH = "/api/v1/cluster/wiring"
 FOLLOW_INTERVAL = 0.2
-PUSH_TIMEOUT = 2.0
 ATTEMPTS = 5
 EMPTY = {"version": 0, "updated_at": 0.0, "origin": None, "exchanges": [], "bindings": [],
          "queues": []}
@@ -73,6 +70,7 @@ class Wiring:
         self.refused: str | None = None
         # called with each new record this node follows (worker 0 hands it to its workers)
         self.followers: list = []
+        self.sync = None  # static clusters: admin_api.wiring_sync.WiringSync
 
     @property
     def static(self) -> bool:
@@ -236,25 +234,11 @@ class Wiring:
             if raw is not None and raw != self.applied:
                 self.follow_raw(raw)
 
-    async def push(self, record: dict, token: str | None) -> None:
-        """Static clusters: the new record to every ``[admin] cluster`` peer (best effort)."""
-        peers = {p: u.rstrip("/") for p, u in self.node.config.admin.cluster.items()
-                 if p != self.node.node_id}
-        if not peers or not self.static or self.second_worker:
-            return
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PUSH_TIMEOUT),
-                                         headers=_headers(token)) as session:
-            for peer, url in sorted(peers.items()):
-                try:
-                    async with session.post(url + PUSH_PATH, json=record) as response:
-                        await response.read()
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    log.warning("run-time wiring version %d not pushed to %s: %s",
-                                record["version"], peer, exc or exc.__class__.__name__)
-
-
-def _order(record: dict) -> tuple:
-    return (record.get("version", 0), record.get("updated_at", 0.0), record.get("origin") or "")
+    async def push(self, record: dict, token: str | None = None) -> None:
+        """Static clusters: the new record to every ``[admin] cluster`` peer
+        (``admin_api.wiring_sync``)."""
+        if self.sync is not None:
+            await self.sync.push(record)
 
 
 # -- handlers -------------------------------------------------------------------------------
@@ -425,32 +409,6 @@ async def delete_binding(request: web.Request) -> web.Response:
             raise ApiError(404, "binding_not_found", f"no binding {ident!r}", field="id")
         return {"deleted": ident}
     return await _edit(request, edit)
-
-
-async def push_wiring(request: web.Request) -> web.Response:
-    """Node to node (static clusters): a record another node stored; adopted if it wins."""
-    wiring = _wiring(request)
-    if getattr(request.app[NODE].coordinator, "kind", "static") == "etcd":
-        raise ApiError(409, "on_etcd", "the wiring lives in etcd in this cluster")
-    record = _object(await read_json(request), "a wiring record")
-    updated_at, origin = record.get("updated_at", 0.0), record.get("origin")
-    if not isinstance(record.get("version"), int) or not isinstance(record.get("exchanges"), list) \
-            or not isinstance(record.get("bindings"), list) or isinstance(updated_at, bool) \
-            or not isinstance(updated_at, (int, float)) or not isinstance(origin, (str, type(None))):
-        raise ApiError(400, "invalid_body", "expected version (an integer), updated_at (a number), "
-                       "origin (a node id), exchanges and bindings (lists)", field="body")
-    if _order(record) <= _order(wiring.record):
-        return json_response({"accepted": False, "version": wiring.record["version"]})
-    if not isinstance(record.get("queues", []), list):
-        raise ApiError(400, "invalid_body", "queues must be a list", field="queues")
-    try:
-        wiring.parsed(record)
-    except ConfigError as exc:
-        raise ApiError(422, "invalid_wiring", exc.detail, field=exc.key) from None
-    body = orjson.dumps(record)
-    await request.app[NODE].coordinator.put_state(KEY, body)
-    wiring.follow_raw(body)
-    return json_response({"accepted": True, "version": record["version"]})
 
 
 # -- declared queues --------------------------------------------------------------------------
