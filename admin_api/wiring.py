@@ -54,7 +54,13 @@ WIRING = web.AppKey("wiring", object)
 
 
 def binding_id(raw: dict) -> str:
-    text = f"{raw.get('exchange')}\0{raw.get('queue')}\0{raw.get('key')}"
+    """The same binding has the same id everywhere: exchange, queue and key; for a remote
+    source, queue, primary and address."""
+    source = raw.get("source")
+    if isinstance(source, dict):
+        text = f"{raw.get('queue')}\0source\0{source.get('primary')}\0{source.get('address')}"
+    else:
+        text = f"{raw.get('exchange')}\0{raw.get('queue')}\0{raw.get('key')}"
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -98,10 +104,6 @@ class Wiring:
                 raise ConfigError(f"bindings[{index}]", "expected a table (an object)")
         raw_bindings = [{k: v for k, v in b.items() if k != "id"} for b in record["bindings"]]
         bindings = parse_bindings(raw_bindings, tuple(config.exchanges) + mine, peers)
-        for index, binding in enumerate(bindings):
-            if binding.source is not None:
-                raise ConfigError(f"bindings[{index}].source", "a remote source is declared in "
-                                  "the configuration file only (not at run time yet)")
         queues = record.get("queues", [])
         if not isinstance(queues, list):
             raise ConfigError("queues", "expected a list of [[queue]] tables")
@@ -247,9 +249,16 @@ def _wiring(request: web.Request) -> Wiring:
 
 
 def _config_bindings(node) -> list[dict]:
-    return [{"id": binding_id({"exchange": b.exchange, "queue": b.queue, "key": b.key}),
-             "exchange": b.exchange, "queue": b.queue, "key": b.key, "origin": "config"}
-            for b in node.config.bindings if b.exchange is not None]
+    found = []
+    for b in node.config.bindings:
+        if b.exchange is not None:
+            raw = {"exchange": b.exchange, "queue": b.queue, "key": b.key}
+        else:
+            raw = {"queue": b.queue, "source": {"primary": b.source.primary,
+                                                "address": b.source.address,
+                                                "window": b.source.window}}
+        found.append({"id": binding_id(raw), **raw, "origin": "config"})
+    return found
 
 
 def _declared(node, wiring: Wiring) -> dict:
@@ -317,7 +326,7 @@ async def get_exchange(request: web.Request) -> web.Response:
         raise ApiError(404, "exchange_not_found", f"no exchange {name!r}", field="name")
     exchange = request.app[NODE].broker.exchanges.get(name)
     return json_response({"exchange": found, "version": declared_now["version"],
-                          "bindings": [b for b in declared_now["bindings"] if b["exchange"] == name],
+                          "bindings": [b for b in declared_now["bindings"] if b.get("exchange") == name],
                           "stats": dict(vars(exchange.stats)) if exchange is not None else None},
                          headers={"ETag": etag(_wiring(request).record)})
 
@@ -378,7 +387,7 @@ async def get_bindings(request: web.Request) -> web.Response:
 
 
 async def post_binding(request: web.Request) -> web.Response:
-    raw = _object(await read_json(request), "a binding: exchange, queue, key")
+    raw = _object(await read_json(request), "a binding: exchange, queue, key; or queue, source")
     if "id" in raw:
         raise ApiError(400, "invalid_body", "id is given by the node", field="id")
     ident = binding_id(raw)

@@ -59,3 +59,36 @@ def test_a_node_that_was_down_pulls_the_record_as_it_starts(start_node):
     status, news = api(n1, "GET", "/api/v1/exchanges/news", token=READ_TOKEN)
     assert status == 200 and news["exchange"]["type"] == "topic"
     assert api(n1, "GET", "/api/v1/cluster/wiring", token=READ_TOKEN)[1]["origin"] == "n2"
+
+
+def test_a_remote_source_bound_at_run_time_feeds_its_queue_until_unbound(start_node):
+    """n2 binds its queue ``copy`` to n1's queue ``src`` through the API: every message sent
+    to n1's ``src`` reaches n2's ``copy``; after the binding is deleted, n1 keeps what is
+    sent to ``src`` (nothing more reaches ``copy``)."""
+    n1 = start_node({"admin": {"tokens": TOKENS}}, "n1")
+    n2 = start_node({"admin": {"tokens": TOKENS}}, "n2")
+    source = {"primary": n1.url, "address": "src", "window": 10}
+    status, bad = api(n2, "POST", "/api/v1/bindings",
+                      {"queue": "copy", "source": {"primary": "nowhere", "address": "src"}})
+    assert status == 422 and bad["field"] == "bindings[0].source.primary"
+    status, bound = api(n2, "POST", "/api/v1/bindings", {"queue": "copy", "source": source})
+    assert status == 201 and bound["binding"]["source"] == source, bound
+    status, again = api(n2, "POST", "/api/v1/bindings", {"queue": "copy", "source": source})
+    assert status == 409 and again["id"] == bound["binding"]["id"]
+
+    def attached() -> bool:
+        sources = api(n2, "GET", "/api/v1/exchanges", token=READ_TOKEN)[1]["sources"]
+        return [(s["queue"], s["source"], s["attached"]) for s in sources] == [("copy", "src", True)]
+    wait_for(attached, timeout=5.0, what="n2's source to attach to n1")
+    send(n1.url, "src", [Message(id=i, body="s") for i in range(20)])
+    assert sorted(m.id for m in receive_all(n2.url, "copy", 20)) == list(range(20))
+
+    status, body = api(n2, "DELETE", f"/api/v1/bindings/{bound['binding']['id']}")
+    assert status == 200 and body["version"] == 2
+    wait_for(lambda: api(n2, "GET", "/api/v1/exchanges", token=READ_TOKEN)[1]["sources"] == [],
+             timeout=3.0, what="n2's source to close")
+    wait_for(lambda: api(n1, "GET", "/api/v1/queues/src", token=READ_TOKEN)[1]["consumers"] == 0,
+             timeout=3.0, what="n2's receiver on n1 to detach")
+    send(n1.url, "src", [Message(id=100 + i, body="kept") for i in range(5)])
+    assert receive_all(n2.url, "copy", 0) == []
+    assert sorted(m.id for m in receive_all(n1.url, "src", 5)) == [100, 101, 102, 103, 104]
