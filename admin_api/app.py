@@ -35,8 +35,8 @@ import time
 from aiohttp import web, web_response
 from aiohttp.http_exceptions import HttpProcessingError
 
-from . import (console, first_run, health, inspect_api, openapi, queue_ops, replication, rules_api,
-               wiring, wiring_sync)
+from . import (acl_api, console, first_run, health, inspect_api, openapi, queue_ops, replication,
+               rules_api, wiring, wiring_sync)
 from .audit import AUDIT, WHO, AuditLog, audit_middleware, get_audit, jwt_who, token_who
 from .auth import Tokens, allowed, bearer_token, role_for
 from .cluster import CLUSTER, ClusterSync, follow_etcd, get_cluster, push_rules
@@ -91,6 +91,10 @@ ROUTES = [
     ("GET", "/api/v1/bindings", wiring.get_bindings, False),
     ("POST", "/api/v1/bindings", wiring.post_binding, False),
     ("DELETE", "/api/v1/bindings/{id}", wiring.delete_binding, False),
+    ("GET", "/api/v1/acl", acl_api.get_acl, False),
+    ("GET", "/api/v1/acl/{subject}", acl_api.get_subject, False),
+    ("PUT", "/api/v1/acl/{subject}", acl_api.put_subject, False),
+    ("DELETE", "/api/v1/acl/{subject}", acl_api.delete_subject, False),
     ("GET", "/api/v1/cluster/wiring", wiring_sync.get_record, False),
     ("POST", "/api/v1/cluster/wiring", wiring_sync.push_record, False),
     ("GET", "/api/v1/subscriptions", inspect_api.get_subscriptions, False),

@@ -36,6 +36,8 @@ from proxy.config.exchanges import parse_bindings, parse_exchanges
 from proxy.config.settings import parse_queue
 from proxy.exchanges import declared
 
+from . import grants
+
 from .errors import ApiError, json_response
 from .inputs import read_json
 from .inspect_api import get_exchanges as inspect_exchanges
@@ -49,7 +51,7 @@ PUSH_PATH = "/api/v1/cluster/wiring"
 FOLLOW_INTERVAL = 0.2
 ATTEMPTS = 5
 EMPTY = {"version": 0, "updated_at": 0.0, "origin": None, "exchanges": [], "bindings": [],
-         "queues": []}
+         "queues": [], "acl": []}
 WIRING = web.AppKey("wiring", object)
 
 
@@ -77,6 +79,7 @@ class Wiring:
         # called with each new record this node follows (worker 0 hands it to its workers)
         self.followers: list = []
         self.sync = None  # static clusters: admin_api.wiring_sync.WiringSync
+        self.grants: tuple = ()  # the ACL grants applied (admin_api.grants)
 
     @property
     def static(self) -> bool:
@@ -90,8 +93,9 @@ class Wiring:
         return worker is not None and worker.count > 1 and worker.index != 0
 
     # -- validation and applying --------------------------------------------------------
-    def parsed(self, record: dict) -> tuple[tuple, tuple]:
-        """(exchanges, bindings) of ``record``, checked with the configuration's; ConfigError."""
+    def parsed(self, record: dict) -> tuple[tuple, tuple, tuple, tuple]:
+        """(exchanges, bindings, queues, ACL grants) of ``record``, checked with the
+        configuration's; ConfigError."""
         config = self.node.config
         peers = dict(config.peers)
         mine = parse_exchanges(record["exchanges"], peers)
@@ -116,13 +120,16 @@ class Wiring:
             if any(q.name == decl.name for q in decls):
                 raise ConfigError(f"queues[{index}].name", f"{decl.name!r} is declared twice")
             decls.append(decl)
-        return mine, bindings, tuple(decls)
+        return mine, bindings, tuple(decls), grants.parse(record.get("acl", []), config)
 
     def apply(self, record: dict, raw: bytes | None = None) -> None:
-        exchanges, bindings, queues = self.parsed(record)
+        exchanges, bindings, queues, acl = self.parsed(record)
         self._apply_queues(queues)  # first: bindings declare their queues with these options
         declared.apply(self.node.broker.exchanges, exchanges, bindings)
-        self.record = {**record, "queues": record.get("queues", [])}
+        if acl != self.grants:
+            grants.apply(self.node, acl)
+            self.grants = acl
+        self.record = {**record, "queues": record.get("queues", []), "acl": record.get("acl", [])}
         self.applied = raw
 
     def _apply_queues(self, decls: tuple) -> None:
@@ -185,12 +192,13 @@ class Wiring:
                                headers={"ETag": etag(current)})
             record = {**current, "exchanges": [dict(e) for e in current["exchanges"]],
                       "bindings": [dict(b) for b in current["bindings"]],
-                      "queues": [dict(q) for q in current.get("queues", [])]}
+                      "queues": [dict(q) for q in current.get("queues", [])],
+                      "acl": [dict(a) for a in current.get("acl", [])]}
             answer = edit(record)
             record.update(version=current["version"] + 1, updated_at=time.time(),
                           origin=self.node.node_id)
             try:
-                _, _, queues = self.parsed(record)
+                _, _, queues, _ = self.parsed(record)
             except ConfigError as exc:
                 raise ApiError(422, "invalid_wiring", exc.detail, field=exc.key) from None
             for index, decl in enumerate(queues):
