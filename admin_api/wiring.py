@@ -1,21 +1,26 @@
-"""Exchanges and bindings at run time through the admin API, cluster-wide (docs/operations.md).
+"""Exchanges, bindings, queues and ACL grants at run time through the admin API,
+cluster-wide (docs/operations.md).
 
 How this works
 --------------
 The run-time wiring is one record, ``{"version", "updated_at", "origin", "exchanges",
-"bindings"}``, the bodies as the ``[[exchanges]]`` / ``[[bindings]]`` tables' keys (a binding
-also has its ``id``). It lives in the cluster coordinator's state under ``wiring``: in etcd
-on an etcd cluster (every node follows it: the watch keeps ``coordinator.view`` current and
-``follow`` looks at it every ``FOLLOW_INTERVAL``), else in the node's own state file
-(``<data_dir>/cluster/state.json``) and pushed to the ``[admin] cluster`` peers
-(``POST /api/v1/cluster/wiring``; the greater ``(version, updated_at, origin)`` wins).
+"bindings", "queues", "acl"}``, the bodies as the ``[[exchanges]]`` / ``[[bindings]]`` /
+``[[queue]]`` / ``[[acl]]`` tables' keys (a binding also has its ``id``; remote sources
+included). It lives in the cluster coordinator's state under ``wiring``: in etcd on an
+etcd cluster (every node and worker follows it: the watch keeps ``coordinator.view``
+current and ``follow`` looks at it every ``FOLLOW_INTERVAL``), else in the node's own
+state file (``<data_dir>/cluster/state.json``), pushed to and pulled from the
+``[admin] cluster`` peers (``admin_api.wiring_sync``; the greater ``(version,
+updated_at, origin)`` wins) and handed by worker 0 to its workers (``admin_api.workers``,
+through ``followers``).
 
 A change: read the record, check ``If-Match`` (412 with the current ETag when stale), edit,
 validate the whole set with the configuration's (``proxy.config.exchanges``: a problem is a
 422 naming the field), write it by compare-and-swap (another writer first: 412 with
 ``If-Match``, else the edit again on the new record), apply it here
-(``proxy.exchanges.declared``). The configuration's exchanges and bindings stay as they
-are: the API may bind queues to them but not change or delete them (409 ``in_config``).
+(``proxy.exchanges.declared``; the grants: ``admin_api.grants``). The configuration's
+exchanges, bindings, queues and ACL subjects stay as they are: the API may bind queues to
+its exchanges but not change or delete them (409 ``in_config``).
 """
 
 from __future__ import annotations
