@@ -6,7 +6,8 @@ every message she sends arrives. The grant is narrowed: her receiver outside it 
 detached with ``amqp:unauthorized-access`` while her sender inside stays. The grant is
 deleted: her sender is detached and a new attach is refused, both with
 ``amqp:unauthorized-access``. ETag / If-Match, 409 for the configuration's own subject,
-422 naming the field, 403 for a read token; the grants survive a restart.
+422 naming the field, 403 for a read token; the grants survive a restart. Then a node
+with two workers: a grant and its removal reach alice's links on both workers.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import pytest
 from admin_client import READ_TOKEN
 from dmz_support import condition_of
 from proton import Message
+from proton.reactor import Container
 from proton.utils import BlockingConnection, LinkDetached
 from test_admin_queue_ops import TOKENS
 from test_admin_wiring import api
+from test_subscriptions_workers import worker_of
 
 from proxy.auth.users import UsersFile, make_record
 
@@ -113,3 +116,40 @@ def test_a_grant_made_through_the_api_allows_and_its_removal_detaches(start_node
     assert status == 200 and one["version"] == 4 and one["entries"][0]["origin"] == "api"
     status, audit_log = api(node, "GET", "/api/v1/audit?limit=20")
     assert "/api/v1/acl/group:ops" in [e["path"] for e in audit_log["entries"]]
+
+
+def test_grants_apply_on_every_worker(start_node, tmp_path):
+    """``[node] workers = 2``, a static node: alice has a connection on each worker (steered
+    as in test_subscriptions_workers); a grant lets both send, its removal detaches both."""
+    users = UsersFile(tmp_path / "users.json")
+    for name in ("alice", "bob"):
+        users.add(make_record(name, f"{name} pw"))
+    users.save()
+    node = start_node({"node": {"workers": 2}, "admin": {"tokens": TOKENS},
+                       "sasl": {"mechanisms": ["PLAIN"], "users_file": str(users.path),
+                                "require": True, "allow_plain_without_tls": True},
+                       "acl": [{"user": "bob", "send": ["#"], "receive": ["#"]}]}, "n1")
+    assert api(node, "PUT", "/api/v1/acl/alice", {"send": ["orders"]})[0] == 201
+    connections = {}
+    for n in range(2):
+        container = Container()
+        container.container_id = f"alice-{n}"
+        conn = BlockingConnection(node.url, user="alice", password="alice pw",
+                                  allowed_mechs="PLAIN", timeout=15, container=container)
+        conn.create_receiver(None, dynamic=True)  # not placed: stays on its worker
+        connections[worker_of(node, f"alice-{n}")] = conn
+    assert sorted(connections) == [0, 1]
+    senders = {}
+    for worker, conn in connections.items():
+        senders[worker] = conn.create_sender("orders")
+        for i in range(3):
+            senders[worker].send(Message(id=worker * 10 + i, body="a"), timeout=5)
+    assert sorted(bob_receives(node, 6)) == [0, 1, 2, 10, 11, 12]
+    assert api(node, "DELETE", "/api/v1/acl/alice")[0] == 200
+    for worker, sender in senders.items():
+        with pytest.raises(LinkDetached) as detached:
+            for i in range(50):
+                sender.send(Message(id=100 + i, body="after"), timeout=1)
+        assert condition_of(detached.value) == UNAUTHORIZED, worker
+    for conn in connections.values():
+        conn.close()
