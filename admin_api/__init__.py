@@ -1,6 +1,7 @@
 """HTTP admin API of a fedgate node (aiohttp): rules, inspection, health,
 metrics, cluster-wide rules, queue operations and the audit log (``queue_ops``,
-``audit``), a web console, and the ``rules``/``status``/``queue``/``audit`` commands.
+``audit``), exchanges, bindings, queues and ACL grants at run time (``wiring``,
+``wiring_sync``, ``grants``, ``acl_api``), a web console, and the ``rules``/``status``/``queue``/``audit`` commands.
 
 It plugs into the node through ``proxy.plugins`` entry points (``proxy``
 never imports this package): ``service(node)`` for ``fedgate.services`` and

@@ -35,7 +35,8 @@ import time
 from aiohttp import web, web_response
 from aiohttp.http_exceptions import HttpProcessingError
 
-from . import console, first_run, health, inspect_api, openapi, queue_ops, replication, rules_api, wiring
+from . import (acl_api, console, first_run, health, inspect_api, openapi, queue_ops, replication,
+               rules_api, wiring, wiring_sync)
 from .audit import AUDIT, WHO, AuditLog, audit_middleware, get_audit, jwt_who, token_who
 from .auth import Tokens, allowed, bearer_token, role_for
 from .cluster import CLUSTER, ClusterSync, follow_etcd, get_cluster, push_rules
@@ -90,7 +91,12 @@ ROUTES = [
     ("GET", "/api/v1/bindings", wiring.get_bindings, False),
     ("POST", "/api/v1/bindings", wiring.post_binding, False),
     ("DELETE", "/api/v1/bindings/{id}", wiring.delete_binding, False),
-    ("POST", "/api/v1/cluster/wiring", wiring.push_wiring, False),
+    ("GET", "/api/v1/acl", acl_api.get_acl, False),
+    ("GET", "/api/v1/acl/{subject}", acl_api.get_subject, False),
+    ("PUT", "/api/v1/acl/{subject}", acl_api.put_subject, False),
+    ("DELETE", "/api/v1/acl/{subject}", acl_api.delete_subject, False),
+    ("GET", "/api/v1/cluster/wiring", wiring_sync.get_record, False),
+    ("POST", "/api/v1/cluster/wiring", wiring_sync.push_record, False),
     ("GET", "/api/v1/subscriptions", inspect_api.get_subscriptions, False),
     ("DELETE", "/api/v1/subscriptions/{name}", inspect_api.delete_subscription, False),
     ("GET", "/api/v1/history", get_history, False),
@@ -215,6 +221,7 @@ def build_app(node, *, admin_url: str = "", sync_interval: float = 1.0,
     wired = wiring.Wiring(node)  # exchanges and bindings declared at run time
     app[wiring.WIRING] = wired
     app.cleanup_ctx.append(wired.context)
+    wiring_sync.sync_for(app, wired)  # a static cluster: push and pull between the nodes
     history = History(node)
     app[HISTORY] = history
     app.cleanup_ctx.append(history.context)
@@ -257,7 +264,7 @@ class AdminService:
         app = build_app(self.node, admin_url=f"http://{shown}:{port}")
         if worker is not None and worker.count > 1:  # worker 0 answers for the whole node
             peers = WorkerPeers({k: admin_socket(worker.data_dir, k) for k in range(1, worker.count)},
-                                worker.admin_token, app[MANAGER])
+                                worker.admin_token, app[MANAGER], app[wiring.WIRING])
             app[WORKER_PEERS] = peers
             app.cleanup_ctx.append(peers.context)
         token_file = None

@@ -278,9 +278,22 @@ EXCHANGE_BODY = {"type": "object", "properties": {
     "upstream_fanout": {"type": "object", "properties": {
         "primary": {"type": "string"}, "address": {"type": "string"},
         "upstream": {"type": "object"}}}}}
-BINDING_BODY = {"type": "object", "required": ["exchange", "queue"], "properties": {
+BINDING_BODY = {"type": "object", "required": ["queue"], "properties": {
     "exchange": {"type": "string", "minLength": 1}, "queue": {"type": "string", "minLength": 1},
-    "key": {"type": "string"}}}
+    "key": {"type": "string"},
+    "source": {"type": "object", "required": ["primary", "address"], "properties": {
+        "primary": {"type": "string", "minLength": 1}, "address": {"type": "string", "minLength": 1},
+        "window": {"type": "integer", "minimum": 1, "maximum": 100000},
+        "upstream": {"type": "object"}}}},
+    "description": "exchange (and key) binds a local exchange to a queue; source binds a remote "
+                   "source to a local queue"}
+GRANT_BODY = {"type": "object", "additionalProperties": False, "properties": {
+    "send": {"type": "array", "items": {"type": "string"}},
+    "receive": {"type": "array", "items": {"type": "string"}},
+    "dynamic": {"type": "boolean"}}}
+ACL_ENTRY = {"type": "object", "properties": {
+    "user": {"type": "string"}, "group": {"type": "string"}, "subject": {"type": "string"},
+    "origin": {"type": "string", "enum": ["config", "api"]}, **GRANT_BODY["properties"]}}
 WIRED = {"type": "object", "properties": {"version": {"type": "integer"}}}
 QUEUE_BODY = {"type": "object", "properties": {
     "name": {"type": "string", "minLength": 1}, "max_depth": {"type": "integer", "minimum": 0},
@@ -292,9 +305,13 @@ WIRING_ERRORS = ("400", "409", "412", "413", "422", "503")
 
 
 def _wiring_paths() -> dict[str, dict]:
-    """Exchanges and bindings at run time (admin_api.wiring, docs/operations.md)."""
+    """Exchanges, bindings, queues and ACL grants at run time (admin_api.wiring, acl_api,
+    docs/operations.md)."""
     name = {"name": "name", "in": "path", "required": True,
             "schema": {"type": "string", "minLength": 1}}
+    subject = {"name": "subject", "in": "path", "required": True,
+               "schema": {"type": "string", "minLength": 1},
+               "description": "a user name, or group:<name>"}
     etag = {"headers": ETAG_HEADER}
     return {
         "/api/v1/exchanges": {
@@ -339,7 +356,31 @@ def _wiring_paths() -> dict[str, dict]:
                        {**_json(WIRED, "changed"), **etag}, errors=WIRING_ERRORS,
                        params=[name, IF_MATCH], body=QUEUE_BODY,
                        extra={"201": _json(WIRED, "declared")})},
-        "/api/v1/cluster/wiring": {"post": _op(
+        "/api/v1/acl": {"get": _op(
+            "ACL entries: the configuration's [[acl]] and the grants made through the API, each "
+            "with its subject and origin (ETag)",
+            {**_json({"type": "object", "properties": {
+                "version": {"type": "integer"}, "enabled": {"type": "boolean"},
+                "entries": {"type": "array", "items": ACL_ENTRY}}}, "entries"), **etag})},
+        "/api/v1/acl/{subject}": {
+            "get": _op("One subject's entries (a user name, or group:<name>)",
+                       {**_json({"type": "object"}, "entries"), **etag}, errors=("404",),
+                       params=[subject]),
+            "put": _op("Grant a user or group:<name> (send, receive, dynamic: the [[acl]] keys), "
+                       "replacing what the API had granted it; applied to the next attach, links "
+                       "no longer allowed detached with amqp:unauthorized-access",
+                       {**_json(WIRED, "changed"), **etag}, errors=WIRING_ERRORS,
+                       params=[subject, IF_MATCH], body=GRANT_BODY,
+                       extra={"201": _json(WIRED, "granted")}),
+            "delete": _op("Take a subject's grants made through the API away (its links "
+                          "detached with amqp:unauthorized-access)",
+                          {**_json(WIRED, "deleted"), **etag},
+                          errors=("400", "404", "409", "412", "422", "503"),
+                          params=[subject, IF_MATCH])},
+        "/api/v1/cluster/wiring": {"get": _op(
+            "Node to node (static clusters): the run-time wiring record this node holds (what "
+            "its peers pull)", _json({"type": "object", "required": ["version"]}, "the record"),
+            errors=("409", "503"), tag="cluster"), "post": _op(
             "Node to node (static clusters): offer a run-time wiring record (adopted if newer)",
             _json({"type": "object", "properties": {"accepted": {"type": "boolean"}}}, "result"),
             errors=("400", "409", "413", "422"), tag="cluster",
@@ -348,7 +389,9 @@ def _wiring_paths() -> dict[str, dict]:
                                  "updated_at": {"type": "number"},
                                  "origin": {"type": ["string", "null"]},
                                  "exchanges": {"type": "array", "items": EXCHANGE_BODY},
-                                 "bindings": {"type": "array", "items": BINDING_BODY}}})},
+                                 "bindings": {"type": "array", "items": BINDING_BODY},
+                                 "queues": {"type": "array", "items": QUEUE_BODY},
+                                 "acl": {"type": "array", "items": {"type": "object"}}}})},
     }
 
 

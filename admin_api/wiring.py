@@ -1,21 +1,26 @@
-"""Exchanges and bindings at run time through the admin API, cluster-wide (docs/operations.md).
+"""Exchanges, bindings, queues and ACL grants at run time through the admin API,
+cluster-wide (docs/operations.md).
 
 How this works
 --------------
 The run-time wiring is one record, ``{"version", "updated_at", "origin", "exchanges",
-"bindings"}``, the bodies as the ``[[exchanges]]`` / ``[[bindings]]`` tables' keys (a binding
-also has its ``id``). It lives in the cluster coordinator's state under ``wiring``: in etcd
-on an etcd cluster (every node follows it: the watch keeps ``coordinator.view`` current and
-``follow`` looks at it every ``FOLLOW_INTERVAL``), else in the node's own state file
-(``<data_dir>/cluster/state.json``) and pushed to the ``[admin] cluster`` peers
-(``POST /api/v1/cluster/wiring``; the greater ``(version, updated_at, origin)`` wins).
+"bindings", "queues", "acl"}``, the bodies as the ``[[exchanges]]`` / ``[[bindings]]`` /
+``[[queue]]`` / ``[[acl]]`` tables' keys (a binding also has its ``id``; remote sources
+included). It lives in the cluster coordinator's state under ``wiring``: in etcd on an
+etcd cluster (every node and worker follows it: the watch keeps ``coordinator.view``
+current and ``follow`` looks at it every ``FOLLOW_INTERVAL``), else in the node's own
+state file (``<data_dir>/cluster/state.json``), pushed to and pulled from the
+``[admin] cluster`` peers (``admin_api.wiring_sync``; the greater ``(version,
+updated_at, origin)`` wins) and handed by worker 0 to its workers (``admin_api.workers``,
+through ``followers``).
 
 A change: read the record, check ``If-Match`` (412 with the current ETag when stale), edit,
 validate the whole set with the configuration's (``proxy.config.exchanges``: a problem is a
 422 naming the field), write it by compare-and-swap (another writer first: 412 with
 ``If-Match``, else the edit again on the new record), apply it here
-(``proxy.exchanges.declared``). The configuration's exchanges and bindings stay as they
-are: the API may bind queues to them but not change or delete them (409 ``in_config``).
+(``proxy.exchanges.declared``; the grants: ``admin_api.grants``). The configuration's
+exchanges, bindings, queues and ACL subjects stay as they are: the API may bind queues to
+its exchanges but not change or delete them (409 ``in_config``).
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
@@ -38,27 +42,33 @@ from proxy.config.exchanges import parse_bindings, parse_exchanges
 from proxy.config.settings import parse_queue
 from proxy.exchanges import declared
 
+from . import grants
+
 from .errors import ApiError, json_response
 from .inputs import read_json
 from .inspect_api import get_exchanges as inspect_exchanges
 from .inspect_api import queue_info
 from .keys import NODE
-from .replication import _headers
 
 log = logging.getLogger("fedgate.admin.wiring")
 
 KEY = "wiring"
 PUSH_PATH = "/api/v1/cluster/wiring"
 FOLLOW_INTERVAL = 0.2
-PUSH_TIMEOUT = 2.0
 ATTEMPTS = 5
 EMPTY = {"version": 0, "updated_at": 0.0, "origin": None, "exchanges": [], "bindings": [],
-         "queues": []}
+         "queues": [], "acl": []}
 WIRING = web.AppKey("wiring", object)
 
 
 def binding_id(raw: dict) -> str:
-    text = f"{raw.get('exchange')}\0{raw.get('queue')}\0{raw.get('key')}"
+    """The same binding has the same id everywhere: exchange, queue and key; for a remote
+    source, queue, primary and address."""
+    source = raw.get("source")
+    if isinstance(source, dict):
+        text = f"{raw.get('queue')}\0source\0{source.get('primary')}\0{source.get('address')}"
+    else:
+        text = f"{raw.get('exchange')}\0{raw.get('queue')}\0{raw.get('key')}"
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -72,10 +82,26 @@ class Wiring:
         self.record = dict(EMPTY)
         self.applied: bytes | None = None
         self.refused: str | None = None
+        # called with each new record this node follows (worker 0 hands it to its workers)
+        self.followers: list = []
+        self.sync = None  # static clusters: admin_api.wiring_sync.WiringSync
+        self.grants: tuple = ()  # the ACL grants applied (admin_api.grants)
+
+    @property
+    def static(self) -> bool:
+        return getattr(self.node.coordinator, "kind", "static") != "etcd"
+
+    @property
+    def second_worker(self) -> bool:
+        """A worker other than 0 of a node with workers: worker 0 keeps the record for the node
+        in a static cluster and hands it on (``admin_api.workers``)."""
+        worker = getattr(self.node, "worker", None)
+        return worker is not None and worker.count > 1 and worker.index != 0
 
     # -- validation and applying --------------------------------------------------------
-    def parsed(self, record: dict) -> tuple[tuple, tuple]:
-        """(exchanges, bindings) of ``record``, checked with the configuration's; ConfigError."""
+    def parsed(self, record: dict) -> tuple[tuple, tuple, tuple, tuple]:
+        """(exchanges, bindings, queues, ACL grants) of ``record``, checked with the
+        configuration's; ConfigError."""
         config = self.node.config
         peers = dict(config.peers)
         mine = parse_exchanges(record["exchanges"], peers)
@@ -88,10 +114,6 @@ class Wiring:
                 raise ConfigError(f"bindings[{index}]", "expected a table (an object)")
         raw_bindings = [{k: v for k, v in b.items() if k != "id"} for b in record["bindings"]]
         bindings = parse_bindings(raw_bindings, tuple(config.exchanges) + mine, peers)
-        for index, binding in enumerate(bindings):
-            if binding.source is not None:
-                raise ConfigError(f"bindings[{index}].source", "a remote source is declared in "
-                                  "the configuration file only (not at run time yet)")
         queues = record.get("queues", [])
         if not isinstance(queues, list):
             raise ConfigError("queues", "expected a list of [[queue]] tables")
@@ -104,13 +126,16 @@ class Wiring:
             if any(q.name == decl.name for q in decls):
                 raise ConfigError(f"queues[{index}].name", f"{decl.name!r} is declared twice")
             decls.append(decl)
-        return mine, bindings, tuple(decls)
+        return mine, bindings, tuple(decls), grants.parse(record.get("acl", []), config)
 
     def apply(self, record: dict, raw: bytes | None = None) -> None:
-        exchanges, bindings, queues = self.parsed(record)
+        exchanges, bindings, queues, acl = self.parsed(record)
         self._apply_queues(queues)  # first: bindings declare their queues with these options
         declared.apply(self.node.broker.exchanges, exchanges, bindings)
-        self.record = {**record, "queues": record.get("queues", [])}
+        if acl != self.grants:
+            grants.apply(self.node, acl)
+            self.grants = acl
+        self.record = {**record, "queues": record.get("queues", []), "acl": record.get("acl", [])}
         self.applied = raw
 
     def _apply_queues(self, decls: tuple) -> None:
@@ -123,8 +148,10 @@ class Wiring:
         node.declared_queues.update(wanted)
         self.runtime_queues = set(wanted)
         for name in wanted:
-            if node.routing.resolve(name).kind != "local":
-                continue  # its options apply where the queue is made (a primary, a fragment)
+            if node.broker.resolve(name).kind != "local":
+                # its options apply where the queue is made (a primary, a fragment, the
+                # worker that owns it)
+                continue
             options = node.queue_options(name)
             queue = node.queues.get(name)
             if queue is None:
@@ -147,6 +174,8 @@ class Wiring:
             self.applied = raw  # not again until it changes
             self.refused = str(exc)
             log.error("run-time exchanges and bindings not applied here: %s", exc)
+        for follower in list(self.followers):
+            follower(raw)
 
     # -- the store ---------------------------------------------------------------------
     async def read(self) -> bytes | None:
@@ -172,12 +201,13 @@ class Wiring:
                                headers={"ETag": etag(current)})
             record = {**current, "exchanges": [dict(e) for e in current["exchanges"]],
                       "bindings": [dict(b) for b in current["bindings"]],
-                      "queues": [dict(q) for q in current.get("queues", [])]}
+                      "queues": [dict(q) for q in current.get("queues", [])],
+                      "acl": [dict(a) for a in current.get("acl", [])]}
             answer = edit(record)
             record.update(version=current["version"] + 1, updated_at=time.time(),
                           origin=self.node.node_id)
             try:
-                _, _, queues = self.parsed(record)
+                _, _, queues, _ = self.parsed(record)
             except ConfigError as exc:
                 raise ApiError(422, "invalid_wiring", exc.detail, field=exc.key) from None
             for index, decl in enumerate(queues):
@@ -237,29 +267,11 @@ class Wiring:
             if raw is not None and raw != self.applied:
                 self.follow_raw(raw)
 
-    async def push(self, record: dict, token: str | None) -> None:
-        """Static clusters: the new record to every ``[admin] cluster`` peer (best effort)."""
-        peers = {p: u.rstrip("/") for p, u in self.node.config.admin.cluster.items()
-                 if p != self.node.node_id}
-        if not peers or getattr(self.node.coordinator, "kind", "static") == "etcd":
-            return
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PUSH_TIMEOUT),
-                                         headers=_headers(token)) as session:
-            for peer, url in sorted(peers.items()):
-                try:
-                    async with session.post(url + PUSH_PATH, json=record) as response:
-                        await response.read()
-                        if response.status == 404:  # a release without run-time wiring
-                            log.warning("run-time wiring version %d not taken by %s: it has no "
-                                        "run-time wiring (a release before 0.6.0?)",
-                                        record["version"], peer)
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    log.warning("run-time wiring version %d not pushed to %s: %s",
-                                record["version"], peer, exc or exc.__class__.__name__)
-
-
-def _order(record: dict) -> tuple:
-    return (record.get("version", 0), record.get("updated_at", 0.0), record.get("origin") or "")
+    async def push(self, record: dict, token: str | None = None) -> None:
+        """Static clusters: the new record to every ``[admin] cluster`` peer
+        (``admin_api.wiring_sync``)."""
+        if self.sync is not None:
+            await self.sync.push(record)
 
 
 # -- handlers -------------------------------------------------------------------------------
@@ -268,9 +280,16 @@ def _wiring(request: web.Request) -> Wiring:
 
 
 def _config_bindings(node) -> list[dict]:
-    return [{"id": binding_id({"exchange": b.exchange, "queue": b.queue, "key": b.key}),
-             "exchange": b.exchange, "queue": b.queue, "key": b.key, "origin": "config"}
-            for b in node.config.bindings if b.exchange is not None]
+    found = []
+    for b in node.config.bindings:
+        if b.exchange is not None:
+            raw = {"exchange": b.exchange, "queue": b.queue, "key": b.key}
+        else:
+            raw = {"queue": b.queue, "source": {"primary": b.source.primary,
+                                                "address": b.source.address,
+                                                "window": b.source.window}}
+        found.append({"id": binding_id(raw), **raw, "origin": "config"})
+    return found
 
 
 def _declared(node, wiring: Wiring) -> dict:
@@ -338,7 +357,7 @@ async def get_exchange(request: web.Request) -> web.Response:
         raise ApiError(404, "exchange_not_found", f"no exchange {name!r}", field="name")
     exchange = request.app[NODE].broker.exchanges.get(name)
     return json_response({"exchange": found, "version": declared_now["version"],
-                          "bindings": [b for b in declared_now["bindings"] if b["exchange"] == name],
+                          "bindings": [b for b in declared_now["bindings"] if b.get("exchange") == name],
                           "stats": dict(vars(exchange.stats)) if exchange is not None else None},
                          headers={"ETag": etag(_wiring(request).record)})
 
@@ -399,7 +418,7 @@ async def get_bindings(request: web.Request) -> web.Response:
 
 
 async def post_binding(request: web.Request) -> web.Response:
-    raw = _object(await read_json(request), "a binding: exchange, queue, key")
+    raw = _object(await read_json(request), "a binding: exchange, queue, key; or queue, source")
     if "id" in raw:
         raise ApiError(400, "invalid_body", "id is given by the node", field="id")
     ident = binding_id(raw)
@@ -430,32 +449,6 @@ async def delete_binding(request: web.Request) -> web.Response:
             raise ApiError(404, "binding_not_found", f"no binding {ident!r}", field="id")
         return {"deleted": ident}
     return await _edit(request, edit)
-
-
-async def push_wiring(request: web.Request) -> web.Response:
-    """Node to node (static clusters): a record another node stored; adopted if it wins."""
-    wiring = _wiring(request)
-    if getattr(request.app[NODE].coordinator, "kind", "static") == "etcd":
-        raise ApiError(409, "on_etcd", "the wiring lives in etcd in this cluster")
-    record = _object(await read_json(request), "a wiring record")
-    updated_at, origin = record.get("updated_at", 0.0), record.get("origin")
-    if not isinstance(record.get("version"), int) or not isinstance(record.get("exchanges"), list) \
-            or not isinstance(record.get("bindings"), list) or isinstance(updated_at, bool) \
-            or not isinstance(updated_at, (int, float)) or not isinstance(origin, (str, type(None))):
-        raise ApiError(400, "invalid_body", "expected version (an integer), updated_at (a number), "
-                       "origin (a node id), exchanges and bindings (lists)", field="body")
-    if _order(record) <= _order(wiring.record):
-        return json_response({"accepted": False, "version": wiring.record["version"]})
-    if not isinstance(record.get("queues", []), list):
-        raise ApiError(400, "invalid_body", "queues must be a list", field="queues")
-    try:
-        wiring.parsed(record)
-    except ConfigError as exc:
-        raise ApiError(422, "invalid_wiring", exc.detail, field=exc.key) from None
-    body = orjson.dumps(record)
-    await request.app[NODE].coordinator.put_state(KEY, body)
-    wiring.follow_raw(body)
-    return json_response({"accepted": True, "version": record["version"]})
 
 
 # -- declared queues --------------------------------------------------------------------------
@@ -497,6 +490,8 @@ async def put_queue(request: web.Request) -> web.Response:
 async def forget_queue(request: web.Request, name: str) -> int | None:
     """A deleted queue's run-time declaration removed too; the new version, or None."""
     wiring = request.app.get(WIRING)
+    if wiring is not None and wiring.static and wiring.second_worker:
+        return None  # worker 0 keeps the node's record: it edits it (admin_api.workers)
     if wiring is None or not any(q.get("name") == name for q in wiring.record.get("queues", [])):
         return None
 

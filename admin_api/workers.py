@@ -20,6 +20,13 @@ on the node: worker K of N numbers its connections K+1, K+1+N, ...).
 Rule changes reach every worker through the cluster sync (``admin_api.cluster``):
 worker 0 counts the other workers among its peers, so a change is pushed to
 them at once and a worker that missed it converges on the next pull.
+
+The run-time wiring (``admin_api.wiring``) likewise, in a static cluster: worker 0
+keeps the node's record and hands each new one to the other workers
+(``POST /api/v1/cluster/wiring`` on their sockets, each keeps it in its own state
+file); once a second it compares their versions with its own and hands it again to
+one behind (restarted). A queue deleted on the worker that keeps it: worker 0
+takes its declaration out of the record. On etcd every worker follows etcd itself.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ import orjson
 from aiohttp import web
 
 from .cluster import PUSH_PATH
+from .wiring import PUSH_PATH as WIRING_PATH
+from .wiring import forget_queue
 from .errors import ApiError, json_response
 from .keys import NODE
 
@@ -124,10 +133,11 @@ def label_metrics(text: str, worker: int, *, keep_comments: bool) -> list[str]:
 class WorkerPeers:
     """Worker 0's sessions to the other workers' admin sockets."""
 
-    def __init__(self, sockets: dict[int, str], token: str, manager) -> None:
+    def __init__(self, sockets: dict[int, str], token: str, manager, wiring=None) -> None:
         self.sockets = sockets
         self.token = token
         self.manager = manager
+        self.wiring = wiring if wiring is not None and wiring.static else None
         self.sessions: dict[int, aiohttp.ClientSession] = {}
         self._tasks: set[asyncio.Task] = set()
 
@@ -138,11 +148,15 @@ class WorkerPeers:
             self.sessions[worker] = aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=path), headers=headers, timeout=timeout)
         self.manager.followers.append(self.on_rules)
+        if self.wiring is not None:
+            self.wiring.followers.append(self.on_wiring)
         puller = asyncio.create_task(self._keep_in_step(), name="fedgate-workers-rules")
         try:
             yield
         finally:
             self.manager.followers.remove(self.on_rules)
+            if self.wiring is not None:
+                self.wiring.followers.remove(self.on_wiring)
             puller.cancel()
             for task in list(self._tasks):
                 task.cancel()
@@ -154,9 +168,7 @@ class WorkerPeers:
     # -- rules: every worker routes by worker 0's ----------------------------------------
     def on_rules(self, record) -> None:
         for worker in self.sessions:
-            task = asyncio.create_task(self._push(worker, record))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._push(worker, record))
 
     async def _push(self, worker: int, record) -> bool:
         try:
@@ -169,11 +181,48 @@ class WorkerPeers:
             log.info("rules version %d not yet on worker %d (%r); retried", record.version, worker, exc)
             return False
 
+    # -- the run-time wiring (static clusters): every worker applies worker 0's ------------
+    def on_wiring(self, raw: bytes | None) -> None:
+        for worker in self.sessions:
+            self._spawn(self._push_wiring(worker, raw))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _push_wiring(self, worker: int, raw: bytes | None) -> bool:
+        if not raw:
+            return True  # nothing declared yet
+        answer = await self.ask(worker, "POST", WIRING_PATH, body=raw,
+                                headers={"Content-Type": "application/json"})
+        if answer is not None and answer[0] >= 400:
+            log.error("worker %d refused the run-time wiring: %s %s", worker, answer[0],
+                      answer[1][:300])
+        return answer is not None and answer[0] < 400
+
+    async def _wiring_in_step(self, known: dict[int, int]) -> None:
+        wiring = self.wiring
+        version = wiring.record["version"] if wiring is not None else 0
+        if not version or wiring.applied is None:
+            return
+        for worker, answer in (await self.ask_all("GET", "/api/v1/bindings")).items():
+            if answer is None or answer[0] != 200:
+                known.pop(worker, None)
+                continue
+            theirs = orjson.loads(answer[1]).get("version")
+            if theirs != version and known.get(worker) != version:
+                if await self._push_wiring(worker, wiring.applied):
+                    known[worker] = version
+
     async def _keep_in_step(self) -> None:
-        """A worker restarted, or one a push missed: it gets worker 0's rules again."""
+        """A worker restarted, or one a push missed: it gets worker 0's rules (and run-time
+        wiring) again."""
         known: dict[int, int] = {}
+        wired: dict[int, int] = {}
         while True:
             await asyncio.sleep(1.0)
+            await self._wiring_in_step(wired)
             record = self.manager.current
             if record.version == 0:
                 continue
@@ -248,7 +297,14 @@ async def aggregate_middleware(request: web.Request, handler):
         return web.Response(body=("\n".join(lines) + "\n").encode(),
                             headers={"Content-Type": response.headers.get("Content-Type", "text/plain")})
     if request.method in ("POST", "DELETE", "GET") and (owner := await _owner_worker(request)):
-        return await _to_owner(request, peers, owner)
+        response = await _to_owner(request, peers, owner)
+        if request.method == "DELETE" and response.status == 200 and \
+                (match := QUEUE_OPS["DELETE"].match(path)):
+            version = await forget_queue(request, match.group(1))  # worker 0 keeps the record
+            if version is not None:
+                body = orjson.loads(response.body)
+                response = json_response({**body, "version": version})
+        return response
     if request.method == "GET" and path == "/api/v1/resolve" and (owner := _resolve_owner(request)):
         answer = await peers.ask(owner, "GET", request.path_qs)
         if answer is None:

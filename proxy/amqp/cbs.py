@@ -105,7 +105,7 @@ class CbsNode:
         return 202, "Accepted"
 
 
-def detach_outside(handler, identity) -> int:
+def detach_outside(handler, identity, why: str = "the renewed token does not allow") -> int:
     """Detach the links ``identity``'s grants no longer allow; how many."""
     detached = 0
     for ptr, endpoint in list(handler.links.items()):
@@ -119,9 +119,9 @@ def detach_outside(handler, identity) -> int:
         direction = "receive" if link.is_sender else "send"
         if handler.broker.authorize(identity, address, direction):
             continue
-        log.warning("connection %s (%s, user %s): link to %r detached: the renewed token does not "
-                    "allow %s", handler.connection_id, handler.peer, identity.user, address, direction)
-        handler.close_link(link, UNAUTHORIZED, f"the renewed token does not allow {direction} ({address!r})")
+        log.warning("connection %s (%s, user %s): link to %r detached: %s %s", handler.connection_id,
+                    handler.peer, getattr(identity, "user", "anonymous"), address, why, direction)
+        handler.close_link(link, UNAUTHORIZED, f"{why} {direction} ({address!r})")
         detached += 1
     return detached
 

@@ -328,6 +328,11 @@ def parse_queue(raw: Any, key: str) -> QueueDecl:
     return _section(raw, QueueDecl, key)
 
 
+def parse_acl_entry(raw: Any, key: str) -> AclEntry:
+    """One ``[[acl]]`` table (also a grant made through the admin API); ConfigError."""
+    return _section(raw, AclEntry, key)
+
+
 def _check_bytes(key: str, max_bytes: int, overflow: str | None) -> None:
     if max_bytes < 0:
         raise ConfigError(f"{key}.max_bytes", "must not be negative")

@@ -14,7 +14,12 @@ bindings), replacing the previous run-time set, in place:
 * a run-time exchange no longer declared is taken away: its producers' links are detached
   with ``amqp:resource-deleted`` (their unsettled messages are settled as usual), and a new
   sender to its name is routed by the rules like any address;
-* the local queues of new bindings are declared (as at start).
+* the local queues of new bindings are declared (as at start);
+* a binding from a remote ``source`` (``[[bindings]] source``) that is new attaches its
+  upstream receiver (``RemoteSubscription``) where its queue is local (with workers: on the
+  queue's owner), as at start; one no longer declared is closed: its upstream link detached,
+  what it had received and stored stays in the queue, what it had not is the primary's
+  again (released with its link).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import logging
 
 from proxy.exchanges.exchange import Binding, Exchange, ExchangeProducer
+from proxy.exchanges.remote_bindings import RemoteSubscription
 from proxy.upstream.target import UpstreamTarget
 
 log = logging.getLogger("fedgate.exchanges")
@@ -59,8 +65,11 @@ def apply(exchanges, declared: tuple, bindings: tuple) -> dict:
         exchange.fanout = decl.upstream_fanout
         exchange.fanout_key = UpstreamTarget.from_url(decl.upstream_fanout.url).key \
             if decl.upstream_fanout is not None else None
+    _apply_sources(exchanges, [b for b in bindings if b.source is not None], changed)
     by_exchange: dict[str, list[Binding]] = {}
     for binding in bindings:
+        if binding.exchange is None:
+            continue  # a remote source: above
         by_exchange.setdefault(binding.exchange, []).append(Binding(binding.queue, binding.key))
     broker = exchanges.broker
     for name, exchange in exchanges.exchanges.items():
@@ -79,6 +88,36 @@ def apply(exchanges, declared: tuple, bindings: tuple) -> dict:
             f"{what} {', '.join(names)}" for what, names in changed.items() if names))
     broker.run_pending()
     return changed
+
+
+def source_key(binding) -> tuple:
+    source = binding.source
+    return (binding.queue, source.url, source.address, source.window, repr(source.upstream))
+
+
+def _apply_sources(exchanges, bindings: list, changed: dict) -> None:
+    """The run-time remote sources: new ones attached, removed ones closed."""
+    running = getattr(exchanges, "runtime_sources", None)
+    if running is None:
+        running = exchanges.runtime_sources = {}
+    wanted = {source_key(b): b for b in bindings}
+    for key in [k for k in running if k not in wanted]:
+        subscription = running.pop(key)
+        subscription.close()
+        if subscription in exchanges.subscriptions:
+            exchanges.subscriptions.remove(subscription)
+        changed["removed"].append(f"{key[0]} <- {key[2]}")
+    broker = exchanges.broker
+    for key, binding in wanted.items():
+        if key in running or broker.resolve(binding.queue).kind != "local":
+            continue  # running, or with workers: the queue's owner runs it
+        queue = broker.queues.declare(binding.queue, **exchanges.queue_options(binding.queue))
+        source = binding.source
+        upstream = exchanges.upstreams.for_url(source.url, source.upstream)
+        subscription = RemoteSubscription(broker, queue, source, upstream, exchanges.hold)
+        exchanges.subscriptions.append(subscription)
+        running[key] = subscription
+        changed["added"].append(f"{binding.queue} <- {source.address}")
 
 
 def _remove(exchanges, name: str) -> None:
