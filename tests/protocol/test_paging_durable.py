@@ -20,6 +20,7 @@ from playbook import World, run
 from test_paging import BODY, BUDGET, fill, ids_of, paging, send_message, take
 
 from proxy.journal.journal import Journal
+from proxy.queues.journal_pages import JournalPages
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,6 +58,36 @@ def test_journal_recovery_keeps_bodies_up_to_its_budget_and_locations_for_the_re
         record = f.read(length)
     assert record.endswith(bytes([20]) * 1000)
     assert journal.location(ids[0]) is None  # dequeued: not live
+    journal.close()
+
+
+class NowStore:
+    """The page store's I/O thread, here and now (only the closing of files is asked)."""
+
+    def after_io(self, call) -> None:
+        call()
+
+
+def test_a_journal_page_reads_plain_and_transaction_records_and_catches_damage(tmp_path):
+    journal = Journal(tmp_path / "j", fsync=False, segment_size=16384)
+    journal.open()
+    plain, _ = journal.enqueue("queue-one", b"p" * 700)
+    (in_txn,), _ = journal.commit([("q2", b"t" * 900)], [])
+    journal.close()
+    journal = Journal(tmp_path / "j", fsync=False, segment_size=16384)
+    journal.open(body_budget=0)
+    pages = JournalPages(journal, NowStore())
+    first, second = pages.page("queue-one", plain), pages.page("q2", in_txn)
+    assert (first.read(), second.read()) == (b"p" * 700, b"t" * 900)
+    assert pages.live == 2 and set(journal.pinned) == {first.segment.number}
+    with open(journal.segment_path(first.segment.number), "r+b") as f:
+        f.seek(first.offset + first.segment.overhead + 10)
+        f.write(b"X")  # a body damaged on disk
+    with pytest.raises(OSError):
+        first.read()
+    first.segment.dead(first)
+    second.segment.dead(second)
+    assert pages.live == 0 and not journal.pinned and not pages.files
     journal.close()
 
 
