@@ -496,6 +496,8 @@ class Journal:
         self._writer.start()
         # a fresh segment, numbered after every file seen (quarantined ones included)
         self._start_segment((numbers[-1] if numbers else 0) + 1)
+        if body_budget is not None:  # no relocation before the queues pin what they read
+            self._rolled = False  # by location: it waits for the next segment
         self._handoff()
         result.seconds = time.monotonic() - started
         log.info("journal %s: recovered %d messages in %d queues from %d records, %d segments "

@@ -201,3 +201,36 @@ def test_compaction_leaves_pinned_segments_alone_and_the_bodies_read_back_right(
         await world.close()
 
     run(play)
+
+
+def test_sparse_segments_found_at_restart_are_not_relocated_under_the_queues_reading_them(
+        tmp_path):
+    queues = [f"q{i}" for i in range(5)]
+
+    async def fill_drain_and_stop():
+        world = World(tmp_path)
+        await durable_node(world)
+        client = await world.client("a")
+        senders = [client.sender(name) for name in queues]
+        await world.until(lambda: all(s.credit > 0 for s in senders), what="credit")
+        for n in range(150):
+            sender = senders[n % 5]
+            await world.until(lambda: sender.credit > 0, what=f"credit for {n}")
+            send_message(sender, Message(id=n, body=f"{n}:{BODY}", durable=True))
+        await world.until(lambda: sum(s.accepted() for s in senders) == 150, what="accepted")
+        for name in queues[:4]:  # the segments are sparse when the node stops
+            await take(world, client.receiver(name), 30, credit=10)
+        await world.close()
+
+    run(fill_drain_and_stop)
+
+    async def play():
+        world, node, client = await restarted(tmp_path)
+        journal = node.journal
+        assert journal.stats.relocated == 0, "relocated before the queues pinned their records"
+        assert journal.pinned and node.queues.get("q4").paged_count >= 15
+        ids = ids_of(await take(world, client.receiver("q4"), 30, credit=6))
+        assert ids == list(range(4, 150, 5))
+        await world.close()
+
+    run(play)
