@@ -58,6 +58,7 @@ from proxy import plugins
 from proxy.links.redirects import apply_rules_change
 from proxy.net.network import Network, TcpNetwork
 from proxy.queues.durable import open_journal, restore
+from proxy.queues.journal_pages import JournalPages
 from proxy.paging.pager import Pager
 from proxy.paging.store import PageStore
 from proxy.queues.registry import QueueRegistry
@@ -209,6 +210,7 @@ class Node:
             journal_dir = self.data_dir / "workers" / str(worker.index) / "journal"
         self.journal = open_journal(journal_dir, config.journal, wanted=wanted)
         self.pager = None  # bodies on disk beyond max_memory (proxy.paging, docs/paging.md)
+        self.journal_pages = None  # recovered durable bodies read from the journal (the same)
         if config.limits.max_memory and config.paging.enabled:
             self.pager = Pager(
                 PageStore(journal_dir.parent / "paging", segment_size=config.paging.segment_size,
@@ -547,6 +549,8 @@ class Node:
         self.upstreams.close()
         if self.pager is not None:
             self.pager.close()
+        if self.journal_pages is not None:
+            self.journal_pages.close()
         if self.journal is not None:
             try:
                 self.journal.close()
@@ -575,7 +579,12 @@ class Node:
         """Open the journal under the data dir and refill durable queues, before listening."""
         if self.journal is None:
             return
-        restored = restore(self.journal.open(loop=loop), self.queues, self.queue_options)
+        pages = budget = None
+        if self.pager is not None:  # beyond half the budget, bodies stay in the journal
+            pages = self.journal_pages = JournalPages(self.journal, self.pager.store)
+            budget = self.config.limits.max_memory // 2
+        restored = restore(self.journal.open(loop=loop, body_budget=budget), self.queues,
+                           self.queue_options, pages)
         if restored:
             log.info("durable queues: %d messages restored", restored)
         worker = self.worker

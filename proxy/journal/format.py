@@ -217,3 +217,16 @@ def decode_enqueue(data: bytes, body_start: int, body_end: int) -> tuple[int, by
 def decode_dequeue(data: bytes, body_start: int, body_end: int) -> tuple[int, ...]:
     count = (body_end - body_start) // ID.size
     return struct.unpack_from(f"<{count}Q", data, body_start)
+
+
+def enqueue_payload(data: bytes, overhead: int) -> bytes:
+    """The message bytes of the whole ENQUEUE record ``data`` (read back from a segment by
+    its location), whose header, id and queue name take ``overhead`` bytes; ``OSError``
+    when it is not that record, whole and intact (docs/paging.md, durable pages)."""
+    if len(data) < overhead or len(data) < RECORD_HEADER.size:
+        raise OSError(f"journal record cut short ({len(data)} bytes)")
+    magic, rtype, length, crc = RECORD_HEADER.unpack_from(data, 0)
+    if magic != RECORD_MAGIC or rtype != ENQUEUE or RECORD_HEADER.size + length != len(data) \
+            or _crc32(memoryview(data)[RECORD_HEADER.size:], _crc32(data[:6])) != crc:
+        raise OSError("journal record does not read back (header or crc)")
+    return data[overhead:]

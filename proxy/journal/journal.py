@@ -56,8 +56,6 @@ import fcntl
 import logging
 import os
 import time
-from array import array
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -83,6 +81,7 @@ from proxy.journal.format import (
     segment_number,
 )
 from proxy.journal.repair import repair
+from proxy.journal.state import JournalStats, Recovered, Segment
 from proxy.journal.writer import Copy, Delete, Roll, SegmentWriter
 
 log = logging.getLogger("fedgate.journal")
@@ -96,47 +95,6 @@ _LOW32 = 0xFFFFFFFF
 class Waiter(Protocol):
     def journal_progress(self, durable_batch: int, error: OSError | None) -> bool:
         """Durability advanced (or failed). Return True to keep waiting."""
-
-
-@dataclass(slots=True)
-class Segment:
-    number: int
-    size: int  # bytes, file header included
-    live: int = 0  # live messages whose current record is in this segment
-    live_bytes: int = 0
-    # older segment -> ids this segment's DEQUEUE records remove from it
-    refs: dict[int, array] = field(default_factory=dict)
-
-    def add_ref(self, source: int, message_id: int) -> None:
-        ids = self.refs.get(source)
-        if ids is None:
-            ids = self.refs[source] = array("Q")
-        ids.append(message_id)
-
-
-@dataclass
-class Recovered:
-    """What ``Journal.open`` found."""
-
-    queues: dict[str, list[tuple[int, bytes]]]  # queue -> [(message id, bytes)] in id order
-    messages: int = 0
-    records: int = 0
-    segments: int = 0
-    torn_tail: str | None = None
-    corrupt: str | None = None
-    quarantined: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-
-@dataclass
-class JournalStats:
-    enqueued: int = 0
-    dequeued: int = 0
-    batches: int = 0
-    segments_created: int = 0
-    segments_deleted: int = 0
-    relocated: int = 0  # live ENQUEUE records copied out of sparse segments
-    carried: int = 0  # DEQUEUE entries carried forward out of dead segments
 
 
 def _loc(number: int, offset: int, length: int) -> int:
@@ -162,6 +120,10 @@ class Journal:
         self._active: Segment | None = None
         self._where: dict[int, int] = {}  # live message id -> packed location
         self._old_copies: dict[int, list[int]] = {}  # relocated id -> segments of older copies
+        # segment -> records in it that a queue reads by location (paged durable messages,
+        # docs/paging.md): never relocated, so a location stays right while it is pinned
+        self.pinned: dict[int, int] = {}
+        self._body_room: int | None = None  # recovery: body bytes it may still keep (None: all)
         self._next_id = 1
         self._names: dict[str, bytes] = {}
         self._staged: list = []
@@ -211,6 +173,22 @@ class Journal:
         batch = self._submitted + 1  # the next hand-off carries it
         self._schedule_handoff()
         return message_id, batch
+
+    def location(self, message_id: int) -> tuple[int, int, int] | None:
+        """(segment, offset, length) of a live message's ENQUEUE record; None if not live."""
+        loc = self._where.get(message_id)
+        return None if loc is None else (loc >> 64, (loc >> 32) & _LOW32, loc & _LOW32)
+
+    def segment_path(self, number: int) -> Path:
+        return self.directory / segment_name(number)
+
+    def pin(self, number: int, change: int = 1) -> None:
+        """``change`` more (or fewer) records of segment ``number`` are read by location."""
+        count = self.pinned.get(number, 0) + change
+        if count > 0:
+            self.pinned[number] = count
+        else:
+            self.pinned.pop(number, None)
 
     def dequeue(self, message_id: int) -> None:
         """The message left its queue for good; unknown ids are ignored."""
@@ -413,6 +391,7 @@ class Journal:
         sparse = {
             number for number, segment in self._segments.items()
             if number < newest_closed and segment.live and segment.live_bytes < payload_room
+            and number not in self.pinned  # a queue reads records there by location
         }
         if not sparse:
             return
@@ -462,12 +441,16 @@ class Journal:
             hook()
 
     # -- recovery ----------------------------------------------------------------
-    def open(self, *, loop: asyncio.AbstractEventLoop | None = None) -> Recovered:
+    def open(self, *, loop: asyncio.AbstractEventLoop | None = None,
+             body_budget: int | None = None) -> Recovered:
         """Recover the live set, repair the tail, start the writer. Call once, first.
 
-        ``loop``: the event loop the writer reports progress to (if not given at construction)."""
+        ``loop``: the event loop the writer reports progress to (if not given at construction).
+        ``body_budget``: keep at most this many bytes of bodies (the oldest); the others come
+        back as None, left in the journal (``location``). None: every body."""
         if loop is not None:
             self.loop = loop
+        self._body_room = body_budget
         started = time.monotonic()
         directory = self.directory
         directory.mkdir(parents=True, exist_ok=True)
@@ -512,6 +495,8 @@ class Journal:
         self._writer.start()
         # a fresh segment, numbered after every file seen (quarantined ones included)
         self._start_segment((numbers[-1] if numbers else 0) + 1)
+        if body_budget is not None:  # no relocation before the queues pin what they read
+            self._rolled = False  # by location: it waits for the next segment
         self._handoff()
         result.seconds = time.monotonic() - started
         log.info("journal %s: recovered %d messages in %d queues from %d records, %d segments "
@@ -567,7 +552,14 @@ class Journal:
                 name = names.get(raw_name)
                 if name is None:
                     name = names[raw_name] = raw_name.decode("utf-8", "replace")
-                live[message_id] = (name, data[name_end:body_end])
+                room = self._body_room
+                if room is None:
+                    live[message_id] = (name, data[name_end:body_end])
+                elif room >= body_end - name_end:
+                    self._body_room = room - (body_end - name_end)
+                    live[message_id] = (name, data[name_end:body_end])
+                else:  # beyond the budget: read back by location when it is wanted
+                    live[message_id] = (name, None)
             elif rtype == DEQUEUE:
                 add_ref = segment.add_ref
                 for message_id in decode_dequeue(data, body_start, body_end):
@@ -576,7 +568,9 @@ class Journal:
                     loc = where.pop(message_id, None)
                     if loc is None:
                         continue  # its enqueue was in a segment already deleted
-                    del live[message_id]
+                    payload = live.pop(message_id)[1]
+                    if payload is not None and self._body_room is not None:
+                        self._body_room += len(payload)
                     source = loc >> 64
                     owner = segments[source]
                     owner.live -= 1

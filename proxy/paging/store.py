@@ -64,6 +64,8 @@ class Page:
     def read(self) -> bytes:
         """The body, read here and now (the rare paths that cannot wait for a read-ahead:
         browsers, selectors, dead-lettering, a backup's catch-up). Only while it is live."""
+        if self.segment.foreign:  # a record of another file (a durable message's journal)
+            return self.segment.read(self)
         data = os.pread(self.segment.fd, HEADER.size + self.size, self.offset)
         return check(self, data, 0)
 
@@ -79,6 +81,10 @@ def body(message) -> bytes:
 
 class Segment:
     __slots__ = ("number", "path", "fd", "size", "live", "full")
+    # False: a page store segment. A *foreign* segment is a file the store does not own (a
+    # journal segment, proxy.queues.journal_pages): its pages are read with
+    # ``segment.read(page)`` and their death is told to ``segment.dead(page)``.
+    foreign = False
 
     def __init__(self, number: int, path: Path) -> None:
         self.number = number
@@ -170,6 +176,13 @@ class PageStore:
         self.reads_now += 1
         return os.pread(segment.fd, size, offset)
 
+    def after_io(self, call: Callable[[], None]) -> None:
+        """Run ``call`` in the I/O thread after every job asked before it (closing a foreign
+        segment's file once no read of it is left)."""
+        if self._pending:
+            self._flush()
+        self._submit(("call", call, None))
+
     def dead_records(self, segment: "Segment", count: int, size: int) -> None:
         """``count`` records of ``size`` bytes (headers included) of ``segment`` are no longer
         wanted (a run purged)."""
@@ -186,6 +199,9 @@ class PageStore:
             return
         page.state = DEAD
         segment = page.segment
+        if segment.foreign:
+            segment.dead(page)
+            return
         segment.live -= 1
         self.live_bytes -= page.size + HEADER.size
         if segment.live == 0 and segment.full:
@@ -258,6 +274,8 @@ class PageStore:
             elif kind == "range":
                 segment, offset, size = items
                 result = os.pread(segment.fd, size, offset)
+            elif kind == "call":
+                items()
             else:
                 os.close(items.fd)
                 os.unlink(items.path)
@@ -313,6 +331,10 @@ class PageStore:
         index = 0
         while index < len(items):
             first = items[index][1]
+            if first.segment.foreign:  # one record of a journal segment
+                result.append((items[index][0], first, first.segment.read(first)))
+                index += 1
+                continue
             end = index + 1
             stop = first.offset + HEADER.size + first.size
             while end < len(items) and items[end][1].segment is first.segment \

@@ -86,12 +86,22 @@ def open_journal(directory, settings, *, wanted: bool) -> Journal | None:
                    batch_delay=settings.batch_delay)
 
 
-def restore(recovered, registry, options) -> int:
-    """Put recovered messages back into their queues (declared even if auto-create is off)."""
+def restore(recovered, registry, options, pages=None) -> int:
+    """Put recovered messages back into their queues (declared even if auto-create is off).
+
+    A message whose body recovery left in the journal (``Journal.open``'s ``body_budget``)
+    comes back paged: its ``payload`` is a page of ``pages`` (``JournalPages``), read back
+    from the journal when consumers near it (docs/paging.md)."""
     count = 0
     for name, messages in recovered.queues.items():
         queue = registry.declare(name, **options(name))
         for message_id, payload in messages:
-            queue.enqueue(StoredMessage(payload, journal_id=message_id))
-        count += len(messages)
+            if payload is None:
+                page = pages.page(name, message_id) if pages is not None else None
+                if page is None:  # not live (cannot happen) or no pages: nothing to restore
+                    continue
+                queue.enqueue(StoredMessage(page, journal_id=message_id, page=page))
+            else:
+                queue.enqueue(StoredMessage(payload, journal_id=message_id))
+            count += 1
     return count
