@@ -46,15 +46,21 @@ def all_back(node, queue) -> None:
     assert node.pager.store.live_bytes == 0, "page records left live"
 
 
+async def filled(world, name: str, count: int):
+    """A paging node, client "a" and its sender to queue ``name``, ``count`` messages sent and
+    paged: (node, client, sender, queue)."""
+    node = await paging_node(world)
+    client = await world.client("a")
+    sender = client.sender(name)
+    await fill(world, sender, count)
+    await world.quiet(0.05)
+    return node, client, sender, node.queues.get(name)
+
+
 def test_a_backlog_waits_in_runs_with_no_object_per_paged_message(tmp_path):
     async def play():
         world = World(tmp_path)
-        node = await paging_node(world)
-        client = await world.client("a")
-        sender = client.sender("deep")
-        await fill(world, sender, 400)
-        await world.quiet(0.05)
-        queue = node.queues.get("deep")
+        node, client, sender, queue = await filled(world, "deep", 400)
         assert queue.depth == 400 and queue_info(queue)["depth"] == 400
         assert in_runs(queue) >= 350, "the backlog is not in runs"
         assert objects(queue) <= 400 - in_runs(queue)
@@ -74,12 +80,7 @@ def test_a_backlog_waits_in_runs_with_no_object_per_paged_message(tmp_path):
 def test_a_run_read_back_partly_then_a_consumer_leaves_and_another_takes_the_rest(tmp_path):
     async def play():
         world = World(tmp_path)
-        node = await paging_node(world)
-        client = await world.client("a")
-        sender = client.sender("part")
-        await fill(world, sender, 200)
-        await world.quiet(0.05)
-        queue = node.queues.get("part")
+        node, client, sender, queue = await filled(world, "part", 200)
         before = in_runs(queue)
         first = client.receiver("part")
         await take(world, first, 35, credit=7)  # a few read-aheads: the first run shortened
@@ -106,12 +107,7 @@ def test_a_run_read_back_partly_then_a_consumer_leaves_and_another_takes_the_res
 def test_a_consumer_leaving_with_messages_unsettled_puts_them_before_the_runs(tmp_path):
     async def play():
         world = World(tmp_path)
-        node = await paging_node(world)
-        client = await world.client("a")
-        sender = client.sender("leave")
-        await fill(world, sender, 150)
-        await world.quiet(0.05)
-        queue = node.queues.get("leave")
+        node, client, sender, queue = await filled(world, "leave", 150)
         assert in_runs(queue) > 100
         gone = client.receiver("leave", credit=12)
         await world.until(lambda: len(gone.received) == 12, what="12 out, unsettled")
@@ -160,12 +156,7 @@ def test_expired_messages_in_runs_are_taken_out_when_read_back(tmp_path, monkeyp
 def test_purge_drops_the_runs_and_their_records(tmp_path):
     async def play():
         world = World(tmp_path)
-        node = await paging_node(world)
-        client = await world.client("a")
-        sender = client.sender("purged")
-        await fill(world, sender, 300)
-        await world.quiet(0.05)
-        queue = node.queues.get("purged")
+        node, client, sender, queue = await filled(world, "purged", 300)
         assert in_runs(queue) > 250
         assert operations.purge(node.broker, queue) == 300
         assert queue.depth == 0 and queue_info(queue)["depth"] == 0
@@ -188,12 +179,7 @@ def test_a_priority_message_or_a_browser_at_a_queue_with_runs(tmp_path):
     turns the runs back into messages paged one by one (docs/paging.md), order kept."""
     async def play():
         world = World(tmp_path)
-        node = await paging_node(world)
-        client = await world.client("a")
-        sender = client.sender("mixed")
-        await fill(world, sender, 120)
-        await world.quiet(0.05)
-        queue = node.queues.get("mixed")
+        node, client, sender, queue = await filled(world, "mixed", 120)
         assert in_runs(queue) > 80
         browser = client.receiver("mixed", credit=200, browse=True)
         await world.until(lambda: len(browser.received) == 120, what="120 browsed")
@@ -234,12 +220,7 @@ def test_the_depth_limit_counts_the_runs(tmp_path):
 def test_competing_consumers_with_little_credit_share_the_runs_each_id_once(tmp_path):
     async def play():
         world = World(tmp_path)
-        node = await paging_node(world)
-        client = await world.client("a")
-        sender = client.sender("shared")
-        await fill(world, sender, 300)
-        await world.quiet(0.05)
-        queue = node.queues.get("shared")
+        node, client, sender, queue = await filled(world, "shared", 300)
         assert in_runs(queue) > 250
         one, two = client.receiver("shared"), client.receiver("shared")
         while len(one.received) + len(two.received) < 300:
