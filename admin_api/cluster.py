@@ -51,7 +51,7 @@ from routing import RuleError
 from .errors import ApiError, invalid_rules, json_response
 from .inputs import read_json
 from .inspect_api import ADMIN_URL
-from .replication import _headers
+from .replication import peer_session
 from .rules_manager import RulesManager
 
 log = logging.getLogger("fedgate.admin.cluster")
@@ -84,9 +84,7 @@ class ClusterSync:
         if not self.peers:
             yield
             return
-        headers = _headers(self.token)  # the token, and this node's release
-        self.session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.timeout), headers=headers)
+        self.session = peer_session(self.token, self.timeout)
         self.manager.listeners.append(self.on_local_change)
         puller = asyncio.create_task(self._pull_loop(), name="fedgate-cluster-pull")
         try:

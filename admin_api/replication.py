@@ -134,6 +134,13 @@ def _callers_token(request: web.Request) -> str | None:
 VERSION_HEADER = "Fedgate-Version"
 
 
+def peer_session(token: str | None, timeout: float):
+    """An HTTP session for calls to the other nodes' admin APIs (rules, wiring): the cluster
+    token and this node's release on every request."""
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout),
+                                 headers=_headers(token))
+
+
 def _headers(token: str | None) -> dict[str, str]:
     """A node-to-node call's headers: the cluster token, and this node's release (read by
     nobody yet: a newer node may; docs/upgrades.md)."""

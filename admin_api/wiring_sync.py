@@ -37,7 +37,7 @@ from proxy.config.errors import ConfigError
 from .errors import ApiError, json_response
 from .inputs import read_json
 from .keys import NODE
-from .replication import _headers
+from .replication import peer_session
 from .wiring import EMPTY, KEY, WIRING
 
 log = logging.getLogger("fedgate.admin.wiring")
@@ -80,9 +80,7 @@ class WiringSync:
         if not self.peers:
             yield
             return
-        headers = _headers(self.token)  # the cluster token and this node's release
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT),
-                                             headers=headers)
+        self.session = peer_session(self.token, TIMEOUT)
         self.wiring.sync = self
         puller = asyncio.create_task(self._pull_loop(), name="fedgate-wiring-pull")
         try:
