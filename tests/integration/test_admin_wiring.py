@@ -180,12 +180,17 @@ def test_a_durable_queue_is_refused_on_a_node_without_a_journal(start_node):
     assert refused["field"] == "queues[0].durable"
 
 
-def test_a_static_cluster_pushes_the_change_to_its_peers(start_node):
+def static_pair(start_node):
+    """Two nodes of a static cluster (each other's ``[admin] cluster`` peers): (n1, n2)."""
     admin = {n: free_port() for n in ("n1", "n2")}
     table = {n: f"http://127.0.0.1:{port}" for n, port in admin.items()}
     nodes = {n: start_node({"admin": {"tokens": TOKENS, "listen": f"127.0.0.1:{admin[n]}",
                                       "cluster": table}}, n) for n in ("n1", "n2")}
-    n1, n2 = nodes["n1"], nodes["n2"]
+    return nodes["n1"], nodes["n2"]
+
+
+def test_a_static_cluster_pushes_the_change_to_its_peers(start_node):
+    n1, n2 = static_pair(start_node)
     assert api(n1, "POST", "/api/v1/exchanges", {"name": "bus", "type": "fanout"})[0] == 201
     assert api(n1, "POST", "/api/v1/bindings", {"exchange": "bus", "queue": "copy"})[0] == 201
     status, listing = api(n2, "GET", "/api/v1/bindings", token=READ_TOKEN)

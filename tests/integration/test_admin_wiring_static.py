@@ -14,10 +14,9 @@ import time
 
 import pytest
 from admin_client import READ_TOKEN, wait_for
-from conftest import free_port
 from proton import Message
 from test_admin_queue_ops import TOKENS, receive_all, send
-from test_admin_wiring import api
+from test_admin_wiring import api, static_pair
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,11 +27,7 @@ def declared_version(node) -> int:
 
 
 def test_a_node_that_was_down_pulls_the_record_as_it_starts(start_node):
-    admin = {n: free_port() for n in ("n1", "n2")}
-    table = {n: f"http://127.0.0.1:{port}" for n, port in admin.items()}
-    nodes = {n: start_node({"admin": {"tokens": TOKENS, "listen": f"127.0.0.1:{admin[n]}",
-                                      "cluster": table}}, n) for n in ("n1", "n2")}
-    n1, n2 = nodes["n1"], nodes["n2"]
+    n1, n2 = static_pair(start_node)
     assert api(n1, "POST", "/api/v1/exchanges", {"name": "bus", "type": "fanout"})[0] == 201
     wait_for(lambda: declared_version(n2) == 1, timeout=3.0, what="n2 to have version 1")
 
