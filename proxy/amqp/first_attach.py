@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from proton import Data, DataException
 
+REPLICATION = "fedgate:replication"  # proxy.replication.links' target capability (a backup copy)
 MAX_HELD = 16 * 1024  # bytes of a new connection's first frames held back at most
 
 OPEN, BEGIN, ATTACH = 0x10, 0x11, 0x12  # performative descriptors (§2.7)
@@ -58,6 +59,7 @@ class Sniffed:
     state: str
     address: str = ""
     receiver: bool = False
+    replication: bool = False  # its target has the capability fedgate:replication (a backup's copy)
 
 
 WAIT = Sniffed("wait")
@@ -90,7 +92,20 @@ def _attach_address(body: bytes) -> Sniffed:
         return SERVE
     if not isinstance(address, str) or not address:
         return SERVE
-    return Sniffed("attach", address, receiver)
+    return Sniffed("attach", address, receiver, not receiver and _replication(terminus))
+
+
+def _replication(target) -> bool:
+    """Whether a target's capabilities (its 7th field: a symbol or an array of them) name
+    ``fedgate:replication``: a primary's link to this node's backup copy."""
+    try:
+        capabilities = target.value[6] if len(target.value) > 6 else None
+    except (AttributeError, TypeError):
+        return False
+    items = getattr(capabilities, "elements", None)  # proton's Array
+    if items is None:
+        items = capabilities if isinstance(capabilities, (list, tuple)) else (capabilities,)
+    return any(str(item) == REPLICATION for item in items if item is not None)
 
 
 def sniff(frames: bytes) -> Sniffed:

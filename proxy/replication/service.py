@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 from uhashring import HashRing
 
 from proxy.broker.handler import LinkRefused
+from proxy.workers.ownership import BACKUP
 
 from .address import NOT_ALLOWED, PromoteRefused, ReplicatedAddress, ReplicationSettings
 from .links import link_properties
@@ -175,7 +176,8 @@ class ReplicationService:
         if worker is None or worker.count < 2:
             return None
         kind, _, rest = resource.partition("/")
-        owner = worker.owners.owner(rest) if kind == "queue" else 0
+        # a name first used here by its primary's replication link: a backup copy (weighs less)
+        owner = worker.owners.owner(rest, BACKUP) if kind == "queue" else 0
         return None if owner == worker.index else owner
 
     def mine(self, resource: str) -> bool:

@@ -56,6 +56,12 @@ def temp_prefix(node_id: str, worker: int) -> str:
 
 MAX_ASSIGNED = 200_000  # names the table records; beyond, new names go by the ring alone
 
+# What a queue weighs in the table's count (``OwnerTable.owner``): one whose clients the
+# owner serves (its first use was a client's attach) twice what a backup copy weighs (first
+# used by its primary's replication link: it only applies batches), the measured ratio of
+# their cost on 16 cores (bench/README.md, issue #45).
+SERVED, BACKUP = 2, 1
+
 
 def ring_of(workers: int) -> HashRing | None:
     return HashRing(nodes=[f"w{k}" for k in range(workers)]) if workers > 1 else None
@@ -82,8 +88,9 @@ class QueueOwners:
     def ring_owner(self, address: str) -> int:
         return int(self._ring.get_node(address)[1:]) if self._ring is not None else 0
 
-    def owner(self, address: str) -> int:
-        """The worker that holds local (or replicated) queue ``address``."""
+    def owner(self, address: str, weight: int = SERVED) -> int:
+        """The worker that holds local (or replicated) queue ``address``; ``weight``: what it
+        weighs if this is the name's first use on the node (``BACKUP``: a replication link)."""
         if self._ring is None:
             return 0
         if address.startswith(self._temp):
@@ -94,7 +101,7 @@ class QueueOwners:
             return self.ring_owner(address)
         owner = self._known.get(address)
         if owner is None:
-            owner = self.ask(address)
+            owner = self.ask(address) if weight == SERVED else self.ask(address, weight=weight)
             if len(self._known) < MAX_ASSIGNED:
                 self._known[address] = owner
         return owner
@@ -105,14 +112,14 @@ class QueueOwners:
         owner = self._known[address] = self.ask(address, claim=True)
         return owner
 
-    def owner_of_kind(self, kind: str, address: str) -> int | None:
+    def owner_of_kind(self, kind: str, address: str, weight: int = SERVED) -> int | None:
         """The worker that serves an address routed as ``kind`` (a local or a replicated queue:
         its owner, issue #45: each copy of a replicated queue on this node, its claim in etcd
         and its replication links are that worker's); None: any worker (its own
         links: proxy rules have upstream connections in every worker, fragmented queues a
         fragment or their own links to the members)."""
         if kind in ("local", "replicated"):
-            return self.owner(address)
+            return self.owner(address, weight)
         return None
 
     def upstream_owner(self, index: int, max_connections: int, per_worker: int) -> int | None:
@@ -128,8 +135,10 @@ class QueueOwners:
 
 class OwnerTable:
     """The supervisor's table of owners (issue #45): a name seen for the first time goes to the
-    worker that owns the fewest queues (its ring owner when that one is among the fewest), so
-    N queues on W workers are never more than one apart, where the ring alone put 4 of 16
+    worker with the fewest queues of its weight (a queue whose clients it serves weighs
+    ``SERVED``, a backup copy ``BACKUP``), then the least weight in all, then its ring owner
+    when that one is among them; so N queues of one weight on W workers are never more than
+    one apart, and 8 served queues and 8 backups on 8 workers are one of each, where the ring alone put 4 of 16
     queues on one worker of 16 and none on 7. Kept in ``path`` (a JSON line per name), so a
     node started again with as many workers finds its durable queues' journals where their
     owner is; a worker's recovered queues are claimed for it (``owner(name, claim=K)``).
@@ -139,7 +148,8 @@ class OwnerTable:
         self.workers = workers
         self.ring = ring_of(workers)
         self.assigned: dict[str, int] = {}
-        self.load = [0] * workers
+        self.load = [0] * workers  # the weight of each worker's queues
+        self.kinds: dict[int, list[int]] = {}  # weight -> how many queues of it each worker has
         self.path = path
         self._file = None
         if path is not None:
@@ -157,17 +167,18 @@ class OwnerTable:
             except (orjson.JSONDecodeError, ValueError, TypeError):
                 continue  # a line cut short by a crash
             if isinstance(name, str) and isinstance(owner, int) and 0 <= owner < self.workers:
-                if name not in self.assigned:
-                    self.load[owner] += 1
-                else:
-                    self.load[self.assigned[name]] -= 1
-                    self.load[owner] += 1
+                counts = self.kinds.setdefault(SERVED, [0] * self.workers)
+                if name in self.assigned:  # weights are not kept: each counts as SERVED
+                    self.load[self.assigned[name]] -= SERVED
+                    counts[self.assigned[name]] -= 1
+                self.load[owner] += SERVED
+                counts[owner] += 1
                 self.assigned[name] = owner
 
     def ring_owner(self, name: str) -> int:
         return int(self.ring.get_node(name)[1:]) if self.ring is not None else 0
 
-    def owner(self, name: str, claim: int | None = None) -> int:
+    def owner(self, name: str, claim: int | None = None, weight: int = SERVED) -> int:
         owner = self.assigned.get(name)
         if owner is not None:
             return owner
@@ -176,11 +187,15 @@ class OwnerTable:
         elif len(self.assigned) >= MAX_ASSIGNED:
             return self.ring_owner(name)
         else:
-            fewest = min(self.load)
+            # the fewest queues of this weight, then the least weight in all, then the ring's
+            same = self.kinds.setdefault(weight, [0] * self.workers)
+            least = min(range(self.workers), key=lambda k: (same[k], self.load[k]))
             preferred = self.ring_owner(name)
-            owner = preferred if self.load[preferred] == fewest else self.load.index(fewest)
+            owner = preferred if (same[preferred], self.load[preferred]) == (
+                same[least], self.load[least]) else least
         self.assigned[name] = owner
-        self.load[owner] += 1
+        self.load[owner] += weight
+        self.kinds.setdefault(weight, [0] * self.workers)[owner] += 1
         if self._file is not None:
             self._file.write(orjson.dumps([name, owner]) + b"\n")
             self._file.flush()  # in the OS's hands: a crash of the node keeps it

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 
 from proxy.amqp.connection import Identity
-from proxy.workers.ownership import CONSUMER, PRODUCER
+from proxy.workers.ownership import BACKUP, CONSUMER, PRODUCER, SERVED
 
 log = logging.getLogger("fedgate.placement")
 
@@ -56,7 +56,9 @@ class Placement:
         if decision.kind == "fragmented":
             role = CONSUMER if attach.receiver else PRODUCER
             return {"to": None, "balance": [decision.remote_address or attach.address, role]}
-        owner = worker.owners.owner_of_kind(decision.kind, attach.address)
+        # a primary's replication link is a backup copy's first use: it weighs less
+        weight = BACKUP if attach.replication else SERVED
+        owner = worker.owners.owner_of_kind(decision.kind, attach.address, weight)
         return None if owner is None or owner == worker.index else {"to": owner}
 
     def hand_over(self, protocol: "AmqpProtocol", where: dict, fd: int, frames: bytes,

@@ -41,7 +41,7 @@ import orjson
 from proxy.config.compat import SUPERVISOR_VERSION
 from proxy.config.settings import Config
 from proxy.config.version import version as release_version
-from proxy.workers.ownership import OwnerTable, balanced_worker
+from proxy.workers.ownership import BACKUP, SERVED, OwnerTable, balanced_worker
 from proxy.workers.worker import MAX_HANDOVER
 
 log = logging.getLogger("fedgate.supervisor")
@@ -205,7 +205,8 @@ class Supervisor:
             await self._spawn(worker)
 
     def _answer_owner(self, worker: WorkerProcess) -> None:
-        """``Q<name>``: the owner of queue ``name`` (decided now if nobody asked before);
+        """``Q<name>``: the owner of queue ``name`` (decided now if nobody asked before;
+        ``B<name>``: the same, first used as a backup copy, which weighs less);
         ``K<name>``: the same, this worker's if nobody has it yet (its journal brought it
         back). Answered ``A<worker>``."""
         channel = worker.owner_channel
@@ -221,7 +222,8 @@ class Supervisor:
                 return
             name = question[1:].decode("utf-8", "replace")
             claim = worker.index if question[:1] == b"K" else None
-            owner = self.owners.owner(name, claim=claim)
+            owner = self.owners.owner(name, claim=claim,
+                                      weight=BACKUP if question[:1] == b"B" else SERVED)
             if claim is not None and owner != claim:
                 log.error("worker %d brought queue %r back from its journal, but worker %d owns "
                           "it: those messages stay in worker %d's journal", worker.index, name,

@@ -68,7 +68,7 @@ import orjson
 
 from routing import Decision, Rule, UpstreamOptions
 
-from .ownership import QueueOwners
+from .ownership import SERVED, QueueOwners
 
 log = logging.getLogger("fedgate.workers")
 
@@ -105,11 +105,12 @@ class WorkerContext:
     def url(self, worker: int) -> str:
         return f"amqp+unix://{self.socket_path(worker)}"
 
-    def ask_owner(self, name: str, claim: bool = False) -> int:
+    def ask_owner(self, name: str, claim: bool = False, weight: int = SERVED) -> int:
         """The supervisor's owner of queue ``name`` (``claim``: this worker's, unless it has one
-        already: a queue its journal brought back). Asked once per name (QueueOwners keeps
-        the answer), blocking: the supervisor answers from memory, never waiting on a worker."""
-        question = (b"K" if claim else b"Q") + name.encode()
+        already: a queue its journal brought back; ``weight`` BACKUP: first used as a backup
+        copy). Asked once per name (QueueOwners keeps the answer), blocking: the supervisor
+        answers from memory, never waiting on a worker."""
+        question = (b"K" if claim else b"Q" if weight == SERVED else b"B") + name.encode()
         try:
             self.owner_channel.settimeout(OWNER_TIMEOUT)
             self.owner_channel.send(question)

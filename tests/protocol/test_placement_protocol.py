@@ -9,13 +9,15 @@ from proton import Connection, Message, Transport
 
 from proxy.amqp.connection import AMQP_HEADER, Identity, ServerConnection
 from proxy.amqp.first_attach import MAX_HELD, only_open_and_begin, sniff
+from proxy.amqp.termini import set_capabilities
 from proxy.broker.handler import ClientHandler
 from proxy.workers.ownership import CONSUMER, PRODUCER, balanced_worker
 
 
 # -- the frames a client sends, as proton writes them --------------------------------
 def client_frames(*, sender: str | None = None, receiver: str | None = None,
-                  dynamic: bool = False, relay: bool = False, links: bool = True) -> bytes:
+                  dynamic: bool = False, relay: bool = False, links: bool = True,
+                  capabilities: tuple[str, ...] = ()) -> bytes:
     """What a proton client writes after its AMQP header: open, begin, its attach."""
     connection, transport = Connection(), Transport()
     transport.bind(connection)
@@ -26,6 +28,8 @@ def client_frames(*, sender: str | None = None, receiver: str | None = None,
         if sender is not None or relay:
             link = session.sender("s")
             link.target.address = sender  # None: the anonymous relay (no target address)
+            if capabilities:
+                set_capabilities(link.target, capabilities)
             link.open()
         if receiver is not None or dynamic:
             link = session.receiver("r")
@@ -44,6 +48,18 @@ def test_the_first_attach_is_read_from_a_sender_and_from_a_receiver():
     assert (sent.state, sent.address, sent.receiver) == ("attach", "orders", False)
     got = sniff(client_frames(receiver="orders"))
     assert (got.state, got.address, got.receiver) == ("attach", "orders", True)
+
+
+def test_a_primary_replication_link_is_told_apart_from_a_client_sender():
+    """A backup copy's first use weighs less in the owners' table (issue #45)."""
+    from proxy.replication.links import REPLICATION
+
+    assert not sniff(client_frames(sender="orders")).replication
+    assert not sniff(client_frames(sender="orders", capabilities=("queue",))).replication
+    pushed = sniff(client_frames(sender="orders", capabilities=(REPLICATION,)))
+    assert (pushed.state, pushed.address, pushed.replication) == ("attach", "orders", True)
+    both = sniff(client_frames(sender="orders", capabilities=("queue", REPLICATION)))
+    assert both.replication
 
 
 def test_an_incomplete_frame_waits_and_open_and_begin_pass_to_proton():

@@ -121,6 +121,30 @@ def test_the_table_prefers_the_ring_owner_among_the_least_loaded_and_answers_the
     assert sorted([first, *others]) == [0, 1, 2, 3]
 
 
+def test_backup_copies_weigh_half_so_each_worker_gets_as_many_served_queues_as_backups():
+    """16 replicated queues on a node of 8 workers, half of them served here (their clients
+    attach here) and half backup copies (first used by a primary's replication link): in
+    whatever order they come, no worker serves two queues' clients while another has only
+    backups (on 16 cores a served queue costs a worker about twice what a backup does)."""
+    import random
+
+    from proxy.workers.ownership import BACKUP, SERVED, OwnerTable
+
+    for seed in range(50):
+        kinds = [SERVED] * 8 + [BACKUP] * 8
+        random.Random(seed).shuffle(kinds)
+        table = OwnerTable(8)
+        served = collections.Counter()
+        for i, weight in enumerate(kinds):
+            owner = table.owner(f"rep.q{i}", weight=weight)
+            served[owner] += weight == SERVED
+        assert table.load == [SERVED + BACKUP] * 8, (seed, table.load)
+        assert sorted(served.values()) == [1] * 8, (seed, served)
+    counted = OwnerTable(8)  # all of one weight: as before, never more than one apart
+    counts = collections.Counter(counted.owner(f"q{i}", weight=BACKUP) for i in range(20))
+    assert max(counts.values()) - min(counts.values()) <= 1
+
+
 def test_the_table_is_kept_and_read_again_and_a_claim_wins_only_for_a_new_name(tmp_path):
     from proxy.workers.ownership import OwnerTable
 
@@ -135,7 +159,7 @@ def test_the_table_is_kept_and_read_again_and_a_claim_wins_only_for_a_new_name(t
     again = OwnerTable(4, path)
     assert {name: again.owner(name) for name in owners} == owners
     assert again.owner("journaled") == 3
-    assert sum(again.load) == 11
+    assert sum(again.load) == 11 * 2  # each kept name counts as a served queue (SERVED, 2)
     fewer = OwnerTable(2, path)  # started with fewer workers: names of workers 2, 3 go again
     assert all(fewer.owner(name) in (0, 1) for name in owners)
 
