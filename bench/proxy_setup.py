@@ -59,8 +59,15 @@ class Primary:
         elif name == "fedgate":
             self.tmp = tempfile.mkdtemp(prefix="fedgate-bench-primary-")
             self.port, self.template = h.free_port(), "{1}"
+            extra = []
+            if getattr(args, "primary_credit", None):  # the primary's grant to each producer
+                config = Path(self.tmp) / "primary.toml"
+                config.write_text(f'[node]\nid = "bench-primary"\n'
+                                  f'[queues]\ncredit_window = {args.primary_credit}\n')
+                extra = ["--config", str(config)]
             self.proc = h.start_fedgate_node(self.port, Path(self.tmp) / "data",
                                              log_path=Path(self.tmp) / "node.log",
+                                             extra_args=extra,
                                              ready_timeout=args.node_start_timeout)
             self.pid = self.proc.pid
         else:
