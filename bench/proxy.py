@@ -494,6 +494,9 @@ def main() -> int:
     parser.add_argument("--primary-credit", type=int, default=None,
                         help="a fedgate primary's [queues] credit_window (what it grants each "
                              "producer, direct or proxied); default: the node's own (1000)")
+    parser.add_argument("--node-credit", type=int, default=None,
+                        help="the proxy node's [queues] credit_window (the window of its proxied "
+                             "links); default: the node's own (1000)")
     parser.add_argument("--pool-size", type=int, default=1,
                         help="the rule's upstream.pool_size: connections per direction to the primary")
     parser.add_argument("--pairs", type=lambda v: [int(x) for x in v.split(",") if x], default=[1],

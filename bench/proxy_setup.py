@@ -108,8 +108,12 @@ class ProxyNode:
             f'[admin]\ntokens = [{{ token = "{ADMIN_TOKEN}", role = "read" }}]\n'
             f'[limits]\nmax_links_per_connection = 16\n'
             # --producer-window-growth: the proxied senders' window growth (1: fixed)
-            + (f'[queues]\nproducer_window_growth = {args.producer_window_growth}\n'
+            + ('[queues]\n' if getattr(args, "producer_window_growth", None)
+               or getattr(args, "node_credit", None) else "")
+            + (f'producer_window_growth = {args.producer_window_growth}\n'
                if getattr(args, "producer_window_growth", None) else "")
+            # --node-credit: the node's credit_window (its proxied links' windows)
+            + (f'credit_window = {args.node_credit}\n' if getattr(args, "node_credit", None) else "")
             + f'[[rules]]\nname = "px"\nmatch = "{rule_match}"\nkind = "proxy"\n'
             f'mirror_auto_delete = {"true" if mirror else "false"}\n'
             f'primary = "amqp://127.0.0.1:{port}"\nremote = "{template}"\n'
