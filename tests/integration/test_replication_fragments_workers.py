@@ -19,7 +19,10 @@ user would check:
   the same epoch, every id arrives, no duplicate;
 * the supervisor starts the worker again: it catches up as a backup of n1's fragment and gets
   it back (the owner record says n1, nobody serves ``jobs.a@n1``); more is sent, n1's own
-  producer into its own fragment; every id arrives, and at the end no fragment holds a message.
+  producer into its own fragment; every id arrives, and at the end no fragment holds a message;
+* worker 0 of n1 killed, the owner of ``jobs.c``: the same for ``jobs.c``, though n1's member
+  record goes with worker 0's lease for a moment; ``jobs.a``, served by worker 1, keeps its
+  primary and epoch and every id of it arrives.
 
 lease_ttl is 3 s; every wait is bounded.
 """
@@ -147,3 +150,68 @@ def test_a_worker_killed_is_a_failure_of_the_fragments_it_owned(start_node, etcd
              what="every fragment empty on every node, none adopted")
     print(f"worker 1 of n1 back as its fragment's primary {back:.2f} s after the kill; "
           f"runtime {time.monotonic() - began:.1f} s")
+
+
+def test_worker_0_killed_is_a_failure_of_its_fragments_and_of_the_member_record_a_moment(
+        start_node, etcd_url, cluster_name, clients):
+    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, RULE, workers=2)
+    n1, n2, n3 = nodes["n1"], nodes["n2"], nodes["n3"]
+    survivors = {"n2": n2, "n3": n3}  # n1's admin API is worker 0's: away while it restarts
+    streams = {}
+    for address in (ON_W0, ON_W1):
+        streams[address] = Workload(
+            clients, address,
+            senders=[(failover_urls(n1, n2, n3), "a"), (failover_urls(n2, n3, n1), "b"),
+                     (failover_urls(n3, n1, n2), "c")],
+            receivers=[failover_urls(n1, n2, n3), failover_urls(n2, n3, n1),
+                       failover_urls(n3, n1, n2)],
+            per_sender=PER_SENDER, rate=RATE, credit=CREDIT, failover=True).start()
+    backup = wait_in_sync(etcd_url, cluster_name, ON_W0, "n1", 10.0)["isr"][0]
+    wait_in_sync(etcd_url, cluster_name, ON_W1, "n1", 10.0)
+    assert [g["worker"] for g in groups_of(n1, ON_W0)] == [0]
+    epochs = {a: fragment_owner(etcd_url, cluster_name, a, "n1")["epoch"] for a in streams}
+    streams[ON_W0].wait_accepted(3 * 200, 20.0)
+
+    killed = time.time()
+    os.kill(worker_pid(n1, 0), signal.SIGKILL)
+    adopter = wait_for(lambda: adopted_by(survivors, ON_W0, "n1"), timeout=LEASE_TTL + 10.0,
+                       interval=0.05, what=f"a node serving {ON_W0}@n1")
+    took = time.time() - killed
+    assert adopter == backup, (adopter, backup)
+    assert fragment_owner(etcd_url, cluster_name, ON_W0, "n1") == \
+        {"resource": f"fragment/{ON_W0}/n1", "owner": adopter, "epoch": epochs[ON_W0] + 1}
+    outcomes = {a: load.result(timeout=60.0) for a, load in streams.items()}
+    for address, outcome in outcomes.items():
+        in_flight = streams[address].in_flight_sends(killed)
+        print(f"\nworker 0 of n1 killed: {address}: accepted {len(outcome.accepted)}, received "
+              f"{len(outcome.received)}, duplicates {outcome.duplicates}; bound: "
+              f"{3 * CREDIT} receivers' credit + {in_flight} sends in flight")
+        assert not outcome.corrupt
+        assert not outcome.lost, (address, sorted(outcome.lost)[:20])
+        assert all(s and s["error"] is None and s["accepted"] == PER_SENDER
+                   for s in outcome.senders), (address, outcome.senders)
+        assert outcome.duplicates <= 3 * CREDIT + in_flight, (address, outcome.duplicates)
+    # worker 1's queue keeps n1 as its fragment's primary, at the same epoch
+    assert fragment_owner(etcd_url, cluster_name, ON_W1, "n1") == \
+        {"resource": f"fragment/{ON_W1}/n1", "owner": "n1", "epoch": epochs[ON_W1]}
+    # worker 0 back: n1 a member again, a backup of its fragment of jobs.c, then its home
+    wait_owner(etcd_url, cluster_name, ON_W0, "n1", "n1", 30.0)
+    back = time.time() - killed
+    assert fragment_owner(etcd_url, cluster_name, ON_W0, "n1")["epoch"] == epochs[ON_W0] + 2
+    told = nodes[adopter].log_path.read_text()
+    in_sync = told.find(f"queue {ON_W0}@n1: in-sync backups now ['n1'] (epoch {epochs[ON_W0] + 1})")
+    handed = told.find(f"fragment {ON_W0}@n1: handed back to its home member n1")
+    assert 0 <= in_sync < handed, (in_sync, handed)
+    wait_for(lambda: adopted_by(nodes, ON_W0, "n1") is None, timeout=10.0,
+             what=f"nobody serving {ON_W0}@n1 any more")
+    last = Workload(clients, ON_W0, senders=[(n1.url, "h")], receivers=[n2.url],
+                    per_sender=200, rate=0, credit=CREDIT)
+    last.start()
+    end = last.result(timeout=30.0, quiet=0.5)
+    assert not end.lost and len(end.accepted) == 200 and end.duplicates == 0, end.senders
+    wait_for(lambda: (held := fragments_held(nodes, (ON_W1, ON_W0))) and
+             all(v == (0, 0) for v in held.values()) and
+             not any("@" in q for _, q in held), timeout=5.0,
+             what="every fragment empty on every node, none adopted")
+    print(f"{ON_W0}@n1 served on {adopter} {took:.2f} s after the kill; worker 0 of n1 back as "
+          f"its fragment's primary {back:.2f} s after")
