@@ -155,9 +155,10 @@ class FragmentGroup:
 
     def _worker_fragments(self, rule) -> dict[str, str]:
         """On a member node with workers: one fragment per worker (module note); empty
-        otherwise."""
+        otherwise, and with replicated fragments, whose queue one worker serves alone with
+        the node's one fragment (proxy.workers.ownership)."""
         worker = self.node.worker
-        if worker is None or worker.count < 2 or \
+        if worker is None or worker.count < 2 or replicas_of(rule) > 1 or \
                 self.node.node_id not in [m.key for m in rule.fragments]:
             return {}
         return {f"{self.node.node_id}/w{k}": worker.url(k) for k in range(worker.count)}

@@ -63,6 +63,7 @@ from proxy.paging.pager import Pager
 from proxy.paging.store import PageStore
 from proxy.queues.registry import QueueRegistry
 from proxy.server import AmqpProtocol
+from proxy.workers.ownership import replicated_fragments
 from proxy.workers.placement import Placement
 from proxy.admission import Admission
 from routing import RoutingTable, RuleSet, RuleValidationError
@@ -590,7 +591,9 @@ class Node:
         worker = self.worker
         if worker is not None and worker.count > 1 and worker.owner_channel is not None:
             # the supervisor's table names this worker the owner of what its journal holds
-            # (it does already, unless the table was lost: proxy.workers.ownership)
+            # (it does already, unless the table was lost: proxy.workers.ownership); a
+            # fragment of a fragmented queue with replicas, adopted or its own: that queue
+            resolve = self.routing.resolve
             for name, queue in list(self.queues.queues.items()):
                 if queue.messages and not name.startswith("tmp."):
-                    worker.owners.claim(name)
+                    worker.owners.claim(replicated_fragments(resolve, resolve(name), name) or name)

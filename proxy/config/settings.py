@@ -539,12 +539,7 @@ def _check_across_sections(config: Config) -> None:
     if config.cluster.enabled and config.cluster.advertise is None and config.listen[1] == 0:
         raise ConfigError("cluster.advertise", "with etcd, [node] listen needs a fixed port "
                           "(other nodes find this one by it), or set advertise")
-    # replicated queues run with any number of workers (issue #45); replicated fragments not yet
-    replicated = [r.get("name") for r in config.rules
-                  if r.get("kind") == "fragmented" and (r.get("replicas") or 1) > 1]
-    if replicated and config.node.workers != 1:
-        raise ConfigError("node.workers", f"replicated fragments (rules {', '.join(map(str, replicated))}) "
-                          "need workers = 1 for now (docs/replication.md)")
+    # replicated queues and replicated fragments run with any number of workers (issue #45)
     mechanisms = config.sasl.mechanisms
     if "PLAIN" in mechanisms and not config.sasl.users_file and config.oauth is None:
         raise ConfigError("sasl.users_file", "PLAIN needs a users file (or [oauth] tokens)")

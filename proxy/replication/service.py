@@ -169,15 +169,19 @@ class ReplicationService:
         self.entry(decision.address, decision.rule).attach(client, link)
 
     def owner_worker(self, resource: str) -> int | None:
-        """With workers (issue #45): the worker of this node that keeps ``resource`` (a queue's:
-        its owner, as for a local queue: proxy.workers.ownership), when it is another; None:
-        this process."""
+        """With workers (issue #45): the worker of this node that keeps ``resource``, when it
+        is another; None: this process. A queue's: its owner, as for a local queue; a
+        fragment's (``fragment/<queue>/<member>``): the owner of its fragmented queue, which
+        serves that queue on this node and every copy of its fragments here
+        (proxy.workers.ownership)."""
         worker = self.node.worker
         if worker is None or worker.count < 2:
             return None
         kind, _, rest = resource.partition("/")
+        if kind == "fragment":
+            rest = rest.rpartition("/")[0]
         # a name first used here by its primary's replication link: a backup copy (weighs less)
-        owner = worker.owners.owner(rest, BACKUP) if kind == "queue" else 0
+        owner = worker.owners.owner(rest, BACKUP)
         return None if owner == worker.index else owner
 
     def mine(self, resource: str) -> bool:

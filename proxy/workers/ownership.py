@@ -30,7 +30,13 @@ Exceptions to the ring:
 * fragmented queues: on a member node every worker has a fragment
   (``fragments.group``: producers enqueue on their own worker, consumers steal
   from the other workers, then from other nodes, when theirs is empty), and on
-  any other node every worker reaches the members itself: no forwarding.
+  any other node every worker reaches the members itself: no forwarding;
+* fragmented queues with replicated fragments (rule ``replicas`` > 1, issue
+  #45): owned as a replicated queue is, by the queue's name (``replicated_fragments``):
+  the owner worker alone serves the queue on this node (one fragment, this node's, as
+  a single process), keeps every copy of its fragments here (``fragment/<queue>/<m>``,
+  its claims, its replication links) and serves the adopted ``<queue>@<m>``; the
+  other workers forward every link of it there (docs/replication.md, "On every core").
 
 Placement (issue #36, ``proxy.amqp.first_attach``): a connection whose first
 attach names a local queue is handed to the queue's owner, so its messages
@@ -48,10 +54,30 @@ from dataclasses import dataclass, field
 import orjson
 from uhashring import HashRing
 
+from routing.replication import replicas_of
+
 
 def temp_prefix(node_id: str, worker: int) -> str:
     """The name prefix of the temporary queues worker ``worker`` makes."""
     return f"tmp.{node_id}.w{worker}."
+
+
+def replicated_fragments(resolve, decision, address: str) -> str | None:
+    """The fragmented queue with replicated fragments (rule ``replicas`` > 1) that ``address``
+    belongs to: itself, or the queue of an adopted fragment ``<queue>@<member>`` (a dead
+    member's fragment a backup serves, fragments.replicas) whatever rule matches that name;
+    None: not one. ``resolve``: the routing table's, ``decision``: its answer for ``address``."""
+    base, at, member = address.rpartition("@")
+    if at and base:
+        inner = resolve(base)
+        rule = inner.rule
+        if inner.kind == "fragmented" and rule is not None and replicas_of(rule) > 1 and \
+                member in {m.key for m in rule.fragments}:
+            return base
+    rule = decision.rule
+    if decision.kind == "fragmented" and rule is not None and replicas_of(rule) > 1:
+        return address
+    return None
 
 
 MAX_ASSIGNED = 200_000  # names the table records; beyond, new names go by the ring alone

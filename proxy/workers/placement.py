@@ -9,7 +9,9 @@ connection belongs:
 
 * a local queue another worker owns: that worker (``{"to": K}``), so the
   client's messages never cross to the owner one by one;
-* a fragmented queue: the supervisor's choice (``{"balance": [group, role]}``,
+* a fragmented queue with replicated fragments (or an adopted fragment of one):
+  the worker that owns it (``ownership.replicated_fragments``);
+* another fragmented queue: the supervisor's choice (``{"balance": [group, role]}``,
   ``ownership.balanced_worker``), so producers sit beside consumers;
 * anything else (this worker's own queue, a proxy rule, no address): here.
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 import logging
 
 from proxy.amqp.connection import Identity
-from proxy.workers.ownership import BACKUP, CONSUMER, PRODUCER, SERVED
+from proxy.workers.ownership import BACKUP, CONSUMER, PRODUCER, SERVED, replicated_fragments
 
 log = logging.getLogger("fedgate.placement")
 
@@ -52,12 +54,17 @@ class Placement:
         """The hand-over's head for a connection whose first attach is ``attach``
         (``first_attach.Sniffed``); None: it stays here."""
         worker = self.node.worker
-        decision = self.node.routing.resolve(attach.address)
+        resolve = self.node.routing.resolve
+        decision = resolve(attach.address)
+        # a primary's replication link is a backup copy's first use: it weighs less
+        weight = BACKUP if attach.replication else SERVED
+        queue = replicated_fragments(resolve, decision, attach.address)
+        if queue is not None:  # served by its owner alone (issue #45)
+            owner = worker.owners.owner(queue, weight)
+            return None if owner == worker.index else {"to": owner}
         if decision.kind == "fragmented":
             role = CONSUMER if attach.receiver else PRODUCER
             return {"to": None, "balance": [decision.remote_address or attach.address, role]}
-        # a primary's replication link is a backup copy's first use: it weighs less
-        weight = BACKUP if attach.replication else SERVED
         owner = worker.owners.owner_of_kind(decision.kind, attach.address, weight)
         return None if owner is None or owner == worker.index else {"to": owner}
 

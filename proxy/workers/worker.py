@@ -68,7 +68,7 @@ import orjson
 
 from routing import Decision, Rule, UpstreamOptions
 
-from .ownership import SERVED, QueueOwners
+from .ownership import SERVED, QueueOwners, replicated_fragments
 
 log = logging.getLogger("fedgate.workers")
 
@@ -144,7 +144,9 @@ class WorkerContext:
 
         def resolve_here(address: str) -> Decision:
             decision = resolve(address)
-            owner = owners.owner_of_kind(decision.kind, address)
+            queue = replicated_fragments(resolve, decision, address)
+            owner = owners.owner(queue) if queue is not None else \
+                owners.owner_of_kind(decision.kind, address)
             if decision.kind == "proxy" and decision.rule is not None and decision.rule.upstream:
                 upstream = decision.rule.upstream  # a node-wide cap on its connections
                 owner = owners.upstream_owner(me, upstream.max_connections,

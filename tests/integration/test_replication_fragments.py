@@ -22,12 +22,18 @@ a sender sending again what it had not seen settled. Checked, as a user would:
   received, duplicates at most the receivers' credit (deliveries out at the hand-back), and
   once the receivers are done no fragment on any node holds a message (nothing stranded).
 
+Run twice: on nodes of one process, and of ``workers = 2`` (issue #45: on each node one worker
+owns the queue, serves its fragment and keeps its copies; links landing on the other worker
+are forwarded to it, docs/replication.md "On every core"). The same checks hold.
+
 lease_ttl is 3 s; every wait is bounded; the test takes about 20 s.
 """
 
 from __future__ import annotations
 
 import time
+
+import pytest
 
 from admin_client import admin, wait_for
 from etcd_servers import cluster_name, etcd_url  # noqa: F401 (fixtures)
@@ -114,10 +120,11 @@ def first_after(lines, when: float) -> float | None:
     return min(times) if times else None
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_a_member_killed_mid_stream_its_fragment_is_served_by_its_backup_and_handed_back(
-        start_node, etcd_url, cluster_name, clients):
+        start_node, etcd_url, cluster_name, clients, workers):
     began = time.monotonic()
-    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, RULE)
+    nodes = replicated_nodes(start_node, [etcd_url], cluster_name, RULE, workers=workers)
     n1, n2, n3 = nodes["n1"], nodes["n2"], nodes["n3"]
 
     # -- backlogs on n1's fragments of NEAR and FAR, each kept on a backup --------------------

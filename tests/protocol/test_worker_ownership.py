@@ -86,6 +86,70 @@ def test_fragmented_routing_stays_on_the_worker_of_the_link():
         assert resolve("shared.q").kind == "fragmented"
 
 
+def test_a_fragmented_queue_with_replicated_fragments_and_its_adopted_names_go_to_its_owner():
+    # issue #45: one worker of a node serves such a queue (its fragment, its copies, the dead
+    # members' fragments it adopted); every other worker forwards its links there
+    from routing import RuleSet
+
+    rules = RuleSet.build([
+        {"name": "jobs", "match": "jobs.*", "kind": "fragmented", "fragments": ["n1", "n2"],
+         "replicas": 2},
+        {"name": "plain", "match": "plain.*", "kind": "fragmented", "fragments": ["n1", "n2"]},
+    ], peers={"n2": "amqp://127.0.0.1:1"}, node_id="n1")
+    owners = QueueOwners("n1", 2)
+    owner = owners.owner("jobs.a")
+    for index in range(2):
+        context = WorkerContext(index=index, count=2, data_dir=Path("/var/fg"), owners=owners)
+        resolve = context.resolver(rules.resolve)
+        for name in ("jobs.a", "jobs.a@n2", "jobs.a@n1"):
+            decision = resolve(name)
+            if index == owner:
+                assert decision.kind != "proxy", (index, name, decision)
+            else:
+                assert decision.kind == "proxy" and decision.remote_address == name, decision
+                assert decision.primary_url.endswith(f"worker-{owner}.sock")
+        assert resolve("plain.a").kind == "fragmented"  # not replicated: a fragment per worker
+
+
+def test_a_connection_whose_first_attach_names_a_replicated_fragmented_queue_goes_to_its_owner():
+    # placement (issue #36): to the queue's owner, not the balance of producers and consumers
+    from types import SimpleNamespace
+
+    from routing import RuleSet
+
+    from proxy.workers.placement import Placement
+
+    rules = RuleSet.build([
+        {"name": "jobs", "match": "jobs.*", "kind": "fragmented", "fragments": ["n1", "n2"],
+         "replicas": 2},
+        {"name": "plain", "match": "plain.*", "kind": "fragmented", "fragments": ["n1", "n2"]},
+    ], peers={"n2": "amqp://127.0.0.1:1"}, node_id="n1")
+    owners = QueueOwners("n1", 2)
+    owner = owners.owner("jobs.a")
+    for index in range(2):
+        node = SimpleNamespace(worker=SimpleNamespace(owners=owners, index=index),
+                               routing=SimpleNamespace(resolve=rules.resolve))
+        placement = Placement(node, None)
+        for address in ("jobs.a", "jobs.a@n2"):
+            for receiver in (False, True):
+                where = placement.where(SimpleNamespace(address=address, receiver=receiver))
+                assert where == (None if index == owner else {"to": owner}), (index, address)
+        where = placement.where(SimpleNamespace(address="plain.a", receiver=True))
+        assert where["to"] is None and where["balance"][0] == "plain.a"
+
+
+def test_replicated_fragments_are_accepted_on_a_node_of_several_workers(tmp_path):
+    from proxy.config.settings import load
+
+    path = tmp_path / "node.toml"
+    path.write_text('[node]\nid = "n1"\nworkers = 2\n\n[peers]\nn2 = "amqp://127.0.0.1:1"\n\n[[rules]]\nname = "jobs"\n'
+                    'match = "jobs.*"\nkind = "fragmented"\nfragments = ["n1"]\nreplicas = 1\n')
+    assert load(path).node.workers == 2
+    path.write_text(path.read_text().replace("replicas = 1", "replicas = 2")
+                    .replace('["n1"]', '["n1", "n2"]'))
+    assert load(path).node.workers == 2  # was refused: "need workers = 1 for now"
+
+
 def test_a_cap_on_upstream_connections_sends_the_other_workers_links_through_the_first():
     owners = QueueOwners("n1", 4)
     # no cap: every worker connects itself
