@@ -132,9 +132,9 @@ def test_a_connection_whose_first_attach_names_a_replicated_fragmented_queue_goe
         placement = Placement(node, None)
         for address in ("jobs.a", "jobs.a@n2"):
             for receiver in (False, True):
-                where = placement.where(SimpleNamespace(address=address, receiver=receiver))
+                where = placement.where(SimpleNamespace(address=address, receiver=receiver, replication=False))
                 assert where == (None if index == owner else {"to": owner}), (index, address)
-        where = placement.where(SimpleNamespace(address="plain.a", receiver=True))
+        where = placement.where(SimpleNamespace(address="plain.a", receiver=True, replication=False))
         assert where["to"] is None and where["balance"][0] == "plain.a"
 
 
