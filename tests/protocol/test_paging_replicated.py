@@ -148,3 +148,61 @@ def test_backups_page_their_copies_and_a_promoted_one_serves_from_disk(tmp_path)
         await world.close()
 
     run(play)
+
+
+def test_a_failover_with_deliveries_out_from_the_backups_runs_loses_no_id(tmp_path):
+    """Every node with a small budget: the backups hold the backlog in runs; a consumer at
+    the primary accepts the first 40 and holds 20 more unsettled (their acquires reach the
+    backups' runs). The primary is lost: the new one serves every id not accepted once, in
+    order, the 20 with their delivery-count raised; nothing else twice."""
+    async def play():
+        world = World(tmp_path)
+        nodes = await paging_cluster(world)
+        primary = await make_primary(world, nodes, "orders.r")
+        others = [n for n in "abc" if n != primary]
+        producer = await world.client(primary, "producer")
+        await fill(world, producer.sender("orders.r"), 300)
+        await world.quiet(0.05)
+        for name in others:
+            image = service(nodes[name]).addresses["orders.r"].backup.image
+            assert image.run_count > 250, f"{name}'s copy is not in runs"
+
+        consumer = await world.client(primary, "consumer")
+        receiver = consumer.receiver("orders.r")
+        receiver.flow(60)
+        await world.until(lambda: len(receiver.received) == 60, what="60 delivered")
+        receiver.settle(count=40)
+        first = [message.id for message, _ in receiver.received]
+        assert first == list(range(60))
+        await world.quiet(0.2)  # the acquires and dequeues reach the backups
+        for name in others:
+            image = service(nodes[name]).addresses["orders.r"].backup.image
+            assert image.depth == 260
+            assert sum(len(run.acquired or ()) for run in image.runs) > 10, \
+                "the unsettled deliveries are not marked in the runs"
+
+        await lose_node(world, nodes, primary)
+        await world.until(lambda: any(view(nodes[n], "orders.r").get("role") == "primary"
+                                      for n in others), timeout=TTL + 3, what="a new primary")
+        new = next(n for n in others if view(nodes[n], "orders.r").get("role") == "primary")
+        queue = nodes[new].queues.get("orders.r")
+        assert queue.depth == 260 and queue.paged_count > 200, "the new primary does not page"
+        again = await world.client(new, "again")
+        receiver = again.receiver("orders.r")
+        got = []
+        while len(got) < 260:
+            receiver.flow(10)
+            await world.until(lambda: len(receiver.received) >= min(260, len(got) + 10),
+                              what=f"{min(260, len(got) + 10)} of 260")
+            got = [message for message, _ in receiver.received]
+            receiver.settle()
+        await world.quiet(0.2)
+        assert [message.id for message in got] == list(range(40, 300)), "an id lost or twice"
+        for message in got:
+            assert message.body == body(message.id), "a body came back changed"
+            assert (message.delivery_count >= 1) == (message.id < 60), message.id
+        await world.until(lambda: nodes[new].pager.store.live_bytes == 0
+                          and nodes[new].queues.memory.paged == 0, what="every record let go")
+        await world.close()
+
+    run(play)
