@@ -206,3 +206,48 @@ def test_a_failover_with_deliveries_out_from_the_backups_runs_loses_no_id(tmp_pa
         await world.close()
 
     run(play)
+
+
+def test_a_backup_dropped_and_caught_up_again_lets_its_old_runs_go(tmp_path):
+    """Static pair, both with a small budget: the backup holds 300 messages in runs, is cut
+    off (the primary goes on alone after catchup_timeout), then healed: its new catch-up
+    lets the old runs' records go and brings all 400 back into runs, newest first; drained
+    at the primary, the backup's copy and page store empty too."""
+    rule = {**RULE, "replicas": 2, "nodes": ["a", "b"], "catchup_timeout": 4.0}
+    peers = {"a": "amqp://a:5672", "b": "amqp://b:5672"}
+
+    async def play():
+        world = World(tmp_path)
+        nodes = {n: await world.node(n, peers=peers, rules=[rule],
+                                     limits={"max_memory": BUDGET}, paging=PAGING)
+                 for n in "ab"}
+        primary = await make_primary(world, nodes, "orders.c")
+        backup = "b" if primary == "a" else "a"
+        producer = await world.client(primary, "producer")
+        sender = producer.sender("orders.c")
+        await fill(world, sender, 300)
+        await world.quiet(0.05)
+        image = service(nodes[backup]).addresses["orders.c"].backup.image
+        store = nodes[backup].pager.store
+        assert image.run_count > 250
+        before = store.live_bytes
+
+        world.network.partition(primary, backup)
+        for i in range(300, 400):
+            await world.until(lambda: sender.credit > 0, timeout=10, what=f"credit for {i}")
+            sender.send(body(i), message_id=i)
+        await world.until(lambda: sender.accepted() == 400, timeout=15, what="accepted alone")
+        world.network.heal(primary, backup)
+        await world.until(lambda: view(nodes[backup], "orders.c").get("copy", {}).get("in_sync")
+                          and image.depth == 400, timeout=15, what="caught up again")
+        await world.quiet(0.05)
+        assert image.run_count > 350, "the new catch-up is not in runs"
+        assert store.live_bytes < before * 400 / 300 * 1.1, "the old runs' records stayed live"
+
+        consumer = await world.client(primary, "consumer")
+        assert await drain(world, consumer, "orders.c", 400) == list(range(400))
+        await world.until(lambda: image.depth == 0 and store.live_bytes == 0,
+                          what="the backup's copy and records let go")
+        await world.close()
+
+    run(play)
