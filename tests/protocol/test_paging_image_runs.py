@@ -68,10 +68,10 @@ class Backup:
                 entry.journal_id = self.journal_of[value] = self.journal
             for entry in changes.removed:
                 self.journaled.append(entry.journal_id)
-            for _, entry in changes.rewritten:
+            for value, entry in changes.rewritten:
                 self.journaled.append(entry.journal_id)
                 self.journal += 1
-                entry.journal_id = self.journal
+                entry.journal_id = self.journal_of[value] = self.journal
 
     def contents(self) -> dict:
         """rid -> (body, acquired), in the copy's order, its runs turned into entries first
@@ -258,6 +258,37 @@ def test_a_new_catch_up_lets_the_runs_go_and_a_durable_copy_keeps_journal_ids(tm
         assert image.depth == 0 and image.runs == []
         assert sorted(entry.journal_id for entry in dropped) == sorted(
             backup.journal_of[v] for v in primary.index), "a journal record of the old copy stays"
+        backup.pager.close()
+
+    play(main())
+
+
+def test_a_durable_copy_promoted_from_runs_keeps_every_journal_id(tmp_path):
+    """The journal ids kept in a run's array come back with the entries a promotion makes
+    (the new primary's messages dequeue and rewrite those journal records)."""
+    async def main():
+        clock = Clock()
+        primary = ReplicaSet("q", epoch=1, clock=clock)
+        backup = Backup(tmp_path / "paging")
+        primary.attach("b", clock.now)
+        await ship(primary, backup, clock, durable=True)
+        enqueue(primary, 0, 800)
+        await ship(primary, backup, clock, durable=True)
+        image = backup.image
+        assert image.run_count >= 700
+        assert all(run.journal_ids is not None for run in image.runs)
+        rng = random.Random(3)
+        churn(primary, rng, 0.2)  # rewrites get new journal ids, dequeues drop theirs
+        await ship(primary, backup, clock, durable=True)
+        backup.pager.image_paged += image.unrun(backup.store)
+        for entry in image.messages.values():  # as BackupCopy.promote: a new body to count
+            if entry.acquired and entry.page is not None:
+                entry.payload = body(entry)
+                backup.pager.entry_gone(entry)
+        content = image.promote()
+        assert [value for value, _ in content] == sorted(primary.index)
+        assert {value: entry.journal_id for value, entry in content} == \
+            {value: backup.journal_of[value] for value in primary.index}
         backup.pager.close()
 
     play(main())
