@@ -24,7 +24,9 @@ Summary: per mode the medians, and the ratios paging / memory of the fill and dr
 
 ``--index`` measures only the index's bytes per waiting paged message, in this process
 with tracemalloc: a real queue, pager and page store (the I/O on the loop) filled from
-100,000 to 300,000 messages, with runs (docs/paging.md, "Runs") and message by message.
+100,000 to 300,000 messages, with runs (docs/paging.md, "Runs") and message by message;
+and a backup's copy (a ``ReplicaImage`` given a primary's batches), in runs (docs/paging.md,
+"A backup's copy in runs") and entry by entry.
 
 Results go to ``bench/results/paging.json`` (``--output -`` for none).
 """
@@ -243,6 +245,72 @@ def queue_index_bytes(runs: bool, body_bytes: int = 1024, first: int = 100_000,
     return asyncio.run(measure())
 
 
+def copy_index_bytes(runs: bool, durable: bool = False, body_bytes: int = 1024,
+                     first: int = 100_000, then: int = 300_000,
+                     budget: int = 16 * 1024 * 1024) -> dict:
+    """A backup's copy (``ReplicaImage``) with a real pager and page store (the I/O on the
+    loop), given batches of 512 enqueue events as a primary sends them: the memory traced
+    per paged message between ``first`` and ``then`` messages, in runs (docs/paging.md, "A
+    backup's copy in runs") or entry by entry; ``durable``: each entry gets a journal id."""
+    import asyncio
+    import tracemalloc
+
+    from proxy.paging.pager import Pager
+    from proxy.paging.store import PageStore
+    from proxy.queues.memory import MemoryUse
+    from proxy.replication.events import ENQUEUE, Batch, Event, rid
+    from proxy.replication.replica import ReplicaImage
+
+    payload = bytes(body_bytes)
+    image = ReplicaImage("index")
+    state = {"n": 0, "batch": 0}
+
+    async def fill(pager, count: int) -> None:
+        for _ in range(count // 512):
+            state["batch"] += 1
+            events = []
+            for _ in range(512):
+                state["n"] += 1
+                events.append(Event(ENQUEUE, rid(1, state["n"]), payload))
+            changes = image.apply(Batch(1, state["batch"], events))
+            pager.image_changes(image, changes)
+            if durable:
+                for _, entry in changes.added:
+                    entry.journal_id = state["n"] + 1_000_000_000
+            for _ in range(3):
+                await asyncio.sleep(0)
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    def paged(pager) -> int:
+        return image.run_count + sum(1 for e in image.messages.values() if e.page is not None)
+
+    async def measure() -> dict:
+        directory = Path(tempfile.mkdtemp(prefix="fedgate-index-"))
+        pager = Pager(PageStore(directory / "paging", threads=False), MemoryUse(budget),
+                      lambda: (), runs=runs)
+        pager.images = lambda: [image]
+        pager.start(asyncio.get_running_loop())
+        tracemalloc.start()
+        await fill(pager, first)
+        t1, p1 = tracemalloc.get_traced_memory()[0], paged(pager)
+        await fill(pager, then - first)
+        t2, p2 = tracemalloc.get_traced_memory()[0], paged(pager)
+        tracemalloc.stop()
+        result = {"runs": runs, "durable": durable, "messages": image.depth, "paged": p2,
+                  "run_objects": len(image.runs),
+                  "bytes_per_paged_message": round((t2 - t1) / max(1, p2 - p1), 2)}
+        if runs:  # what a promotion does first: the runs back as entries paged one by one
+            started = time.perf_counter()
+            image.unrun(pager.store)
+            result["unrun_seconds"] = round(time.perf_counter() - started, 3)
+        pager.close()
+        shutil.rmtree(directory, ignore_errors=True)
+        return result
+
+    return asyncio.run(measure())
+
+
 def fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -263,7 +331,11 @@ def main() -> int:
     if args.index:
         print(json.dumps({"per_message_objects": round(index_bytes(), 1),
                           "queue_message_by_message": queue_index_bytes(False),
-                          "queue_with_runs": queue_index_bytes(True)}, indent=1))
+                          "queue_with_runs": queue_index_bytes(True),
+                          "backup_copy_entry_by_entry": copy_index_bytes(False),
+                          "backup_copy_in_runs": copy_index_bytes(True),
+                          "durable_backup_copy_in_runs": copy_index_bytes(True, True)},
+                         indent=1))
         return 0
     h.require_c_clients()
     workdir = Path(tempfile.mkdtemp(prefix="fedgate-paging-bench-"))

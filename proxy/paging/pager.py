@@ -32,7 +32,7 @@ import logging
 import os
 from typing import Callable
 
-from proxy.paging.store import DEAD, PAGED, READING, STORED, WRITING, Page, PageStore
+from proxy.paging.store import DEAD, HEADER, PAGED, READING, STORED, WRITING, Page, PageStore
 
 log = logging.getLogger("fedgate.paging")
 
@@ -328,7 +328,10 @@ class Pager:
     # and read back one by one when the copy becomes a queue (``LocalQueue.enqueue`` of a
     # paged message: read for its header, then left on disk).
     def image_resident(self) -> int:
-        return sum(image.bytes for image in self.images()) - self.image_paged
+        return sum(image.bytes - image.run_bytes for image in self.images()) - self.image_paged
+
+    def image_runs_paged(self) -> int:
+        return sum(image.run_bytes for image in self.images())
 
     def image_changes(self, image, changes) -> None:
         """One applied batch: records of removed or rewritten entries die; added entries go
@@ -337,22 +340,39 @@ class Pager:
             self.entry_gone(entry)
         for _, entry in changes.rewritten:  # the body changed: the record is stale
             self.entry_gone(entry)
+        store = self.store
+        for segment, size in changes.dead_records:  # of the copy's runs
+            store.dead_records(segment, 1, HEADER.size + size)
         if not changes.added or self.bound:
             return
         memory = self.memory
         if memory.resident + self.image_resident() - self.writing <= memory.limit * LOW:
             return
-        fresh = [(entry.payload, entry) for _, entry in changes.added
-                 if entry.page is None and type(entry.payload) is bytes]
-        if fresh:
-            pages = self.store.write(fresh, self._entries_written)
-            for (_, entry), page in zip(fresh, pages):
-                entry.page = page
-                self.writing += page.size
-            self.paged_out += len(fresh)
+        if not self.runs:
+            self._write_entries(None, changes.added)
+            return
+        # in runs (image.runs_written, once written): the head's and the tail's apart, each
+        # in rid order, so that a run's rids are one stretch of the copy's order
+        fronts = {value for value, _ in changes.fronts}
+        self._write_entries(image, sorted(p for p in changes.added if p[0] in fronts))
+        self._write_entries(image, sorted(p for p in changes.added if p[0] not in fronts))
 
-    def _entries_written(self, done: list, error: OSError | None) -> None:
-        for entry, page in done:
+    def _write_entries(self, image, added: list) -> None:
+        fresh = [(entry.payload, (value, entry)) for value, entry in added
+                 if entry.page is None and type(entry.payload) is bytes]
+        if not fresh:
+            return
+        metas = None if image is None else \
+            [(0, 0, 0, 0.0, entry.journal_id, value, 0.0) for _, (value, entry) in fresh]
+        pages = self.store.write(fresh, lambda done, error: self._entries_written(
+            done, error, image), metas)
+        for (_, (_, entry)), page in zip(fresh, pages):
+            entry.page = page
+            self.writing += page.size
+        self.paged_out += len(fresh)
+
+    def _entries_written(self, done: list, error: OSError | None, image=None) -> None:
+        for (_, entry), page in done:
             self.writing -= page.size
             if error is not None:
                 if entry.page is page:
@@ -367,6 +387,8 @@ class Pager:
                     page.state = STORED
         if error is not None:
             self._check_bounds()
+        elif image is not None:  # still in the copy: runs (no object per message)
+            self.image_paged -= image.runs_written(done)
 
     def entry_gone(self, entry) -> None:
         """A backup's entry left its copy, or its body changed: its record is dead."""
@@ -396,5 +418,5 @@ class Pager:
                 "segments": len(store.segments), "max_disk": self.max_disk,
                 "min_free_disk": self.min_free_disk, "free_disk": self.free_disk,
                 "bound": self.bound, "paged_out": self.paged_out, "read_back": self.read_back,
-                "backups_paged_bytes": self.image_paged,
+                "backups_paged_bytes": self.image_paged + self.image_runs_paged(),
                 "error": str(store.error) if store.error else None}

@@ -460,7 +460,8 @@ class BackupCopy:
             return None
         if self.sink is not None:
             self.sink.fail(LAGGING, "replaced by a new replication link")
-        self._pages_removed(self._journal_removed(self.image.restart(epoch)))
+        store = getattr(getattr(self.node, "pager", None), "store", None)  # its runs' records
+        self._pages_removed(self._journal_removed(self.image.restart(epoch, store)))
         self.unconfirmed_at = self.unconfirmed_seen = None
         self.primary = primary
         announce(link)  # our release and features, in our answer (docs/upgrades.md)
@@ -540,6 +541,7 @@ class BackupCopy:
             self.sink = None
         pager = getattr(self.node, "pager", None)
         if pager is not None:  # out with a consumer: its delivery-count is raised, a new body
+            pager.image_paged += self.image.unrun(pager.store)  # runs: entries again
             for entry in self.image.messages.values():
                 if entry.acquired and entry.page is not None:
                     entry.payload = body(entry)
@@ -571,6 +573,7 @@ class BackupCopy:
         if self.sink is not None:
             self.sink.fail(LAGGING, f"queue {self.address}: copy dropped here")
             self.sink = None
+        self.image.close(getattr(getattr(self.node, "pager", None), "store", None))
         self._pages_removed(list(self.image.messages.values()))
 
     def describe(self) -> dict:

@@ -20,15 +20,20 @@ A batch whose epoch is lower than the highest this copy has seen is refused
 ``promote()`` makes the copy a queue's content: in rid order, and a message
 that was out with a consumer at the old primary comes again with its
 delivery-count raised (at-least-once, docs/replication.md).
+
+Paged stretches of the copy may be kept as runs (``proxy.replication.image_runs``,
+docs/paging.md "A backup's copy in runs"): ``runs``, outside ``messages``, no object per
+message; events on their rids are applied there.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.amqp import message_header
 
+from . import image_runs
 from .events import ACQUIRE, CATCHUP_DONE, DEQUEUE, ENQUEUE, FRONT, IN_SYNC, RELEASE, Batch
 
 
@@ -62,6 +67,8 @@ class Changes:
     added: list
     removed: list
     rewritten: list  # entries whose bytes changed
+    fronts: list = field(default_factory=list)  # (rid, entry) of ``added`` that came at the head
+    dead_records: list = field(default_factory=list)  # (segment, body size): runs' records
 
 
 class ReplicaImage:
@@ -76,14 +83,19 @@ class ReplicaImage:
         self.batches = 0  # applied, in all
         self.last_batch = 0  # the number of the last applied batch on the current link
         self.unknown = 0  # events naming a rid never seen outside a catch-up (counted, ignored)
+        self.runs: list = []  # image_runs.ImageRun, by first rid: paged, no object per message
+        self.run_bytes = 0  # bodies of the runs' live records (on disk only)
+        self.run_count = 0  # messages in runs
+        self.closed = False  # promoted or dropped: no more runs are made
 
-    def restart(self, epoch: int) -> list[Entry]:
-        """A new catch-up (a new link, maybe a new primary): the copy starts empty.
+    def restart(self, epoch: int, store=None) -> list[Entry]:
+        """A new catch-up (a new link, maybe a new primary): the copy starts empty (its runs'
+        records let go in ``store``, the node's page store).
 
         Returns the entries dropped (for the journal)."""
         if epoch < self.epoch:
             raise StaleEpoch(f"epoch {epoch} < {self.epoch}")
-        dropped = list(self.messages.values())
+        dropped = self.drop_runs(store) + list(self.messages.values())
         self.epoch = epoch
         self.messages.clear()
         self.bytes = 0
@@ -102,7 +114,9 @@ class ReplicaImage:
         for event in batch.events:
             kind, value = event.kind, event.rid
             entry = messages.get(value)
-            if kind == ENQUEUE:
+            if entry is None and self.runs and (found := image_runs.find(self.runs, value)):
+                image_runs.event(self, found[0], found[1], event, changes, Entry)
+            elif kind == ENQUEUE:
                 entry = Entry(bytes(event.payload))
                 messages[value] = entry
                 self.bytes += len(entry.payload)
@@ -120,6 +134,7 @@ class ReplicaImage:
                 messages.move_to_end(value, last=False)
                 self.bytes += len(entry.payload)
                 changes.added.append((value, entry))
+                changes.fronts.append((value, entry))
             elif kind == CATCHUP_DONE:
                 self.catching_up = False
                 self.early.clear()
@@ -154,13 +169,35 @@ class ReplicaImage:
         self.last_batch = batch.number
         return changes
 
+    def runs_written(self, done: list) -> int:
+        """A write of added entries was reported (the pager): those still here become runs;
+        their body bytes returned."""
+        return image_runs.make_runs(self, done)
+
+    def drop_runs(self, store) -> list:
+        """The runs' records let go (a new catch-up, the copy closed); the entries whose
+        journal records go too."""
+        return image_runs.drop(self, store, Entry) if self.runs else []
+
+    def close(self, store) -> None:
+        """The copy is promoted or dropped: no runs are made any more, those left let go."""
+        self.closed = True
+        self.drop_runs(store)
+
+    def unrun(self, store) -> int:
+        """The runs back as entries paged one by one (a promotion); their body bytes."""
+        return image_runs.unrun(self, store, Entry)
+
     @property
     def depth(self) -> int:
-        return len(self.messages)
+        return len(self.messages) + self.run_count
 
     def promote(self) -> list[tuple[int, Entry]]:
         """The copy as a queue's content, in rid order; what was out with a consumer comes
-        again with its delivery-count raised (§3.2.1: it may have been processed)."""
+        again with its delivery-count raised (§3.2.1: it may have been processed). Runs are
+        turned back into entries first (``image_runs.unrun``)."""
+        if self.runs:
+            raise RuntimeError("a copy's runs are turned into entries before its promotion")
         out = []
         for value, entry in self.messages.items():
             if entry.acquired:

@@ -75,13 +75,13 @@ def test_a_late_backup_catches_up_from_a_paged_primary_without_loading_it(tmp_pa
         await world.until(lambda: view(b, "orders.x").get("copy", {}).get("in_sync"),
                           what="the backup in sync")
         image = service(b).addresses["orders.x"].backup.image
-        assert len(image.messages) == 300
+        assert image.depth == 300
         assert queue.paged_count == paged, "the catch-up loaded the paged messages"
         assert a.queues.memory.resident <= a.queues.memory.ceiling
 
         consumer = await world.client("a", "consumer")
         assert await drain(world, consumer, "orders.x", 300) == list(range(300))
-        await world.until(lambda: not image.messages, what="the backup's copy emptied too")
+        await world.until(lambda: not image.depth, what="the backup's copy emptied too")
         await world.close()
 
     run(play)
@@ -128,9 +128,10 @@ def test_backups_page_their_copies_and_a_promoted_one_serves_from_disk(tmp_path)
         await world.quiet(0.05)
         for name in others:
             image = service(nodes[name]).addresses["orders.b"].backup.image
-            assert len(image.messages) == 300
+            assert image.depth == 300
             pager = nodes[name].pager
-            assert pager.image_paged > 250 * 1000, f"{name}'s copy is not paged"
+            assert pager.image_runs_paged() > 250 * 1000, f"{name}'s copy is not in runs"
+            assert len(image.messages) < 50 and image.run_count > 250
             assert pager.image_resident() <= BUDGET
 
         await lose_node(world, nodes, primary)
@@ -144,6 +145,109 @@ def test_backups_page_their_copies_and_a_promoted_one_serves_from_disk(tmp_path)
         assert await drain(world, consumer, "orders.b", 300) == list(range(300))
         await world.until(lambda: nodes[new].pager.store.live_bytes == 0
                           and nodes[new].queues.memory.paged == 0, what="every record let go")
+        await world.close()
+
+    run(play)
+
+
+def test_a_failover_with_deliveries_out_from_the_backups_runs_loses_no_id(tmp_path):
+    """Every node with a small budget: the backups hold the backlog in runs; a consumer at
+    the primary accepts the first 40 and holds 20 more unsettled (their acquires reach the
+    backups' runs). The primary is lost: the new one serves every id not accepted once, in
+    order, the 20 with their delivery-count raised; nothing else twice."""
+    async def play():
+        world = World(tmp_path)
+        nodes = await paging_cluster(world)
+        primary = await make_primary(world, nodes, "orders.r")
+        others = [n for n in "abc" if n != primary]
+        producer = await world.client(primary, "producer")
+        await fill(world, producer.sender("orders.r"), 300)
+        await world.quiet(0.05)
+        for name in others:
+            image = service(nodes[name]).addresses["orders.r"].backup.image
+            assert image.run_count > 250, f"{name}'s copy is not in runs"
+
+        consumer = await world.client(primary, "consumer")
+        receiver = consumer.receiver("orders.r")
+        receiver.flow(60)
+        await world.until(lambda: len(receiver.received) == 60, what="60 delivered")
+        receiver.settle(count=40)
+        first = [message.id for message, _ in receiver.received]
+        assert first == list(range(60))
+        await world.quiet(0.2)  # the acquires and dequeues reach the backups
+        for name in others:
+            image = service(nodes[name]).addresses["orders.r"].backup.image
+            assert image.depth == 260
+            assert sum(len(run.acquired or ()) for run in image.runs) > 10, \
+                "the unsettled deliveries are not marked in the runs"
+
+        await lose_node(world, nodes, primary)
+        await world.until(lambda: any(view(nodes[n], "orders.r").get("role") == "primary"
+                                      for n in others), timeout=TTL + 3, what="a new primary")
+        new = next(n for n in others if view(nodes[n], "orders.r").get("role") == "primary")
+        queue = nodes[new].queues.get("orders.r")
+        assert queue.depth == 260 and queue.paged_count > 200, "the new primary does not page"
+        again = await world.client(new, "again")
+        receiver = again.receiver("orders.r")
+        got = []
+        while len(got) < 260:
+            receiver.flow(10)
+            await world.until(lambda: len(receiver.received) >= min(260, len(got) + 10),
+                              what=f"{min(260, len(got) + 10)} of 260")
+            got = [message for message, _ in receiver.received]
+            receiver.settle()
+        await world.quiet(0.2)
+        assert [message.id for message in got] == list(range(40, 300)), "an id lost or twice"
+        for message in got:
+            assert message.body == body(message.id), "a body came back changed"
+            assert (message.delivery_count >= 1) == (message.id < 60), message.id
+        await world.until(lambda: nodes[new].pager.store.live_bytes == 0
+                          and nodes[new].queues.memory.paged == 0, what="every record let go")
+        await world.close()
+
+    run(play)
+
+
+def test_a_backup_dropped_and_caught_up_again_lets_its_old_runs_go(tmp_path):
+    """Static pair, both with a small budget: the backup holds 300 messages in runs, is cut
+    off (the primary goes on alone after catchup_timeout), then healed: its new catch-up
+    lets the old runs' records go and brings all 400 back into runs, newest first; drained
+    at the primary, the backup's copy and page store empty too."""
+    rule = {**RULE, "replicas": 2, "nodes": ["a", "b"], "catchup_timeout": 4.0}
+    peers = {"a": "amqp://a:5672", "b": "amqp://b:5672"}
+
+    async def play():
+        world = World(tmp_path)
+        nodes = {n: await world.node(n, peers=peers, rules=[rule],
+                                     limits={"max_memory": BUDGET}, paging=PAGING)
+                 for n in "ab"}
+        primary = await make_primary(world, nodes, "orders.c")
+        backup = "b" if primary == "a" else "a"
+        producer = await world.client(primary, "producer")
+        sender = producer.sender("orders.c")
+        await fill(world, sender, 300)
+        await world.quiet(0.05)
+        image = service(nodes[backup]).addresses["orders.c"].backup.image
+        store = nodes[backup].pager.store
+        assert image.run_count > 250
+        before = store.live_bytes
+
+        world.network.partition(primary, backup)
+        for i in range(300, 400):
+            await world.until(lambda: sender.credit > 0, timeout=10, what=f"credit for {i}")
+            sender.send(body(i), message_id=i)
+        await world.until(lambda: sender.accepted() == 400, timeout=15, what="accepted alone")
+        world.network.heal(primary, backup)
+        await world.until(lambda: view(nodes[backup], "orders.c").get("copy", {}).get("in_sync")
+                          and image.depth == 400, timeout=15, what="caught up again")
+        await world.quiet(0.05)
+        assert image.run_count > 350, "the new catch-up is not in runs"
+        assert store.live_bytes < before * 400 / 300 * 1.1, "the old runs' records stayed live"
+
+        consumer = await world.client(primary, "consumer")
+        assert await drain(world, consumer, "orders.c", 400) == list(range(400))
+        await world.until(lambda: image.depth == 0 and store.live_bytes == 0,
+                          what="the backup's copy and records let go")
         await world.close()
 
     run(play)
