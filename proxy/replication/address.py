@@ -38,7 +38,7 @@ from routing.replication import replicas_of
 
 from . import eligible
 from .copies import BackupCopy, PrimaryCopy
-from .parked import PendingLink, hold_link, park, release_links  # noqa: F401  (re-exported)
+from .parked import PendingLink, hold_link, park, release_links, shed_stuck  # noqa: F401
 from .queue import ReplicatedQueue
 from .states import CopyState
 
@@ -184,30 +184,9 @@ class ReplicatedAddress:
         relay = self.service.relay_limit()
         if self.service.silent_peers.isolated:  # stood aside: known cut off from every peer
             relay = 0.1
-        loop.call_later(relay, self._shed_stuck, parked, description, relay, True)
-        loop.call_later(limit, self._shed_stuck, parked, description, limit, False)
+        loop.call_later(relay, shed_stuck, self, parked, description, relay, True)
+        loop.call_later(limit, shed_stuck, self, parked, description, limit, False)
         self._go_on()
-
-    def _shed_stuck(self, parked: list, description: str, waited: float, fenced_only: bool) -> None:
-        """Close (reset) the connection of each parked link still stuck after ``waited`` s:
-        neither served here nor attached on a node on the way to the primary. ``fenced_only``:
-        only while this node may not act (cut off from etcd)."""
-        if fenced_only and not self.service.cut_off():
-            return
-        for pending in parked:
-            handler = pending.handler
-            endpoint = handler.links.get(pending.link_ptr)
-            stuck = endpoint is pending or (endpoint is not None and not getattr(
-                endpoint, "up_attached", True))  # no primary, nor a node on the way to it
-            if stuck and getattr(handler.output, "close", None) is not None:
-                why = ("this node is cut off and no peer answers" if fenced_only
-                       else "no primary known")
-                log.warning("queue %s: %s after %.1f s: closing the connection of a link that "
-                            "waited for the primary", self.wire, why, waited)
-                # a reset, not a close frame, for Container clients (AmqpProtocol.close)
-                handler.output.close("amqp:connection:forced", f"{description}; {why} after "
-                                     f"{waited:g} s", reset=True)
-        self.node.broker.run_pending()
 
     def _proxy_ended(self, condition) -> bool:
         """The primary ended a proxy link made here: if it was fenced (it ends every link with
