@@ -38,7 +38,7 @@ from routing.replication import replicas_of
 
 from . import eligible
 from .copies import BackupCopy, PrimaryCopy
-from .parked import PendingLink, hold_link, park, release_links  # noqa: F401  (re-exported)
+from .parked import PendingLink, hold_link, park, release_links, shed_stuck  # noqa: F401
 from .queue import ReplicatedQueue
 from .states import CopyState
 
@@ -48,6 +48,7 @@ NOT_ALLOWED = "amqp:not-allowed"
 RETRY = 1.0  # seconds before trying again to settle who owns a queue
 HAND_BACK = 2.0  # seconds a fragment's home member is in sync before it gets the fragment back
 RECHECK = 0.2  # seconds before looking again when a claim lost to a changed record
+REFUSED_RETRY = 0.5  # seconds before a link the owner refused looks for it again
 
 
 @dataclass(frozen=True)
@@ -147,13 +148,25 @@ class ReplicatedAddress:
                 client.attach_queue_consumer(link, queue)
             return
         upstream = self.node.broker.upstreams.for_url(target, self.service.peer_options)
+        name = self._name_at(target)
         if link.is_sender:
-            endpoint = client.attach_proxy_consumer(link, upstream, self.address)
+            endpoint = client.attach_proxy_consumer(link, upstream, name)
         else:
-            endpoint = client.attach_proxy_producer(link, upstream, self.address)
+            endpoint = client.attach_proxy_producer(link, upstream, name)
         endpoint.moved = self._proxy_ended
         self.proxies = [p for p in self.proxies if not p.closed]
         self.proxies.append(endpoint)
+
+    def _name_at(self, url: str) -> str:
+        """The name the owner at ``url`` serves this copy under: a fragment's home member serves
+        it as its own fragment, under the fragmented queue's name; any other node as ``wire``
+        (``<address>@<member>``). Sent to the home as ``wire``, a parked link was refused (``it
+        moved``) and sent again at once, without end (docs/nemesis.md, 19). Not the owner's
+        URL (a relay): ``address``, as before."""
+        owner = self.owner[0] if self.owner is not None else None
+        if self.home is None or owner is None or url != self.service.url_of(owner):
+            return self.address
+        return self.wire.rpartition("@")[0] if owner == self.home else self.wire
 
     def clients_moved(self, queue, description: str, held: dict) -> None:
         """This node stopped being the primary (fenced, or the queue handed back): its clients'
@@ -184,30 +197,9 @@ class ReplicatedAddress:
         relay = self.service.relay_limit()
         if self.service.silent_peers.isolated:  # stood aside: known cut off from every peer
             relay = 0.1
-        loop.call_later(relay, self._shed_stuck, parked, description, relay, True)
-        loop.call_later(limit, self._shed_stuck, parked, description, limit, False)
+        loop.call_later(relay, shed_stuck, self, parked, description, relay, True)
+        loop.call_later(limit, shed_stuck, self, parked, description, limit, False)
         self._go_on()
-
-    def _shed_stuck(self, parked: list, description: str, waited: float, fenced_only: bool) -> None:
-        """Close (reset) the connection of each parked link still stuck after ``waited`` s:
-        neither served here nor attached on a node on the way to the primary. ``fenced_only``:
-        only while this node may not act (cut off from etcd)."""
-        if fenced_only and not self.service.cut_off():
-            return
-        for pending in parked:
-            handler = pending.handler
-            endpoint = handler.links.get(pending.link_ptr)
-            stuck = endpoint is pending or (endpoint is not None and not getattr(
-                endpoint, "up_attached", True))  # no primary, nor a node on the way to it
-            if stuck and getattr(handler.output, "close", None) is not None:
-                why = ("this node is cut off and no peer answers" if fenced_only
-                       else "no primary known")
-                log.warning("queue %s: %s after %.1f s: closing the connection of a link that "
-                            "waited for the primary", self.wire, why, waited)
-                # a reset, not a close frame, for Container clients (AmqpProtocol.close)
-                handler.output.close("amqp:connection:forced", f"{description}; {why} after "
-                                     f"{waited:g} s", reset=True)
-        self.node.broker.run_pending()
 
     def _proxy_ended(self, condition) -> bool:
         """The primary ended a proxy link made here: if it was fenced (it ends every link with
@@ -216,10 +208,12 @@ class ReplicatedAddress:
         name = condition.name if condition is not None else ""
         if name not in ("amqp:link:detach-forced", "amqp:not-found", "fedgate:stale-epoch"):
             return False
-        if self.service.automatic:
+        if self.service.automatic and name == "amqp:link:detach-forced":
             self._resolve()
-        else:
-            asyncio.get_running_loop().call_later(RETRY, self._go_on)
+        else:  # refused: looked for again after a pause, never at once (docs/nemesis.md, 19)
+            asyncio.get_running_loop().call_later(
+                REFUSED_RETRY if self.service.automatic else RETRY,
+                self._resolve if self.service.automatic else self._go_on)
         return True
 
     def _target(self) -> str | None:
@@ -252,10 +246,11 @@ class ReplicatedAddress:
         if url is None:
             return
         pool = self.node.broker.upstreams.for_url(url, self.service.peer_options)
-        live = []
+        name, live = self._name_at(url), []
         for endpoint in self.proxies:
             if endpoint.closed:
                 continue
+            endpoint.remote_address = endpoint.address = name
             if endpoint.upstream is not pool:
                 endpoint.rehome(pool)
             elif endpoint.up_state.value == "refused":  # parked on the same primary: again

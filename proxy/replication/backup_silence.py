@@ -17,6 +17,8 @@ of a node share one ``BackupSilence``:
   other queues drop it too, without listening again, until it answers.
 
 Pure bookkeeping on the times the caller gives: the event loop's, a virtual one in tests.
+``cut_off_alone`` is the judgement both of a primary's rules make from it (``copies.py``):
+whether this node, not its silent backups, is the one cut off.
 """
 
 from __future__ import annotations
@@ -61,6 +63,13 @@ class BackupSilence:
             return None
         return max(found, key=lambda entry: entry[0])
 
+    def alone(self, silent: set, members: set, node_id: str, now_heard: dict) -> bool:
+        """``cut_off_alone`` for ``silent`` backup nodes, every one a live member, on the note
+        taken when their silence crossed half a lease; without one, nothing to judge by."""
+        noted = self.listening(silent)
+        return (noted is not None and silent <= members
+                and cut_off_alone(silent, members, node_id, noted[1], now_heard))
+
     def judged(self, node: str) -> None:
         """A queue dropped ``node`` from its in-sync set while it owed an answer, after hearing
         other peers (or with its lease gone): the node's other queues drop it too."""
@@ -69,3 +78,15 @@ class BackupSilence:
 
     def was_judged(self, node: str) -> bool:
         return node in self._judged
+
+
+def cut_off_alone(silent: set, members: set, node_id: str, before: dict, now_heard: dict) -> bool:
+    """Whether this node is the one cut off (docs/replication.md, 5b): its ``silent`` in-sync
+    backups (every one still a live member: the caller checks) answer nothing, and no other
+    peer was heard since their silence began (``before``: the peers' activity then;
+    ``now_heard``: now). With no other peer, two or more silent backups say so too; one alone
+    tells nothing."""
+    heard = [peer for peer, seen in now_heard.items() if peer not in silent
+             and seen != before.get(peer)]
+    others = members - silent - {node_id}
+    return not heard and (bool(others) or len(silent) >= 2)

@@ -31,6 +31,7 @@ from proxy.paging.store import body
 from proxy.queues import durable as journal_queues
 from proxy.queues.local import StoredMessage
 
+from .backup_silence import cut_off_alone
 from .links import LAGGING, STALE_EPOCH, ReplicaSink, ReplicationPusher, announce
 from .primary import ReplicaSet
 from .replica import ReplicaImage, StaleEpoch
@@ -238,7 +239,7 @@ class PrimaryCopy:
         it (they hold everything accepted), this primary steps down (fenced, its claim
         released) so that one of them, which may reach the others, serves the queue (issue #42:
         a primary cut off from its peers but not from etcd held the queue, accepting nothing,
-        for as long as the cut lasted). Only with etcd: a static cluster has nobody to take over."""
+        for as long as the cut lasted); no other peer heard either: it stands aside. With etcd."""
         replica_set = self.replica_set
         if replica_set.min_in_sync < 2 or not self.service.automatic:
             self._stuck_since = None
@@ -257,9 +258,15 @@ class PrimaryCopy:
             # not this primary (issue #42: a backup cut off from its peers made the primary
             # step down, and the cut-off backup took the queue and could reach no copy)
             return False
-        self.service.stale(self.entry, f"nothing accepted for {now - self._stuck_since:.1f} s: the "
-                                       f"in-sync backups ({', '.join(sorted(replica_set.isr))}) do "
-                                       "not answer; one of them takes over")
+        why = (f"nothing accepted for {now - self._stuck_since:.1f} s: the in-sync backups "
+               f"({', '.join(sorted(replica_set.isr))}) do not answer; one of them takes over")
+        peers = replica_set.peers
+        if peers is not None and peers.alone(set(replica_set.isr), set(self.service.members()),
+                                             self.node_id, self.service.peer_activity()):
+            # no other peer heard either: it stands aside, its clients fail over now (finding 30)
+            self.entry.stand_aside(why + "; this node is the one cut off")
+        else:
+            self.service.stale(self.entry, why)
         return True
 
     def _cut_off_alone(self) -> bool:
@@ -305,11 +312,8 @@ class PrimaryCopy:
         members = set(self.service.members())
         if not silent <= members:
             return False  # a backup is gone: the silent ones are dropped (lagging)
-        now_heard = self.service.peer_activity()
-        heard = [peer for peer, seen in now_heard.items() if peer not in silent
-                 and seen != self._heard_before.get(peer)]
-        others = members - silent - {self.node_id}
-        if heard or (not others and len(silent) < 2):
+        if not cut_off_alone(silent, members, self.node_id, self._heard_before,
+                             self.service.peer_activity()):
             return False  # the backups are the ones cut off, or nothing tells: dropped
         if now - self._listening_since < lease / 2 + aside_margin(lease) - 0.01:
             # the silence was long already when this queue began to listen (its backups

@@ -4,14 +4,19 @@ A link attached while nobody knows where the queue is served is held with no
 credit (``hold_link``); a link whose queue this node stopped serving (fenced,
 handed back) is parked with what its producer had not had accepted (``park``,
 issue #42). Once the owner is known they are routed (``release_links``) as a
-new link would be, and what was held goes on through the new endpoint.
+new link would be, and what was held goes on through the new endpoint; those still stuck
+after a while have their connection reset for the client's failover list (``shed_stuck``).
 """
 
 from __future__ import annotations
 
+import logging
+
 from cproton import pn_delivery_settle, pn_delivery_settled
 
 from proxy.amqp import engine
+
+log = logging.getLogger("fedgate.replication")
 
 
 class PendingLink(engine.ClientLinkEndpoint):
@@ -126,3 +131,25 @@ def release_links(entry, keep=None):
         handler, link = pending.handler, pending.link
         if pending.link_ptr in handler.links and not link.state & link.REMOTE_CLOSED:
             yield pending, handler, link
+
+
+def shed_stuck(entry, parked: list, description: str, waited: float, fenced_only: bool) -> None:
+    """Close (reset) the connection of each link ``entry`` parked (``clients_moved``) still stuck
+    after ``waited`` s: neither served here nor attached on a node on the way to the primary.
+    ``fenced_only``: only while this node knows itself cut off (``service.cut_off``)."""
+    if fenced_only and not entry.service.cut_off():
+        return
+    for pending in parked:
+        handler = pending.handler
+        endpoint = handler.links.get(pending.link_ptr)
+        stuck = endpoint is pending or (endpoint is not None and not getattr(
+            endpoint, "up_attached", True))  # no primary, nor a node on the way to it
+        if stuck and getattr(handler.output, "close", None) is not None:
+            why = ("this node is cut off and no peer answers" if fenced_only
+                   else "no primary known")
+            log.warning("queue %s: %s after %.1f s: closing the connection of a link that "
+                        "waited for the primary", entry.wire, why, waited)
+            # a reset, not a close frame, for Container clients (AmqpProtocol.close)
+            handler.output.close("amqp:connection:forced", f"{description}; {why} after "
+                                 f"{waited:g} s", reset=True)
+    entry.node.broker.run_pending()

@@ -82,7 +82,8 @@ def _queue(op: dict) -> str:
 def episodes(history: list[dict], faults: list[dict], *, after: float = 10.0,
              consumer_credit: int = 50) -> list[dict]:
     """Per fault: first acceptance after its start, and the longest time without one from its
-    start to ``after`` seconds past its end (the worst queue's, each queue on its own);
+    start to ``after`` seconds past its end, or to the last enqueue sent if sooner (the worst
+    queue's, each queue on its own);
     p50/p99 invoke -> ok latency of enqueues invoked during it; duplicates (dequeues of a value
     seen before) from its start to ``after`` past its end, against what was in flight during
     it: the most enqueues without an outcome at any moment of it, plus every consumer's credit."""
@@ -110,10 +111,14 @@ def episodes(history: list[dict], faults: list[dict], *, after: float = 10.0,
             seen.add(op["value"])
     out = []
     starts = sorted(f["start"] for f in faults)
+    # nothing is sent after the workload's last invocation (the producers stop): no wait then
+    last_sent = max(invokes.values(), default=None)
     for fault in faults:
         start, end = fault["start"], fault["end"]
         # a wait caused by the next fault is that fault's, not this one's
         until = min([end + after] + [s for s in starts if s > start])
+        if last_sent is not None and start < last_sent < until:
+            until = last_sent
         first = min((t for times in oks.values() for t in times if t >= start), default=None)
         worst, worst_queue = _longest_gap(oks, start, until)
         producer_gap, producer = _longest_gap(by_producer, start, until)

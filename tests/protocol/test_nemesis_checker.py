@@ -75,3 +75,20 @@ def test_a_wait_caused_by_the_next_fault_is_that_faults():
         {"fault": "peers-cut", "target": "random", "node": "n3", "start": 15.0, "end": 21.0}])
     assert kill["longest_gap_s"] == 2.01
     assert cut["longest_gap_s"] == 6.0
+
+
+def test_the_last_faults_episode_ends_when_the_producers_stop():
+    """The schedule's last fault (a kill at 10-14 s) cost 2 s; the producers stopped at 20 s
+    (the schedule's end), 6 s after it: the episode ends there, not 10 s after the fault, where
+    the time after the last send counted as a wait (long seed 16, 2026-11-27: 5.07 s, failed,
+    for a queue served again after 2.4 s)."""
+    history = []
+    for i in range(24):
+        t = 8.0 + i * 0.5
+        if 10.0 <= t < 12.0:
+            continue
+        history += [op("invoke", "enqueue", f"v{i}", t, "p-q-n1"),
+                    op("ok", "enqueue", f"v{i}", t + 0.01, "p-q-n1")]
+    (kill,) = checker.episodes(history, [{"fault": "kill", "target": "primary", "node": "n1",
+                                          "start": 10.0, "end": 14.0}])
+    assert kill["longest_gap_s"] == 2.01 and kill["producer_gap_s"] == 2.01
