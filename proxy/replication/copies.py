@@ -219,9 +219,8 @@ class PrimaryCopy:
 
     def _next_look(self) -> float:
         """Seconds to the next look: ``LAG_CHECK``, or sooner when the in-sync backups' silence
-        crosses one of the marks the looks judge by (half a lease, a lease, a lease and the
-        margin) before then: a primary cut off stands aside at the mark, not up to a look
-        later."""
+        crosses a mark the looks judge by (half a lease, a lease, a lease and the margin): a
+        primary cut off stands aside at the mark, not up to a look later."""
         streams = [self.replica_set.streams.get(n) for n in self.replica_set.isr]
         if not self.service.automatic or not streams or None in streams:
             return LAG_CHECK
@@ -260,10 +259,9 @@ class PrimaryCopy:
             return False
         why = (f"nothing accepted for {now - self._stuck_since:.1f} s: the in-sync backups "
                f"({', '.join(sorted(replica_set.isr))}) do not answer; one of them takes over")
-        peers = replica_set.peers
+        peers = replica_set.peers  # no other peer heard either: it stands aside (finding 30)
         if peers is not None and peers.alone(set(replica_set.isr), set(self.service.members()),
                                              self.node_id, self.service.peer_activity()):
-            # no other peer heard either: it stands aside, its clients fail over now (finding 30)
             self.entry.stand_aside(why + "; this node is the one cut off")
         else:
             self.service.stale(self.entry, why)
@@ -394,9 +392,8 @@ class PrimaryCopy:
 
     # -- the end of the reign ---------------------------------------------------------------
     def fence(self, why: str) -> None:
-        """Stop acting at once (docs/replication.md): settle nothing more. Clients' links stay:
-        they wait for the new primary and go on there (``entry.clients_moved``), producers'
-        unconfirmed transfers with them."""
+        """Stop acting at once (docs/replication.md): settle nothing more. Clients' links stay to
+        go on at the new primary (``entry.clients_moved``), with producers' unconfirmed ones."""
         if self.fenced:
             return
         self.fenced = True
