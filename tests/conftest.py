@@ -351,7 +351,9 @@ def _uses_brokers(path) -> bool:
 FAULTS = ROOT / "tests" / "faults"
 # modules of the other process that balance the two (the side one was the shorter by about
 # 1.5 minutes before the rolling upgrade's 46 s came)
-SIDE_MODULES = ("test_rolling_upgrade.py",)
+SIDE_MODULES = ("test_rolling_upgrade.py",
+                # the seventh session's (about 1.5 minutes): the other process was the longer one
+                "test_replication_fragments_workers.py", "test_paging_replicated_tcp.py")
 
 
 def pytest_itemcollected(item):

@@ -104,9 +104,9 @@ def test_idle_group_uses_almost_no_cpu(start_node, clients):
                        timeout_ms=40000) for node in nodes.values()]
     time.sleep(2.0)  # let attaches settle before measuring
     before = {n: cpu_seconds(node.proc.pid) for n, node in nodes.items()}
-    time.sleep(10.0)  # the measurement window itself
+    time.sleep(6.0)  # the measurement window itself (CPU time is counted in 10 ms ticks)
     used = {n: cpu_seconds(node.proc.pid) - before[n] for n, node in nodes.items()}
-    assert all(seconds / 10.0 < 0.01 for seconds in used.values()), used
+    assert all(seconds / 6.0 < 0.01 for seconds in used.values()), used
     assert all(w.proc.poll() is None for w in waiting)  # consumers were attached all along
 
 
