@@ -6,6 +6,7 @@ Run from the repo root (after ``bash .ci/install/c-clients.sh``):
 
     .venv/bin/python bench/paging.py [--messages 2000000] [--body-bytes 1024]
                                      [--budget-mb 256] [--rounds 1]
+                                     [--artemis] [--artemis-heap-mb 1024]
 
 Two nodes, started once each with fresh data dirs, measured in alternating order per round:
 
