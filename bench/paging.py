@@ -6,6 +6,7 @@ Run from the repo root (after ``bash .ci/install/c-clients.sh``):
 
     .venv/bin/python bench/paging.py [--messages 2000000] [--body-bytes 1024]
                                      [--budget-mb 256] [--rounds 1]
+                                     [--artemis] [--artemis-heap-mb 1024]
 
 Two nodes, started once each with fresh data dirs, measured in alternating order per round:
 
@@ -17,6 +18,15 @@ fill), then the quiet C receiver takes all N (the drain). Each phase: msgs/s = N
 and the node's CPU µs per message (utime + stime from ``/proc``). The node's RSS is sampled
 every 100 ms; its peak above the RSS before the run is reported, and, from the node's admin
 API at the end of the fill, what it held in memory and on disk.
+
+``--artemis`` adds a third side-by-side mode, ``artemis``: ActiveMQ Artemis (the suite's
+install, ``.tools/artemis``) as a private instance made for the run in the bench's temporary
+folder (``artemis create``, its own free AMQP port: the suite's shared broker is not
+touched), JVM heap 1 GB (``--artemis-heap-mb``), the instance's default JVM flags, NIO
+journal. Its address-settings for ``bench-<round>`` page beyond ``max-size-bytes`` = the budget
+(``address-full-policy`` PAGE); the queues ``bench-<round>`` are ANYCAST queues declared in
+``broker.xml``. The same C sender and receiver, the JVM's CPU µs per message and RSS; "after
+fill" is the size of its ``data/paging`` folder (what it wrote to page files).
 
 Summary: per mode the medians, and the ratios paging / memory of the fill and drain rates
 (goals: fill >= 0.7, drain >= 0.5), and the paging node's peak RSS against budget + 150 MB
@@ -37,6 +47,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,7 +62,7 @@ import harness as h  # noqa: E402
 
 sys.path.insert(0, str(h.REPO_ROOT))
 
-MODES = ("memory", "paging")
+MODES = ("memory", "paging", "artemis")  # artemis: with --artemis or --modes
 GOALS = {"fill_ratio": 0.7, "drain_ratio": 0.5, "rss_over_budget_mb": 150}
 
 
@@ -106,6 +117,100 @@ class Node:
 
     def stop(self) -> None:
         h.stop_process(self.proc)
+        self.proc = None
+
+
+ARTEMIS_VERSION = os.environ.get("ARTEMIS_VERSION", "2.40.0")
+ARTEMIS_HOME = h.REPO_ROOT / ".tools" / "artemis" / f"apache-artemis-{ARTEMIS_VERSION}"
+
+
+def dir_bytes(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
+class ArtemisNode:
+    """A private Artemis instance, made in ``workdir/artemis`` with ``artemis create``:
+    AMQP on a free loopback port, paging beyond the budget for ``bench-<round>``."""
+
+    host = "127.0.0.1"
+    mode = "artemis"
+
+    def __init__(self, workdir: Path, args) -> None:
+        self.args = args
+        self.dir = workdir / "artemis"
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def create(self) -> None:
+        exe = ARTEMIS_HOME / "bin" / "artemis"
+        if not exe.exists():
+            raise h.BenchError(f"{exe} missing: bash .ci/install/artemis.sh installs it")
+        out = subprocess.run([str(exe), "create", str(self.dir), "--user", "fedgate",
+                              "--password", "fedgate", "--role", "amq", "--allow-anonymous",
+                              "--silent", "--no-web", "--no-autotune", "--nio",
+                              "--host", self.host, "--name", "fedgate-bench",
+                              "--java-memory", f"{self.args.artemis_heap_mb}M",
+                              "--no-hornetq-acceptor", "--no-mqtt-acceptor",
+                              "--no-stomp-acceptor"],
+                             capture_output=True, text=True, timeout=300,
+                             stdin=subprocess.DEVNULL)
+        if out.returncode != 0:
+            raise h.BenchError(f"artemis create failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+        self.port = h.free_port(self.host)
+        xml_path = self.dir / "etc" / "broker.xml"
+        xml = xml_path.read_text()
+        budget = self.args.budget_mb * 1024 * 1024
+
+        def sub1(pattern: str, repl: str, text: str) -> str:
+            new, n = re.subn(pattern, lambda m: repl, text, count=1, flags=re.S)
+            if n != 1:
+                raise h.BenchError(f"broker.xml: {pattern!r} not found")
+            return new
+
+        xml = sub1(r"<acceptors>.*?</acceptors>", f"""<acceptors>
+         <acceptor name="amqp">tcp://{self.host}:{self.port}?protocols=AMQP;useEpoll=true;tcpSendBufferSize=1048576;tcpReceiveBufferSize=1048576;amqpCredits=1000;amqpLowCredits=300;amqpMinLargeMessageSize=102400;amqpDuplicateDetection=false</acceptor>
+      </acceptors>""", xml)
+        # a 2-core shared machine can stall the broker: log, never halt; no disk blocking
+        xml = sub1(r"<critical-analyzer-policy>HALT</critical-analyzer-policy>",
+                   "<critical-analyzer-policy>LOG</critical-analyzer-policy>", xml)
+        xml = sub1(r"<max-disk-usage>90</max-disk-usage>", "<max-disk-usage>100</max-disk-usage>", xml)
+        names = [f"bench-{r}" for r in range(1, self.args.rounds + 1)]
+        # one setting per address: Artemis' wildcards match whole words ("a.#"), not "bench-#"
+        settings = "".join(f"""<address-setting match="{name}">
+            <address-full-policy>PAGE</address-full-policy>
+            <max-size-bytes>{budget}</max-size-bytes>
+            <page-size-bytes>10M</page-size-bytes>
+         </address-setting>
+         """ for name in names)
+        xml = sub1(r'(<address-setting match="#">)', settings + '<address-setting match="#">', xml)
+        queues = "".join(f"""
+         <address name="{name}"><anycast><queue name="{name}"/></anycast></address>"""
+                         for name in names)
+        xml = sub1(r"<addresses>", "<addresses>" + queues, xml)
+        xml_path.write_text(xml)
+
+    def start(self) -> None:
+        self.create()
+        self.proc = subprocess.Popen([str(self.dir / "bin" / "artemis"), "run"],
+                                     stdin=subprocess.DEVNULL,
+                                     stdout=open(self.dir / "console.log", "ab"),
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     cwd=str(self.dir))
+        h.wait_for_port(self.host, self.port, timeout=180, proc=self.proc)
+        log(f"artemis: broker pid {self.proc.pid} on {self.host}:{self.port}")
+
+    def memory(self) -> dict:
+        return {"paged_bytes": dir_bytes(self.dir / "data" / "paging")}
+
+    def stop(self) -> None:
+        h.stop_process(self.proc, timeout=30)
         self.proc = None
 
 
@@ -323,7 +428,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--credit", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=1800.0)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--modes", nargs="+", default=["memory", "paging"], choices=MODES)
+    parser.add_argument("--artemis", action="store_true",
+                        help="add the artemis mode (a private Artemis instance, paging)")
+    parser.add_argument("--artemis-heap-mb", type=int, default=1024)
     parser.add_argument("--output", default=str(h.REPO_ROOT / "bench" / "results" / "paging.json"))
     parser.add_argument("--index", action="store_true",
                         help="only the index's bytes per paged message, in this process")
@@ -337,9 +445,12 @@ def main() -> int:
                           "durable_backup_copy_in_runs": copy_index_bytes(True, True)},
                          indent=1))
         return 0
+    if args.artemis and "artemis" not in args.modes:
+        args.modes.append("artemis")
     h.require_c_clients()
     workdir = Path(tempfile.mkdtemp(prefix="fedgate-paging-bench-"))
-    nodes = [Node(mode, workdir, args) for mode in args.modes]
+    nodes = [ArtemisNode(workdir, args) if mode == "artemis" else Node(mode, workdir, args)
+             for mode in args.modes]
     rows = []
     try:
         for node in nodes:
@@ -377,6 +488,11 @@ def main() -> int:
                                       / summary["memory"]["fill_msgs_per_s"], 3)
         summary["drain_ratio"] = round(summary["paging"]["drain_msgs_per_s"]
                                        / summary["memory"]["drain_msgs_per_s"], 3)
+    if all(summary.get(m, {}).get("fill_msgs_per_s") for m in ("paging", "artemis")):
+        summary["artemis_vs_paging"] = {  # > 1: Artemis faster (rates) or costlier (CPU, RSS)
+            key: round(summary["artemis"][key] / summary["paging"][key], 3)
+            for key in ("fill_msgs_per_s", "fill_cpu_us_per_msg", "drain_msgs_per_s",
+                        "drain_cpu_us_per_msg", "rss_peak_mb")}
     if summary.get("paging", {}).get("rss_peak_mb") is not None:
         summary["paging_rss_over_budget_mb"] = round(
             summary["paging"]["rss_peak_mb"] - args.budget_mb, 1)
