@@ -233,17 +233,23 @@ def test_crossing_the_budget_and_back_keeps_the_order_for_a_promotion(tmp_path):
     play(main())
 
 
+async def durable_copy_in_runs(tmp_path):
+    """A durable backup caught up, then 800 enqueues shipped: its copy mostly in runs."""
+    clock = Clock()
+    primary = ReplicaSet("q", epoch=1, clock=clock)
+    backup = Backup(tmp_path / "paging")
+    primary.attach("b", clock.now)
+    await ship(primary, backup, clock, durable=True)
+    enqueue(primary, 0, 800)
+    await ship(primary, backup, clock, durable=True)
+    assert backup.image.run_count >= 700
+    return clock, primary, backup
+
+
 def test_a_new_catch_up_lets_the_runs_go_and_a_durable_copy_keeps_journal_ids(tmp_path):
     async def main():
-        clock = Clock()
-        primary = ReplicaSet("q", epoch=1, clock=clock)
-        backup = Backup(tmp_path / "paging")
-        primary.attach("b", clock.now)
-        await ship(primary, backup, clock, durable=True)
-        enqueue(primary, 0, 800)
-        await ship(primary, backup, clock, durable=True)
+        clock, primary, backup = await durable_copy_in_runs(tmp_path)
         image = backup.image
-        assert image.run_count >= 700
         gone = sorted(value for run in image.runs for value in run.rids)[:100]
         for value in gone:
             primary.dequeued(primary.index[value])
@@ -267,15 +273,8 @@ def test_a_durable_copy_promoted_from_runs_keeps_every_journal_id(tmp_path):
     """The journal ids kept in a run's array come back with the entries a promotion makes
     (the new primary's messages dequeue and rewrite those journal records)."""
     async def main():
-        clock = Clock()
-        primary = ReplicaSet("q", epoch=1, clock=clock)
-        backup = Backup(tmp_path / "paging")
-        primary.attach("b", clock.now)
-        await ship(primary, backup, clock, durable=True)
-        enqueue(primary, 0, 800)
-        await ship(primary, backup, clock, durable=True)
+        clock, primary, backup = await durable_copy_in_runs(tmp_path)
         image = backup.image
-        assert image.run_count >= 700
         assert all(run.journal_ids is not None for run in image.runs)
         rng = random.Random(3)
         churn(primary, rng, 0.2)  # rewrites get new journal ids, dequeues drop theirs

@@ -86,9 +86,9 @@ def test_fragmented_routing_stays_on_the_worker_of_the_link():
         assert resolve("shared.q").kind == "fragmented"
 
 
-def test_a_fragmented_queue_with_replicated_fragments_and_its_adopted_names_go_to_its_owner():
-    # issue #45: one worker of a node serves such a queue (its fragment, its copies, the dead
-    # members' fragments it adopted); every other worker forwards its links there
+def replicated_fragment_rules():
+    """``jobs.*``: fragments with replicas on n1 and n2; ``plain.*``: without. The rules, a
+    2-worker node's owners, and the owner of ``jobs.a``."""
     from routing import RuleSet
 
     rules = RuleSet.build([
@@ -97,7 +97,13 @@ def test_a_fragmented_queue_with_replicated_fragments_and_its_adopted_names_go_t
         {"name": "plain", "match": "plain.*", "kind": "fragmented", "fragments": ["n1", "n2"]},
     ], peers={"n2": "amqp://127.0.0.1:1"}, node_id="n1")
     owners = QueueOwners("n1", 2)
-    owner = owners.owner("jobs.a")
+    return rules, owners, owners.owner("jobs.a")
+
+
+def test_a_fragmented_queue_with_replicated_fragments_and_its_adopted_names_go_to_its_owner():
+    # issue #45: one worker of a node serves such a queue (its fragment, its copies, the dead
+    # members' fragments it adopted); every other worker forwards its links there
+    rules, owners, owner = replicated_fragment_rules()
     for index in range(2):
         context = WorkerContext(index=index, count=2, data_dir=Path("/var/fg"), owners=owners)
         resolve = context.resolver(rules.resolve)
@@ -115,17 +121,9 @@ def test_a_connection_whose_first_attach_names_a_replicated_fragmented_queue_goe
     # placement (issue #36): to the queue's owner, not the balance of producers and consumers
     from types import SimpleNamespace
 
-    from routing import RuleSet
-
     from proxy.workers.placement import Placement
 
-    rules = RuleSet.build([
-        {"name": "jobs", "match": "jobs.*", "kind": "fragmented", "fragments": ["n1", "n2"],
-         "replicas": 2},
-        {"name": "plain", "match": "plain.*", "kind": "fragmented", "fragments": ["n1", "n2"]},
-    ], peers={"n2": "amqp://127.0.0.1:1"}, node_id="n1")
-    owners = QueueOwners("n1", 2)
-    owner = owners.owner("jobs.a")
+    rules, owners, owner = replicated_fragment_rules()
     for index in range(2):
         node = SimpleNamespace(worker=SimpleNamespace(owners=owners, index=index),
                                routing=SimpleNamespace(resolve=rules.resolve))
