@@ -419,4 +419,5 @@ class Pager:
                 "min_free_disk": self.min_free_disk, "free_disk": self.free_disk,
                 "bound": self.bound, "paged_out": self.paged_out, "read_back": self.read_back,
                 "backups_paged_bytes": self.image_paged + self.image_runs_paged(),
+                "backups_resident_bytes": self.image_resident(),  # backups' bodies in memory
                 "error": str(store.error) if store.error else None}

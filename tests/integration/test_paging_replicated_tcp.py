@@ -66,6 +66,10 @@ def test_backups_hold_a_deep_replicated_backlog_in_runs_and_one_serves_it(
         print(f"\n{name}: copy of {count + 10} messages, RSS +{growth:.1f} MB, "
               f"{paging['backups_paged_bytes'] / 2**20:.1f} MB of it on disk (fill {fill:.1f} s)")
         assert paging["backups_paged_bytes"] >= count * size - 3 * budget, paging
+        # what the copy keeps in memory is said too, and it is within the budget
+        assert 0 < paging["backups_resident_bytes"] <= budget * 1.25, paging
+        assert paging["backups_paged_bytes"] + paging["backups_resident_bytes"] >= \
+            (count + 10) * size, paging
         # the budget (1.25 of it while the writer catches up), 12 bytes a message in runs
         # (3.6 MB) and a fixed margin; entry by entry the index alone would be 85 MB more
         assert growth < budget * 1.25 / 2**20 + 4 + 40, f"{name}'s RSS grew {growth:.1f} MB"
