@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from proxy.paging.store import STORED
 from proxy.queues.runs import RunQueue
 from proxy.queues.store import DEFAULT_PRIORITY, LEVELS, PriorityStore
 
@@ -155,11 +156,14 @@ class LevelRuns:
             if after <= keep:
                 break
             before = after - size
-            got = level.page_out(max(0, keep - before), wanted - freed)
+            window = max(0, keep - before)
+            got = level.page_out(window, wanted - freed)
             if got is None:  # its first message past the window may not be in a run
                 refused = True
                 got = 0
             freed += got
+            if level.runs and freed < wanted:  # read back or put back since: before its runs
+                freed += self._page_head(level, window, wanted - freed)
             if freed >= wanted:
                 break
             after = before
@@ -167,6 +171,34 @@ class LevelRuns:
             self.queue.messages = PriorityStore(self.iterate())
             return None
         return freed
+
+    def _page_head(self, level: RunQueue, keep: int, wanted: int) -> int:
+        """The newest of ``level``'s head past its window (read back, or released to it, while
+        higher levels were served), up to ``wanted`` bytes: a new run before its first, so
+        that ten heads never hold the memory. Not while a read-ahead is under way (its run
+        must stay the first)."""
+        head = level.head
+        if self.queue.reading or len(head) <= keep:
+            return 0
+        taken = []
+        size = 0
+        for index in range(len(head) - 1, keep - 1, -1):
+            message = head[index]
+            page = message.page
+            if size >= wanted or message.excluded or message.origin is not None or (
+                    page is not None and page.state != STORED):
+                break  # never in a run: the new run starts after it
+            taken.append(message)
+            size += len(message.payload)
+        if not taken:
+            return 0
+        front = RunQueue(self.queue, self.pager, deque(reversed(taken)), deque())
+        freed = front.page_out(0, size + 1)  # every one of them, as runs of their own
+        for _ in taken:
+            head.pop()
+        level.runs.extendleft(reversed(front.runs))
+        level.count += front.count
+        return freed or 0
 
     def read_ahead(self) -> bool:
         """The first run in delivery order read back (``RunQueue.read_ahead``) while fewer

@@ -395,3 +395,117 @@ def test_a_priority_message_at_a_fifo_queue_with_runs_keeps_them_as_level_4(tmp_
         await world.close()
 
     run(play)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_sends_takes_and_outcomes_give_what_the_in_memory_queue_gives(tmp_path, seed):
+    """Batches of random priorities, takes with random credit, each delivery accepted,
+    released or modified (delivery-failed) at random: node "a" (runs per level, no read on
+    the loop) and node "b" (no budget) deliver the same ids, counts and order."""
+    async def play():
+        world = World(tmp_path)
+        paged, plain, ca, cb = await nodes(world)
+        seen = {}
+        deepest = 0
+        for name, client in (("a", ca), ("b", cb)):
+            pick = random.Random(seed)
+            sender = client.sender("prio")
+            receiver = client.receiver("prio")
+            queue = (paged if name == "a" else plain).queues.get
+            sent = 0
+            for _ in range(14):
+                count = pick.randint(10, 90)
+                await send(world, sender, plan(count, sent, seed=seed * 100 + sent))
+                sent += count
+                await world.quiet(0.05)
+                if name == "a":
+                    deepest = max(deepest, in_runs(queue("prio")))
+                credit = pick.randint(1, 40)
+                before = len(receiver.received)
+                receiver.drain(credit)  # as many as wait, then the credit is used up
+                await world.until(lambda: receiver.credit == 0, what="the drain answered")
+                for _, delivery in receiver.received[before:]:
+                    roll = pick.random()
+                    if roll < 0.2:
+                        delivery.update(Delivery.RELEASED)
+                    elif roll < 0.35:
+                        delivery.local.failed = True
+                        delivery.update(Delivery.MODIFIED)
+                    else:
+                        delivery.update(Delivery.ACCEPTED)
+                    delivery.settle()
+                client.flush()
+                await world.quiet(0.05)
+            left = queue("prio").depth
+            rest = await take(world, client.receiver("prio"), left, credit=1)
+            seen[name] = [(m.id, m.delivery_count) for m, _ in receiver.received] + \
+                [(m.id, m.delivery_count) for m, _ in rest.received]
+        assert seen["a"] == seen["b"], "the paged queue's order or counts differ"
+        assert deepest > 100, "the backlog was never in runs"
+        assert paged.pager.store.reads_now == 0, "runs read on the loop (an unrun)"
+        await world.quiet(0.1)
+        all_back(paged, paged.queues.get("prio"))
+        await world.close()
+
+    run(play)
+
+
+def test_drop_head_takes_the_highest_level_s_head_out_of_its_runs(tmp_path):
+    """Overflow drop-head at a priority queue in runs drops what the in-memory queue drops
+    (the head of the highest level: its first run's front loaded at once)."""
+    async def play():
+        world = World(tmp_path)
+        paged, plain, ca, cb = await nodes(world, max_bytes=150_000, overflow="drop-head")
+        steps = plan(400, seed=31, levels=(2, 4, 7))
+        got = {}
+        for name, client in (("a", ca), ("b", cb)):
+            await send(world, client.sender("prio"), steps)
+            await world.quiet(0.05)
+            queue = (paged if name == "a" else plain).queues.get("prio")
+            kept = queue.depth
+            assert 100 < kept < 150 and queue.stats.dropped == 400 - kept
+            if name == "a":
+                assert in_runs(queue) > 50 and type(queue.messages) is LevelRuns
+            got[name] = ids_of(await take(world, client.receiver("prio"), kept, credit=1))
+        assert got["a"] == got["b"]
+        await world.quiet(0.1)
+        all_back(paged, paged.queues.get("prio"))
+        await world.close()
+
+    run(play)
+
+
+def test_the_delivery_limit_dead_letters_a_message_of_a_level_with_runs(tmp_path):
+    async def play():
+        world = World(tmp_path)
+        node = await paging_node(world, queue=[{"name": "prio", "delivery_limit": 2,
+                                                "dead_letter": "dlq"}])
+        client = await world.client("a")
+        steps = plan(200, seed=37, levels=(3, 5))
+        await send(world, client.sender("prio"), steps)
+        await world.quiet(0.05)
+        queue = node.queues.get("prio")
+        assert in_runs(queue) > 150
+        order = in_memory_order(steps)
+        for attempt in range(2):  # the first five fail twice: out at the limit
+            failing = client.receiver("prio", credit=5)
+            await world.until(lambda: len(failing.received) == 5, what="5 out")
+            assert sorted(ids_of(failing)) == sorted(order[:5])  # back one by one, at the head
+            for _, delivery in failing.received:
+                delivery.local.failed = True
+                delivery.update(Delivery.MODIFIED)
+                delivery.settle()
+            client.flush()
+            failing.link.close()
+            client.flush()
+            await world.quiet(0.05)
+        assert queue.stats.delivery_limited == 5 and queue.depth == 195
+        dead = ids_of(await take(world, client.receiver("dlq"), 5, credit=5))
+        assert sorted(dead) == sorted(order[:5])
+        got = ids_of(await take(world, client.receiver("prio"), 195, credit=15))
+        assert got == order[5:]
+        await world.quiet(0.1)
+        all_back(node, queue)
+        await world.close()
+
+    run(play)
