@@ -7,6 +7,8 @@ fills, and the admin API for what an operator sees:
 * a backlog of fifteen budgets is taken without stopping the producer, with the node's
   RSS bounded (the budget, the index, a fixed margin), then drained: every id once, in
   order, bodies checked;
+* a deep priority queue keeps runs per level: RSS bounded, each level counted, every id in
+  priority order;
 * kill -9 while paging: durable messages come back from the journal, every one once, and
   the page store left by the crash is emptied at start;
 * the disk bounds (``max_disk``, ``min_free_disk``) hold the producer at the budget, name
