@@ -149,6 +149,7 @@ class LevelRuns:
         after = len(self)  # messages up to the end of the level, in delivery order
         freed = 0
         refused = False
+        served = self._first_with_runs()  # its head is the read-ahead window, as in a FIFO
         for level in self.levels:
             size = len(level)
             if not size:
@@ -162,7 +163,7 @@ class LevelRuns:
                 refused = True
                 got = 0
             freed += got
-            if level.runs and freed < wanted:  # read back or put back since: before its runs
+            if level.runs and level is not served and freed < wanted:  # read back, put back
                 freed += self._page_head(level, window, wanted - freed)
             if freed >= wanted:
                 break
@@ -175,8 +176,9 @@ class LevelRuns:
     def _page_head(self, level: RunQueue, keep: int, wanted: int) -> int:
         """The newest of ``level``'s head past its window (read back, or released to it, while
         higher levels were served), up to ``wanted`` bytes: a new run before its first, so
-        that ten heads never hold the memory. Not while a read-ahead is under way (its run
-        must stay the first)."""
+        that ten heads never hold the memory. Not for the first level with runs from the top
+        (the one read ahead: its head is the window), nor while a read-ahead is under way
+        (the run being read must stay the first)."""
         head = level.head
         if self.queue.reading or len(head) <= keep:
             return 0
@@ -199,6 +201,13 @@ class LevelRuns:
         level.runs.extendleft(reversed(front.runs))
         level.count += front.count
         return freed or 0
+
+    def _first_with_runs(self) -> RunQueue | None:
+        for priority in range(self.high, -1, -1):
+            level = self.levels[priority]
+            if level.runs:
+                return level
+        return None
 
     def read_ahead(self) -> bool:
         """The first run in delivery order read back (``RunQueue.read_ahead``) while fewer

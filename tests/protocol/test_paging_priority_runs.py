@@ -509,3 +509,39 @@ def test_the_delivery_limit_dead_letters_a_message_of_a_level_with_runs(tmp_path
         await world.close()
 
     run(play)
+
+
+def test_heads_of_lower_levels_read_back_then_passed_by_higher_ones_go_back_to_disk(tmp_path):
+    """A level read back (its head filled by the read-ahead) and then passed by a higher
+    level keeps that head past the queue's window: nine such heads would hold more than the
+    budget. They are written as a run before the level's first (docs/paging.md)."""
+    async def play():
+        world = World(tmp_path)
+        node = await paging_node(world)
+        client = await world.client("a")
+        sender = client.sender("prio")
+        receiver = client.receiver("prio")
+        steps = []
+        for priority in range(1, 10):  # each level read back a little, then passed
+            batch = [(priority * 100 + i, priority) for i in range(60)]
+            steps += batch
+            await send(world, sender, batch)
+            await world.quiet(0.05)
+            before = len(receiver.received)
+            receiver.flow(2)
+            await world.until(lambda: len(receiver.received) == before + 2, what="2 more")
+            receiver.settle()
+        await world.quiet(0.1)
+        queue = node.queues.get("prio")
+        heads = sum(len(level.head) for level in queue.messages.levels)
+        assert node.queues.memory.resident <= BUDGET, \
+            f"{heads} messages in the levels' heads hold the memory"
+        taken = ids_of(receiver)
+        rest = ids_of(await take(world, client.receiver("prio"), len(steps) - 18, credit=20))
+        assert sorted(taken + rest) == sorted(i for i, _ in steps)
+        assert rest == [i for i in in_memory_order(steps) if i not in set(taken)]
+        await world.quiet(0.1)
+        all_back(node, queue)
+        await world.close()
+
+    run(play)
