@@ -545,3 +545,48 @@ def test_heads_of_lower_levels_read_back_then_passed_by_higher_ones_go_back_to_d
         await world.close()
 
     run(play)
+
+
+def test_a_durable_priority_queue_in_runs_dequeues_its_journal_and_restarts_in_order(tmp_path):
+    """Durable messages in a level's runs keep their journal ids in the records: settled
+    ones are dequeued from the journal; after a restart the rest come back in the priority
+    order (recovered messages page one by one until the queue has read them back)."""
+    journal = {"fsync": False, "segment_size": 16384}
+    steps = plan(200, seed=41)
+    order = in_memory_order(steps)
+
+    async def node_of(world):
+        return await world.node("a", limits={"max_memory": BUDGET},
+                                paging={"io_thread": False, "read_ahead": READ_AHEAD,
+                                        "segment_size": 16384},
+                                queues={"credit_window": 50, "durable": True}, journal=journal)
+
+    async def fill_take_and_stop():
+        world = World(tmp_path)
+        node = await node_of(world)
+        client = await world.client("a")
+        await send(world, client.sender("prio"), steps, durable=True)
+        await world.quiet(0.05)
+        queue = node.queues.get("prio")
+        assert in_runs(queue) > 150 and node.pager.store.reads_now == 0
+        got = ids_of(await take(world, client.receiver("prio"), 80, credit=10))
+        assert got == order[:80]
+        await world.quiet(0.1)
+        assert node.journal.live == 120, "the settled ones dequeued from the journal"
+        await world.close()
+
+    run(fill_take_and_stop)
+
+    async def restart():
+        world = World(tmp_path)
+        node = await node_of(world)
+        client = await world.client("a")
+        queue = node.queues.get("prio")
+        assert queue.depth == 120
+        got = ids_of(await take(world, client.receiver("prio"), 120, credit=10))
+        assert got == order[80:]
+        await world.quiet(0.2)
+        assert node.journal.live == 0
+        await world.close()
+
+    run(restart)
