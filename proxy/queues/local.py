@@ -143,7 +143,9 @@ class LocalQueue:
     page_writes: int = 0  # bodies being written one by one (not in runs)
     reading: bool = False
     pages: ClassVar[bool] = True  # whether the pager may take its messages' bodies to disk
-    runs: ClassVar[bool] = True  # whether they may go in runs (proxy.queues.runs): FIFO only
+    runs: ClassVar[bool] = True  # whether they may go in runs (proxy.queues.runs)
+    # whether a priority queue keeps runs per level (proxy.queues.level_runs), given ``runs``
+    priority_runs: ClassVar[bool] = True
 
     # -- producer side -----------------------------------------------------
     def enqueue(self, message: StoredMessage, *, expiry: bool = True) -> None:
@@ -191,7 +193,7 @@ class LocalQueue:
         priority queue in runs"); a selector needs message objects (``unrun``)."""
         messages = self.messages
         if type(messages) is RunQueue:
-            if not selector:
+            if not selector and self.priority_runs:
                 self.messages = LevelRuns.of_runs(self, messages)
                 return self.messages
             messages.unrun()  # runs back to messages, one by one (a stall: a read of each)
@@ -397,6 +399,7 @@ class LocalQueue:
         kind = type(messages)
         if kind is deque or kind is PriorityStore:
             if not (self.runs and pager.runs) or self.paged_count or self.page_writes \
+                    or (kind is PriorityStore and not self.priority_runs) \
                     or len(messages) <= keep:  # runs only once nothing is paged one by one
                 return None
             messages = self.messages = RunQueue(self, pager, messages, deque()) \
