@@ -590,3 +590,37 @@ def test_a_durable_priority_queue_in_runs_dequeues_its_journal_and_restarts_in_o
         await world.close()
 
     run(restart)
+
+
+def test_a_queue_class_without_runs_per_level_turns_them_back_as_before(tmp_path, monkeypatch):
+    """``LocalQueue.priority_runs = False`` (a queue class whose FIFO runs must not become a
+    level: a replicated primary in runs, until its rid index knows levels): a priority
+    turns the runs back into messages paged one by one, the order kept."""
+    from proxy.queues.local import LocalQueue
+    from proxy.queues.store import PriorityStore
+
+    monkeypatch.setattr(LocalQueue, "priority_runs", False)
+
+    async def play():
+        world = World(tmp_path)
+        node = await paging_node(world)
+        client = await world.client("a")
+        sender = client.sender("mixed")
+        await send(world, sender, [(i, 4) for i in range(120)])
+        await world.quiet(0.05)
+        queue = node.queues.get("mixed")
+        assert type(queue.messages) is RunQueue and queue.messages.count > 80
+        await send(world, sender, [(120, 9)])
+        await world.quiet(0.05)
+        assert type(queue.messages) is PriorityStore and queue.paged_count > 80
+        assert node.pager.store.reads_now > 0, "the runs were read back (unrun)"
+        await send(world, sender, [(i, 2) for i in range(121, 161)])
+        await world.quiet(0.05)
+        assert type(queue.messages) is PriorityStore, "no runs per level for this class"
+        got = ids_of(await take(world, client.receiver("mixed"), 161, credit=23))
+        assert got == [120] + list(range(120)) + list(range(121, 161))
+        await world.quiet(0.1)
+        all_back(node, queue)
+        await world.close()
+
+    run(play)
