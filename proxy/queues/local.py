@@ -38,9 +38,9 @@ from typing import ClassVar, Iterable, Protocol
 from proxy.amqp import message_header
 from proxy.paging.store import PAGED, STORED, WRITING, Page, body
 from proxy.queues import schedule, selective
+from proxy.queues.level_runs import LevelRuns
 from proxy.queues.memory import MemoryUse
 from proxy.queues.message import StoredMessage
-from proxy.queues.level_runs import LevelRuns
 from proxy.queues.runs import RunQueue
 from proxy.queues.store import DEFAULT_PRIORITY, PriorityStore
 
