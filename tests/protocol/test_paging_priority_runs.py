@@ -624,3 +624,32 @@ def test_a_queue_class_without_runs_per_level_turns_them_back_as_before(tmp_path
         await world.close()
 
     run(play)
+
+
+def test_the_admin_api_s_take_at_a_priority_queue_in_runs_turns_them_back_order_kept(tmp_path):
+    """The admin API's move / resend take messages through ``operations.take``: it needs
+    message objects, so the runs are turned back (docs/paging.md, "what still leaves
+    runs"); it takes the first of the priority order, and the rest keeps that order."""
+    from proxy.queues.store import PriorityStore
+
+    async def play():
+        world = World(tmp_path)
+        node = await paging_node(world)
+        client = await world.client("a")
+        steps = plan(150, seed=43)
+        await send(world, client.sender("prio"), steps)
+        await world.quiet(0.05)
+        queue = node.queues.get("prio")
+        assert in_runs(queue) > 100
+        order = in_memory_order(steps)
+        taken = operations.take(queue, 10)
+        assert type(queue.messages) is PriorityStore and queue.depth == 140
+        for stored in taken:
+            operations.settle(node.broker, queue, stored, accepted=True)
+        got = ids_of(await take(world, client.receiver("prio"), 140, credit=20))
+        assert got == order[10:], "taken: the first ten of the priority order"
+        await world.quiet(0.1)
+        all_back(node, queue)
+        await world.close()
+
+    run(play)
