@@ -303,12 +303,17 @@ def index_bytes(count: int = 100_000) -> float:
 
 
 def queue_index_bytes(runs: bool, body_bytes: int = 1024, first: int = 100_000,
-                      then: int = 300_000, budget: int = 16 * 1024 * 1024) -> dict:
+                      then: int = 300_000, budget: int = 16 * 1024 * 1024,
+                      priorities: bool = False) -> dict:
     """A real queue, pager and page store (the I/O on the loop) filled in this process: the
     memory traced per paged message between ``first`` and ``then`` messages (the resident
-    part is the same at both: the budget), with runs or message by message."""
+    part is the same at both: the budget), with runs or message by message; ``priorities``:
+    each message's priority drawn from 0-9 (seeded), a priority queue (runs per level)."""
     import asyncio
+    import random
     import tracemalloc
+
+    from proton import Message
 
     from proxy.paging.pager import Pager
     from proxy.paging.store import PageStore
@@ -316,10 +321,13 @@ def queue_index_bytes(runs: bool, body_bytes: int = 1024, first: int = 100_000,
     from proxy.queues.memory import MemoryUse
 
     payload = bytes(body_bytes)
+    by_level = [Message(body=payload, priority=p).encode() for p in range(10)]
+    pick = random.Random(44)
 
     async def fill(queue, count: int) -> None:
         for i in range(count):
-            queue.enqueue(StoredMessage(payload))
+            queue.enqueue(StoredMessage(by_level[pick.randrange(10)] if priorities
+                                        else payload))
             if i % 2000 == 0:
                 for _ in range(5):
                     await asyncio.sleep(0)
@@ -341,11 +349,148 @@ def queue_index_bytes(runs: bool, body_bytes: int = 1024, first: int = 100_000,
         await fill(queue, then - first)
         t2, p2 = tracemalloc.get_traced_memory()[0], queue.paged_count
         tracemalloc.stop()
-        chunks = len(getattr(queue.messages, "runs", ()))
+        levels = getattr(queue.messages, "levels", None)
+        chunks = sum(len(getattr(level, "runs", ()) or ()) for level in levels) \
+            if levels is not None else len(getattr(queue.messages, "runs", ()))
         pager.close()
         shutil.rmtree(directory, ignore_errors=True)
-        return {"runs": runs, "messages": then, "paged": p2, "run_objects": chunks,
+        return {"runs": runs, "priorities": priorities, "messages": then, "paged": p2,
+                "kind": type(queue.messages).__name__, "run_objects": chunks,
                 "bytes_per_paged_message": round((t2 - t1) / max(1, p2 - p1), 2)}
+
+    return asyncio.run(measure())
+
+
+def priority_at_runs(count: int = 300_000, body_bytes: int = 1024,
+                     budget: int = 16 * 1024 * 1024) -> dict:
+    """A FIFO queue with ``count`` messages, most in runs, then one message of priority 9:
+    the loop's time for that enqueue (the runs become level 4 as they are, docs/paging.md "A
+    priority queue in runs"), and the time the same runs took to turn back into messages
+    paged one by one (``RunQueue.unrun``, what that enqueue did before)."""
+    import asyncio
+
+    from proton import Message
+
+    from proxy.paging.pager import Pager
+    from proxy.paging.store import PageStore
+    from proxy.queues.local import LocalQueue, StoredMessage
+    from proxy.queues.memory import MemoryUse
+    from proxy.queues.runs import RunQueue
+
+    payload = bytes(body_bytes)
+
+    async def fill(queue, count: int) -> None:
+        for i in range(count):
+            queue.enqueue(StoredMessage(payload))
+            if i % 2000 == 0:
+                for _ in range(5):
+                    await asyncio.sleep(0)
+        for _ in range(50):
+            await asyncio.sleep(0)
+
+    async def measure() -> dict:
+        directory = Path(tempfile.mkdtemp(prefix="fedgate-index-"))
+        memory = MemoryUse(budget)
+        queues = []
+        pager = Pager(PageStore(directory / "paging", threads=False), memory, lambda: queues)
+        pager.start(asyncio.get_running_loop())
+        result = {"messages": count}
+        for name in ("before", "after"):
+            queue = LocalQueue(name, memory=memory)
+            queues[:] = [queue]
+            await fill(queue, count)
+            assert type(queue.messages) is RunQueue
+            paged = queue.paged_count
+            reads = pager.store.reads_now
+            started = time.perf_counter()
+            if name == "before":  # what a priority at a queue with runs did before
+                queue.messages.unrun()
+            queue.enqueue(StoredMessage(Message(body=payload, priority=9).encode()))
+            seconds = time.perf_counter() - started
+            result[name] = {"paged": paged, "kind": type(queue.messages).__name__,
+                            "enqueue_seconds": round(seconds, 4),
+                            "synchronous_reads": pager.store.reads_now - reads}
+            queue.purge()
+            for _ in range(20):  # the purged segments' deletions run before the store closes
+                await asyncio.sleep(0)
+        pager.close()
+        shutil.rmtree(directory, ignore_errors=True)
+        return result
+
+    return asyncio.run(measure())
+
+
+def priority_drain(runs: bool, count: int = 300_000, body_bytes: int = 1024,
+                   budget: int = 16 * 1024 * 1024) -> dict:
+    """A priority queue (priorities 0-9, seeded) of ``count`` messages paged beyond the
+    budget, drained in this process by a consumer with unbounded credit, each message settled
+    as it comes (the read-back on the loop): the drain's CPU per message, in runs per level
+    or message by message."""
+    import asyncio
+    import random
+
+    from proton import Message
+
+    from proxy.paging.pager import Pager
+    from proxy.paging.store import PageStore
+    from proxy.queues.local import LocalQueue, StoredMessage
+    from proxy.queues.memory import MemoryUse
+
+    class Consumer:
+        consumer_id = 1
+        credit = 1 << 40
+
+        def __init__(self) -> None:
+            self.out = []
+
+        def deliver(self, message) -> None:
+            self.out.append(message)
+
+    async def measure() -> dict:
+        by_level = [Message(body=bytes(body_bytes), priority=p).encode() for p in range(10)]
+        pick = random.Random(44)
+        directory = Path(tempfile.mkdtemp(prefix="fedgate-index-"))
+        memory = MemoryUse(budget)
+        queue = LocalQueue("drain", memory=memory)
+        pager = Pager(PageStore(directory / "paging", threads=False), memory, lambda: [queue],
+                      runs=runs)
+        pager.start(asyncio.get_running_loop())
+        for i in range(count):
+            queue.enqueue(StoredMessage(by_level[pick.randrange(10)]))
+            if i % 2000 == 0:
+                for _ in range(5):
+                    await asyncio.sleep(0)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        result = {"runs": runs, "kind": type(queue.messages).__name__,
+                  "paged": queue.paged_count}
+        consumer = Consumer()
+        queue.add_consumer(consumer)
+        got = 0
+        last = 10
+        in_order = True
+
+        def drain(_=None) -> None:
+            nonlocal got, last, in_order
+            queue.dispatch()
+            out, consumer.out = consumer.out, []
+            for message in out:
+                in_order = in_order and message.priority <= last
+                last = message.priority
+                queue.settled_accepted(message)
+            got += len(out)
+
+        pager.on_loaded = drain
+        cpu, started = time.process_time(), time.perf_counter()
+        while got < count:
+            drain()
+            await asyncio.sleep(0)
+        result.update(drain_seconds=round(time.perf_counter() - started, 2),
+                      cpu_us_per_message=round((time.process_time() - cpu) / count * 1e6, 2),
+                      priority_order=in_order)
+        pager.close()
+        shutil.rmtree(directory, ignore_errors=True)
+        return result
 
     return asyncio.run(measure())
 
@@ -440,6 +585,13 @@ def main() -> int:
         print(json.dumps({"per_message_objects": round(index_bytes(), 1),
                           "queue_message_by_message": queue_index_bytes(False),
                           "queue_with_runs": queue_index_bytes(True),
+                          "priority_queue_message_by_message": queue_index_bytes(
+                              False, priorities=True),
+                          "priority_queue_runs_per_level": queue_index_bytes(
+                              True, priorities=True),
+                          "priority_at_a_queue_with_runs": priority_at_runs(),
+                          "priority_queue_drain_message_by_message": priority_drain(False),
+                          "priority_queue_drain_runs_per_level": priority_drain(True),
                           "backup_copy_entry_by_entry": copy_index_bytes(False),
                           "backup_copy_in_runs": copy_index_bytes(True),
                           "durable_backup_copy_in_runs": copy_index_bytes(True, True)},

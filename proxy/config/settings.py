@@ -365,7 +365,7 @@ class PagingSection:
     read_ahead_bytes: int = 4 * 1024 * 1024  # and at most these bytes of them
     segment_size: int = 64 * 1024 * 1024
     io_thread: bool = True  # false: the I/O on the event loop (tests on a virtual clock)
-    runs: bool = True  # FIFO queues and backups' copies keep paged messages as runs
+    runs: bool = True  # FIFO and priority queues and backups' copies keep paged messages as runs
 
     def check(self, key: str) -> None:
         if self.read_ahead < 1 or self.read_ahead_bytes < 1:

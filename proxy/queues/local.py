@@ -38,6 +38,7 @@ from typing import ClassVar, Iterable, Protocol
 from proxy.amqp import message_header
 from proxy.paging.store import PAGED, STORED, WRITING, Page, body
 from proxy.queues import schedule, selective
+from proxy.queues.level_runs import LevelRuns
 from proxy.queues.memory import MemoryUse
 from proxy.queues.message import StoredMessage
 from proxy.queues.runs import RunQueue
@@ -142,7 +143,9 @@ class LocalQueue:
     page_writes: int = 0  # bodies being written one by one (not in runs)
     reading: bool = False
     pages: ClassVar[bool] = True  # whether the pager may take its messages' bodies to disk
-    runs: ClassVar[bool] = True  # whether they may go in runs (proxy.queues.runs): FIFO only
+    runs: ClassVar[bool] = True  # whether they may go in runs (proxy.queues.runs)
+    # whether a priority queue keeps runs per level (proxy.queues.level_runs), given ``runs``
+    priority_runs: ClassVar[bool] = True
 
     # -- producer side -----------------------------------------------------
     def enqueue(self, message: StoredMessage, *, expiry: bool = True) -> None:
@@ -177,16 +180,25 @@ class LocalQueue:
     def _ready(self, message: StoredMessage) -> None:
         """Into the ready place, at the tail of its priority."""
         messages = self.messages
-        if message.priority != DEFAULT_PRIORITY and type(messages) is not PriorityStore:
+        if message.priority != DEFAULT_PRIORITY and (type(messages) is deque
+                                                     or type(messages) is RunQueue):
             messages = self._prioritise()
         messages.append(message)
         if self.selective:
             selective.offered(self, message, head=False)
 
-    def _prioritise(self) -> PriorityStore:
-        """From a plain deque to a PriorityStore (a priority other than 4, or a selector)."""
-        if type(self.messages) is RunQueue:  # runs back to messages (docs/paging.md)
-            self.messages.unrun()
+    def _prioritise(self, selector: bool = False):
+        """From a plain deque to a PriorityStore (a priority other than 4, or a selector); a
+        FIFO queue's runs become level 4 of a LevelRuns as they are (docs/paging.md, "A
+        priority queue in runs"); a selector needs message objects (``unrun``)."""
+        messages = self.messages
+        if type(messages) is RunQueue:
+            if not selector and self.priority_runs:
+                self.messages = LevelRuns.of_runs(self, messages)
+                return self.messages
+            messages.unrun()  # runs back to messages, one by one (a stall: a read of each)
+        elif type(messages) is LevelRuns:
+            return messages.unrun() if selector else messages
         if type(self.messages) is deque:
             self.messages = PriorityStore(self.messages)
         return self.messages
@@ -206,7 +218,8 @@ class LocalQueue:
         if schedule.marked(message.payload) and schedule.hold(self, message):
             return
         messages = self.messages
-        if message.priority != DEFAULT_PRIORITY and type(messages) is not PriorityStore:
+        if message.priority != DEFAULT_PRIORITY and (type(messages) is deque
+                                                     or type(messages) is RunQueue):
             messages = self._prioritise()
         messages.appendleft(message)
         if self.selective:
@@ -295,7 +308,7 @@ class LocalQueue:
     def add_consumer(self, consumer: Consumer, *, standby: bool = False) -> None:
         (self.standby_consumers if standby else self.consumers).append(consumer)
         if getattr(consumer, "selector", None) is not None:
-            self._prioritise()
+            self._prioritise(selector=True)
             selective.added(self, consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -330,7 +343,7 @@ class LocalQueue:
             return selective.dispatch(self)
         sent = 0
         now = 0.0
-        runs = type(messages) is RunQueue
+        runs = type(messages) is RunQueue or type(messages) is LevelRuns
         while messages:
             if runs and not messages.head:  # a run comes next: read back, at once or later
                 if not (consumers or standby) or not messages.read_ahead():
@@ -380,15 +393,18 @@ class LocalQueue:
 
     def page_out(self, pager, keep: int, wanted: int) -> int | None:
         """Up to ``wanted`` bytes of the tail to disk as runs (proxy.queues.runs): bytes
-        freed; None where this queue pages message by message (priority, replicated, or
-        messages paged one by one already)."""
+        freed; None where this queue pages message by message (replicated, or messages
+        paged one by one already). A priority queue keeps runs per level (LevelRuns)."""
         messages = self.messages
-        if type(messages) is deque:
+        kind = type(messages)
+        if kind is deque or kind is PriorityStore:
             if not (self.runs and pager.runs) or self.paged_count or self.page_writes \
+                    or (kind is PriorityStore and not self.priority_runs) \
                     or len(messages) <= keep:  # runs only once nothing is paged one by one
                 return None
-            messages = self.messages = RunQueue(self, pager, messages, deque())
-        elif type(messages) is not RunQueue:
+            messages = self.messages = RunQueue(self, pager, messages, deque()) \
+                if kind is deque else LevelRuns.of_store(self, pager, messages)
+        elif kind is not RunQueue and kind is not LevelRuns:
             return None
         return messages.page_out(keep, wanted)
 
@@ -432,7 +448,7 @@ class LocalQueue:
         if type(messages) is not deque or selector is not None:  # not in seq order, or filtered
             now = monotonic()
             found = []
-            for m in messages.iterate(after) if type(messages) is RunQueue else messages:
+            for m in messages.iterate(after) if hasattr(messages, "iterate") else messages:
                 if m.seq > after and not (m.expires_at and m.expires_at <= now) \
                         and (selector is None or selector.matches(self.body(m))):
                     found.append(m)
@@ -524,6 +540,8 @@ class LocalQueue:
         if type(self.messages) is RunQueue:  # the runs' records die; head and tail stay
             in_runs = self.messages.drop_runs()
             self.messages = self.messages.head
+        elif type(self.messages) is LevelRuns:  # every level's runs, likewise
+            in_runs = self.messages.drop_runs()
         if self.memory.pager is not None:
             for message in self.messages:
                 if message.page is not None:

@@ -177,7 +177,8 @@ class RunQueue:
         if not self.runs and not taken:  # the tail starts with what is never in a run
             self.head.extend(tail)
             self.tail = deque()
-            self.queue.messages = self.head
+            if self.queue.messages is self:  # not a level of a LevelRuns (level_runs.py)
+                self.queue.messages = self.head
             return None  # paged message by message (proxy.paging.pager), as before runs
         if not taken:
             return 0

@@ -54,6 +54,10 @@ class ReplicatedQueue(LocalQueue):
         finally:
             self.replica_set = rs
 
+    # its rid index and catch-up know one FIFO of runs (a RunQueue), not levels: a priority
+    # turns runs back into messages paged one by one (docs/paging.md, "A priority queue in runs")
+    priority_runs: ClassVar[bool] = False
+
     def settled_accepted(self, message: StoredMessage) -> None:
         super().settled_accepted(message)
         self._gone(message)

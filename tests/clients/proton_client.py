@@ -2,7 +2,7 @@
 
     python proton_client.py send --url U --address A --count N [--prefix P] [--presettled]
                                  [--durable] [--report-accepted] [--report-sent] [--rate R]
-                                 [--sizes S1,S2,...]
+                                 [--sizes S1,S2,...] [--priorities N]
                                  [--username U --password P] [--timeout-ms T]
                                  [--failover]
     python proton_client.py receive --url U --address A --count N [--credit C]
@@ -18,12 +18,14 @@ with --report-accepted it first prints {"accepted_id": id} as each outcome arriv
 --durable sets the header's durable field and asks for a durable target terminus.
 --sizes S1,S2,...: message SEQ has a binary body (a data section) of sizes[SEQ % len]
 bytes instead of the string "message SEQ".
+--priorities N: message SEQ has the header's priority SEQ % N (0-9).
 receive prints {"id", "producer", "seq", "delivery_count", "size"} per message (size: the
 body's bytes, a string's in UTF-8; null for other bodies), then
 {"done": true, "received": n, "error": null}. With --hold it accepts nothing:
 it prints each message and then waits (to be killed by a test). --check-body
 checks every message against what send makes of its id (body "message SEQ", or the go-amqp
-test client's "message SEQ from PREFIX"; id "PREFIX-SEQ"): a mismatch prints {"bad_body": ...}
+test client's "message SEQ from PREFIX"; id "PREFIX-SEQ"; with --sizes, SEQ's zeros as send
+made them): a mismatch prints {"bad_body": ...}
 and exits 4 at once.
 --summary prints no line per message (long runs): the final line adds "seen",
 {producer: base64(zlib(bytes))} where byte SEQ counts the deliveries of SEQ.
@@ -255,6 +257,8 @@ class Sender(Base):
             if self.args.sizes:
                 message.body = bytes(self.args.sizes[seq % len(self.args.sizes)])
                 message.inferred = True  # bytes as a data section, not an amqp-value
+            if self.args.priorities:
+                message.priority = seq % self.args.priorities
             self.track(sender.send(message), message)
             if self.args.report_sent:
                 emit({"sent_id": message.id})
@@ -351,6 +355,8 @@ class Receiver(Base):
             # this client's body, or the go-amqp test client's (tests/clients/goamqp)
             seq, producer = props.get("seq"), props.get("producer")
             want_bodies = (f"message {seq}", f"message {seq} from {producer}")
+            if self.args.sizes and seq is not None:  # send's --sizes: zeros of that size
+                want_bodies = (bytes(self.args.sizes[seq % len(self.args.sizes)]),)
             if message.body not in want_bodies or message.id != f"{producer}-{seq}":
                 emit({"bad_body": {"id": message.id, "body": repr(message.body)[:200],
                                    "properties": repr(props)[:200]}})
@@ -510,6 +516,7 @@ def main() -> int:
     parser.add_argument("--hold", action="store_true")
     parser.add_argument("--dynamic", action="store_true")
     parser.add_argument("--sizes", type=sizes_of, default=None)
+    parser.add_argument("--priorities", type=int, default=0)
     parser.add_argument("--take", type=int, default=0)
     parser.add_argument("--browse", action="store_true")
     parser.add_argument("--failover", action="store_true")

@@ -7,6 +7,8 @@ fills, and the admin API for what an operator sees:
 * a backlog of fifteen budgets is taken without stopping the producer, with the node's
   RSS bounded (the budget, the index, a fixed margin), then drained: every id once, in
   order, bodies checked;
+* a deep priority queue keeps runs per level: RSS bounded, each level counted, every id in
+  priority order;
 * kill -9 while paging: durable messages come back from the journal, every one once, and
   the page store left by the crash is emptied at start;
 * the disk bounds (``max_disk``, ``min_free_disk``) hold the producer at the budget, name
@@ -129,6 +131,37 @@ def test_a_deep_queue_of_small_messages_keeps_no_index_in_memory(start_node, cli
                     check_body=True, timeout_ms=200_000).finish(timeout=220)
     assert lines[-1]["error"] is None, lines[-1]
     assert ids_of(lines) == [f"go-{n}" for n in range(count)], "not every id once, in order"
+    memory = memory_of(node)
+    assert (memory["queued_bytes"], memory["paged_bytes"]) == (0, 0), memory
+    assert memory["paging"]["live_bytes"] == 0
+
+
+def test_a_deep_priority_queue_keeps_runs_per_level_and_no_index_in_memory(start_node,
+                                                                           clients):
+    """A priority queue in runs (docs/paging.md): 200,000 waiting messages of 512 bytes at
+    ten priorities, most in runs on disk. Paged one by one, their index alone would be
+    about 80 MB (410 bytes each); in runs per level the RSS stays within the budget and a
+    fixed margin, the admin API counts each level, then every id comes back in priority
+    order (FIFO within a level)."""
+    budget = 8 * 1024 * 1024
+    count, size, levels = 200_000, 512, 10
+    node = start_node(paging_config(budget))
+    watch = RssWatch(node.proc.pid)
+    (sent,) = clients("proton", "send", node.url, address="prio", count=count, sizes=size,
+                      priorities=levels, timeout_ms=200_000).finish(timeout=220)
+    peak = watch.stop()
+    assert sent["error"] is None and sent["accepted"] == count, sent
+    queue = admin(node, "/api/v1/queues")["queues"][0]
+    assert queue["depth"] == count and queue["paged_messages"] >= count - 3 * budget // size
+    assert queue["by_priority"] == {str(p): count // levels for p in range(levels)}
+    growth = peak - watch.start
+    assert growth < budget * 1.25 / 2**20 + 40, \
+        f"RSS grew {growth:.1f} MB (from {watch.start:.1f} MB)"
+    lines = clients("proton", "receive", node.url, address="prio", count=count, credit=500,
+                    sizes=size, check_body=True, timeout_ms=200_000).finish(timeout=220)
+    assert lines[-1]["error"] is None, lines[-1]
+    order = sorted(range(count), key=lambda n: (-(n % levels), n))
+    assert ids_of(lines) == [f"proton-{n}" for n in order], "not every id once, in order"
     memory = memory_of(node)
     assert (memory["queued_bytes"], memory["paged_bytes"]) == (0, 0), memory
     assert memory["paging"]["live_bytes"] == 0

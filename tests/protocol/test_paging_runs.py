@@ -176,7 +176,7 @@ def test_purge_drops_the_runs_and_their_records(tmp_path):
 
 def test_a_priority_message_or_a_browser_at_a_queue_with_runs(tmp_path):
     """A browser reads the runs without taking them; a priority other than the default
-    turns the runs back into messages paged one by one (docs/paging.md), order kept."""
+    makes the runs level 4 of a priority queue in runs (docs/paging.md), order kept."""
     async def play():
         world = World(tmp_path)
         node, client, sender, queue = await filled(world, "mixed", 120)
@@ -187,8 +187,8 @@ def test_a_priority_message_or_a_browser_at_a_queue_with_runs(tmp_path):
         assert in_runs(queue) > 80, "browsing leaves the runs on disk"
         await fill(world, sender, 1, 120, priority=9)
         await world.quiet(0.05)
-        assert in_runs(queue) == 0 and queue.depth == 121
-        assert queue.paged_count > 80, "still paged, message by message"
+        assert queue.depth == 121 and queue.messages.count > 80, "the runs kept, as level 4"
+        assert queue.paged_count == queue.messages.count
         got = await drain(world, client, "mixed", 121, credit=20)
         assert got == [120] + list(range(120))
         await world.quiet(0.1)
