@@ -34,9 +34,8 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 
-from proxy.paging.store import body
-
-from .events import ACQUIRE, CATCHUP_DONE, DEQUEUE, ENQUEUE, FRONT, IN_SYNC, RELEASE, Event, rid
+from . import catchup
+from .events import ACQUIRE, DEQUEUE, ENQUEUE, IN_SYNC, RELEASE, Event, rid
 from .states import CopyState
 
 MAX_BATCH_BYTES = 1 << 20
@@ -260,19 +259,8 @@ class ReplicaSet:
                 stream.unsent_acquires.clear()
         ends_catchup = False
         if stream.catchup is not None:
-            catchup = stream.catchup
-            while catchup and len(events) < MAX_BATCH_EVENTS and size < MAX_BATCH_BYTES:
-                value = catchup.pop()
-                message = self.index.get(value)
-                if message is None:
-                    continue  # dequeued since the sync point: consumers shrank the work
-                event = Event(FRONT, value, body(message), value in self.acquired)
-                events.append(event)
-                size += event.size
-            if not catchup and len(events) < MAX_BATCH_EVENTS:  # the end of the catch-up
-                events.append(Event(CATCHUP_DONE, 0))
-                stream.catchup = None
-                ends_catchup = True
+            ends_catchup = catchup.take(self, stream, events, size, MAX_BATCH_EVENTS,
+                                        MAX_BATCH_BYTES)
         if not events:
             if through is not None:
                 # only enqueues consumed before they were sent (and their dequeues): the backup
