@@ -104,9 +104,9 @@ class PrimaryCopy:
                 self.pushers[node] = ReplicationPusher(self, node, upstream)
 
     def backup_attached(self, pusher: ReplicationPusher) -> None:
-        self.replica_set.attach(pusher.backup, self.loop.time())
+        stream = self.replica_set.attach(pusher.backup, self.loop.time())
         log.info("queue %s: backup %s attached (epoch %d): catching up %d messages",
-                 self.address, pusher.backup, self.epoch, len(self.replica_set.index))
+                 self.address, pusher.backup, self.epoch, len(stream.catchup))
         self.flush_backup(pusher)
 
     def backup_lost(self, pusher: ReplicationPusher, why: str, *, stale: bool = False) -> None:
