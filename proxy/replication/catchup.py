@@ -88,10 +88,10 @@ def start(replica_set) -> "Catchup":
     """The sync point of a backup attaching now."""
     queue = replica_set.queue
     messages = queue.messages if queue is not None else None
+    pager = getattr(queue.memory, "pager", None) if queue is not None else None
+    store = pager.store if pager is not None else None  # runs may come during the catch-up
     chunks = []
-    store = None
     if type(messages) is RunQueue:
-        store = queue.memory.pager.store
         for chunk in messages.runs:
             if chunk.state == ON_DISK and chunk.count:
                 data = store.read_now(chunk.segment, chunk.offset, HEADER.size)
