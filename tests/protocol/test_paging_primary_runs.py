@@ -109,6 +109,11 @@ def test_a_primary_keeps_runs_and_its_index_names_only_the_messages_in_memory(tm
         assert primary.in_runs() >= 350, "the primary's backlog is not in runs"
         assert len(primary.rs.index) <= 400 - primary.in_runs()
         assert primary.memory.resident <= BUDGET
+        # what a fence that keeps the queue keeps (ReplicatedAddress.fence): every message,
+        # those in runs read from disk, in rid order
+        kept = catchup.held(primary.rs, primary.queue)
+        assert [bytes(body(m)) for m in kept] == [payload(n) for n in range(400)]
+        assert [m.rid for m in kept] == sorted(m.rid for m in kept)
         primary.take(400)  # read back run by run, each message in the index while out
         for _ in range(200):
             if len(primary.consumer.out) == 400:
