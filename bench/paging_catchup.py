@@ -246,6 +246,12 @@ def main() -> int:
 
         # 3. drain from the primary; both copies empty after
         watch.phase = "drain"
+
+        def drain_note() -> dict:  # events waiting for the backup (dequeues): the primary's RSS
+            backups = primary.replication().get("backups") or []
+            return {"lag_messages": next((b.get("lag_messages") for b in backups
+                                          if b.get("node") == "backup"), None)}
+        watch.note = drain_note
         meter = h.CpuMeter(primary.proc.pid).start()
         meter_b = h.CpuMeter(backup.proc.pid).start()
         run = h.run_concurrently([h.receiver_cmd(primary.host, primary.port, ADDRESS, n,

@@ -230,6 +230,9 @@ class RunQueue:
                 chunk.state = FAILED
                 continue
             chunk.state = ON_DISK
+            written = getattr(queue, "run_written", None)  # a replicated primary's rid index
+            if written is not None:
+                written(chunk)
             chunk.messages = None
             queue.paged_bytes += chunk.size
             queue.paged_count += chunk.count
@@ -351,6 +354,9 @@ class RunQueue:
         return count
 
     def _shortened(self, chunk: Chunk, count: int) -> None:
+        read = getattr(self.queue, "run_read", None)  # a replicated primary's rid index
+        if read is not None and count:
+            read(islice(reversed(self.head), count))
         self.count -= count
         if chunk.count == 0 and self.runs and self.runs[0] is chunk:
             self.runs.popleft()
@@ -398,6 +404,9 @@ class RunQueue:
         self.runs.clear()
         self.count = 0
         self.head, self.tail = out, deque()
+        read = getattr(self.queue, "run_read", None)  # a replicated primary's rid index
+        if read is not None:
+            read(out)
         if self.queue.messages is self:
             self.queue.messages = out
         return out

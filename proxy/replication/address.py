@@ -36,7 +36,7 @@ from proxy.paging.store import body
 from proxy.queues.local import StoredMessage
 from routing.replication import replicas_of
 
-from . import eligible
+from . import catchup, eligible
 from .copies import BackupCopy, PrimaryCopy
 from .parked import PendingLink, hold_link, park, release_links, shed_stuck  # noqa: F401
 from .queue import ReplicatedQueue
@@ -496,7 +496,7 @@ class ReplicatedAddress:
         kept = None
         if keep and self.recovered_messages is None:
             kept = [StoredMessage(body(m), journal_id=m.journal_id, rid=m.rid)
-                    for m in primary.replica_set.index.values()]
+                    for m in catchup.held(primary.replica_set, primary.queue)]
         primary.fence(why)
         self.primary = None
         claim, self.claim = self.claim, None

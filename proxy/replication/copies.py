@@ -31,6 +31,7 @@ from proxy.paging.store import body
 from proxy.queues import durable as journal_queues
 from proxy.queues.local import StoredMessage
 
+from . import catchup
 from .backup_silence import cut_off_alone
 from .links import LAGGING, STALE_EPOCH, ReplicaSink, ReplicationPusher, announce
 from .primary import ReplicaSet
@@ -75,11 +76,7 @@ class PrimaryCopy:
         self.replica_set = ReplicaSet(entry.wire, epoch, loop.time, min_in_sync=settings.min_in_sync,
                                       catchup_timeout=settings.catchup_timeout, isr=isr,
                                       peers=getattr(service, "backup_silence", None))
-        for message in queue.waiting():  # promoted or recovered content: rids kept, or given
-            if message.rid:
-                self.replica_set.index[message.rid] = message
-            else:
-                self.replica_set.enqueued(message)
+        catchup.index_content(self.replica_set, queue)  # promoted or recovered content
         self.pushers: dict[str, ReplicationPusher] = {}
         self._retry: dict[str, asyncio.TimerHandle] = {}
         self.fenced = False
@@ -107,9 +104,9 @@ class PrimaryCopy:
                 self.pushers[node] = ReplicationPusher(self, node, upstream)
 
     def backup_attached(self, pusher: ReplicationPusher) -> None:
-        self.replica_set.attach(pusher.backup, self.loop.time())
+        stream = self.replica_set.attach(pusher.backup, self.loop.time())
         log.info("queue %s: backup %s attached (epoch %d): catching up %d messages",
-                 self.address, pusher.backup, self.epoch, len(self.replica_set.index))
+                 self.address, pusher.backup, self.epoch, len(stream.catchup))
         self.flush_backup(pusher)
 
     def backup_lost(self, pusher: ReplicationPusher, why: str, *, stale: bool = False) -> None:

@@ -34,9 +34,8 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 
-from proxy.paging.store import body
-
-from .events import ACQUIRE, CATCHUP_DONE, DEQUEUE, ENQUEUE, FRONT, IN_SYNC, RELEASE, Event, rid
+from . import catchup
+from .events import ACQUIRE, DEQUEUE, ENQUEUE, IN_SYNC, RELEASE, Event, rid
 from .states import CopyState
 
 MAX_BATCH_BYTES = 1 << 20
@@ -68,7 +67,7 @@ class BackupStream:
     # pending enqueue whose rid is no longer here was dequeued before it went: skipped.
     unsent_enqueues: dict = field(default_factory=dict)
     unsent_acquires: set = field(default_factory=set)
-    catchup: list | None = None  # rids still to send, oldest first (sent from the end); None: done
+    catchup: object = None  # catchup.Catchup: what the catch-up still sends; None: done
     catchup_total: int = 0
     unacked: deque = field(default_factory=deque)  # SentBatch, in order
     next_number: int = 1
@@ -154,7 +153,8 @@ class ReplicaSet:
         self.catchup_timeout = catchup_timeout
         self.n = 0  # rids given in this epoch
         self.ticket = 0  # enqueues so far
-        # rid -> message, every message the primary holds (waiting or out with a consumer)
+        # rid -> message, every message the primary holds in memory (waiting or out with a
+        # consumer); those in the queue's runs on disk are not in it (proxy.replication.catchup)
         self.index: dict = index if index is not None else {}
         self.acquired: set = set()  # rids out with a consumer
         self.streams: dict[str, BackupStream] = {}
@@ -163,6 +163,8 @@ class ReplicaSet:
         self.waiting: deque = deque()  # (ticket, token) of deliveries not yet accepted
         self.fenced = False
         self.accepted = 0  # deliveries completed (admin)
+        # the ReplicatedQueue served (its runs: proxy.replication.catchup); None in tests
+        self.queue = None
 
     # -- what happens to the queue's messages -------------------------------------
     def enqueued(self, message) -> int:
@@ -193,9 +195,10 @@ class ReplicaSet:
             for stream in self.streams.values():
                 stream.release(event, ticket, now)
 
-    def dequeued(self, message) -> None:
+    def dequeued(self, message, in_run: bool = False) -> None:
+        """Gone for good; ``in_run``: a message of the queue's runs (purge), not in the index."""
         value = message.rid
-        if self.index.pop(value, None) is None:
+        if self.index.pop(value, None) is None and not in_run:
             return
         self.acquired.discard(value)
         event = None
@@ -211,11 +214,21 @@ class ReplicaSet:
     def attach(self, node: str, now: float) -> BackupStream:
         """A backup's link arrived: a fresh stream, beginning with a catch-up of everything."""
         stream = BackupStream(node, peers=self.peers)
-        stream.catchup = list(self.index)  # the sync point; sent from its end: newest first
+        stream.catchup = catchup.start(self)  # the sync point; sent newest first
         stream.catchup_total = len(stream.catchup)
         stream.acked_at = now
         self.streams[node] = stream
         return stream
+
+    def run_written(self, chunk) -> None:
+        """A run of the queue is on disk (``proxy.queues.runs``): its messages leave the index."""
+        catchup.run_written(self, chunk)
+
+    def run_read(self, messages) -> None:
+        """Messages of a run read back into memory: in the index again."""
+        index = self.index
+        for message in messages:
+            index[message.rid] = message
 
     def detach(self, node: str, why: str = "link lost") -> BackupStream | None:
         """The backup's link ended, or it lags: its stream goes, and it leaves the ISR (by a
@@ -260,19 +273,8 @@ class ReplicaSet:
                 stream.unsent_acquires.clear()
         ends_catchup = False
         if stream.catchup is not None:
-            catchup = stream.catchup
-            while catchup and len(events) < MAX_BATCH_EVENTS and size < MAX_BATCH_BYTES:
-                value = catchup.pop()
-                message = self.index.get(value)
-                if message is None:
-                    continue  # dequeued since the sync point: consumers shrank the work
-                event = Event(FRONT, value, body(message), value in self.acquired)
-                events.append(event)
-                size += event.size
-            if not catchup and len(events) < MAX_BATCH_EVENTS:  # the end of the catch-up
-                events.append(Event(CATCHUP_DONE, 0))
-                stream.catchup = None
-                ends_catchup = True
+            ends_catchup = catchup.take(self, stream, events, size, MAX_BATCH_EVENTS,
+                                        MAX_BATCH_BYTES)
         if not events:
             if through is not None:
                 # only enqueues consumed before they were sent (and their dequeues): the backup

@@ -22,11 +22,13 @@ from proxy.queues.local import LocalQueue, StoredMessage
 class ReplicatedQueue(LocalQueue):
     # replica_set (LocalQueue's field): proxy.replication.primary.ReplicaSet while primary
     changed: object = None  # called with the queue after a report
-    # its rid index and catch-up name message objects: paged one by one, never in runs
-    runs: ClassVar[bool] = False
+    # its rid index names the messages in memory; runs tell it what leaves and comes back
+    # (run_written, run_read; docs/paging.md, "A replicated primary in runs")
+    runs: ClassVar[bool] = True
 
     def serve_replicas(self, replica_set, changed) -> None:
         self.replica_set = replica_set
+        replica_set.queue = self
         self.changed = changed
         self.on_acquired = self._acquired
 
@@ -87,9 +89,22 @@ class ReplicatedQueue(LocalQueue):
     def forget(self, message: StoredMessage) -> None:
         self._gone(message)
 
+    def run_written(self, chunk) -> None:
+        rs = self.replica_set
+        if rs is not None:
+            rs.run_written(chunk)
+
+    def run_read(self, messages) -> None:
+        rs = self.replica_set
+        if rs is not None:
+            rs.run_read(messages)
+
     def purge(self) -> int:
-        for message in list(self.waiting()):
-            self._gone(message)
+        rs = self.replica_set
+        if rs is not None:  # a run's messages are read from disk to be named (RunQueue.iterate)
+            for message in list(self.waiting()):
+                rs.dequeued(message, in_run=True)
+            self.changed(self)
         return super().purge()
 
     def _gone(self, message: StoredMessage) -> None:

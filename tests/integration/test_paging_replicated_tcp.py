@@ -4,8 +4,8 @@ docs/paging.md, "A backup's copy in runs").
 Three ``fedgate serve`` processes on the suite's etcd, each with a budget of 8 MB; a
 go-amqp sender puts 300,000 messages of 512 bytes (150 MB, nineteen budgets) on the
 primary with no consumer. Checked as an operator would: the backups' copies are whole
-(the admin API's copy depth), their bodies on disk, and their RSS grew by no more than the
-budget and a fixed margin (entry by entry, the copies' index alone was about 300 bytes a
+(the admin API's copy depth), their bodies on disk, and their RSS (and the primary's, whose
+backlog is in runs too) grew by no more than the budget and a fixed margin (entry by entry, the copies' index alone was about 300 bytes a
 message: 85 MB); then the primary is killed with -9, a backup takes over and a consumer
 gets every id once, in order, bodies checked.
 """
@@ -50,7 +50,7 @@ def test_backups_hold_a_deep_replicated_backlog_in_runs_and_one_serves_it(
                       prefix="warm", timeout_ms=30_000).finish(timeout=40)
     assert warm["error"] is None and warm["accepted"] == 10, warm
     wait_isr(etcd_url, cluster_name, ADDRESS, ["n2", "n3"], 20.0, primary="n1")
-    before = {name: rss_mb(nodes[name].proc.pid) for name in ("n2", "n3")}
+    before = {name: rss_mb(nodes[name].proc.pid) for name in ("n1", "n2", "n3")}
 
     started = time.monotonic()
     (sent,) = clients("go", "send", n1.url, address=ADDRESS, count=count, sizes=size,
@@ -73,6 +73,14 @@ def test_backups_hold_a_deep_replicated_backlog_in_runs_and_one_serves_it(
         # the budget (1.25 of it while the writer catches up), 12 bytes a message in runs
         # (3.6 MB) and a fixed margin; entry by entry the index alone would be 85 MB more
         assert growth < budget * 1.25 / 2**20 + 4 + 40, f"{name}'s RSS grew {growth:.1f} MB"
+
+    # the primary keeps its backlog in runs too (docs/paging.md, "A replicated primary in
+    # runs"): message by message its index would be about 300 bytes a message, 90 MB more
+    growth = rss_mb(n1.proc.pid) - before["n1"]
+    memory = admin(n1, "/api/v1/node")["memory"]
+    print(f"\nn1 (primary): {count + 10} messages, RSS +{growth:.1f} MB, "
+          f"{memory.get('paged_bytes', 0) / 2**20:.1f} MB on disk")
+    assert growth < budget * 1.25 / 2**20 + 4 + 40, f"the primary's RSS grew {growth:.1f} MB"
 
     n1.kill()
     new = wait_primary(nodes, ADDRESS, LEASE_TTL + 10.0)

@@ -13,11 +13,18 @@ from memory_etcd import MemoryEtcd
 from playbook import World, run
 from test_replication_playbooks import TTL, lose_node, make_primary, service, view
 
+from proxy.queues.runs import RunQueue
+
 pytestmark = pytest.mark.timeout(60)
 
 BUDGET = 20_000
 PAGING = {"io_thread": False, "read_ahead": 8, "segment_size": 16384}
 RULE = {"name": "orders", "match": "orders.*", "kind": "replicated", "replicas": 3}
+
+
+def in_runs(queue) -> int:
+    """Messages of ``queue`` in runs on disk (no object each)."""
+    return queue.messages.count if type(queue.messages) is RunQueue else 0
 
 
 def body(i: int) -> str:
@@ -70,6 +77,9 @@ def test_a_late_backup_catches_up_from_a_paged_primary_without_loading_it(tmp_pa
         queue = a.queues.get("orders.x")
         paged = queue.paged_count
         assert paged > 250
+        assert in_runs(queue) > 250, "the primary's backlog is not in runs"
+        assert len(service(a).addresses["orders.x"].primary.replica_set.index) < 50, \
+            "the rid index names messages in runs"
 
         b = await world.node("b", peers=peers, rules=[rule])
         await world.until(lambda: view(b, "orders.x").get("copy", {}).get("in_sync"),
@@ -97,6 +107,7 @@ def test_a_backup_promoted_with_a_backlog_pages_it_and_every_id_arrives(tmp_path
         await fill(world, producer.sender("orders.p"), 200)
         await world.quiet(0.05)
         assert nodes[primary].queues.get("orders.p").paged_count > 150
+        assert in_runs(nodes[primary].queues.get("orders.p")) > 150, "the primary is not in runs"
 
         await lose_node(world, nodes, primary)
         await world.until(lambda: any(view(nodes[n], "orders.p").get("role") == "primary"
@@ -248,6 +259,62 @@ def test_a_backup_dropped_and_caught_up_again_lets_its_old_runs_go(tmp_path):
         assert await drain(world, consumer, "orders.c", 400) == list(range(400))
         await world.until(lambda: image.depth == 0 and store.live_bytes == 0,
                           what="the backup's copy and records let go")
+        await world.close()
+
+    run(play)
+
+
+def test_a_backup_caught_up_from_the_primarys_runs_takes_over_and_loses_no_id(tmp_path):
+    """Every node with a small budget, catchup_timeout 4 s: backup x is cut off while 150
+    more messages arrive (the primary's backlog in runs, its rid index small); healed, x
+    catches up from the primary's runs while a consumer accepts 50; then the other backup
+    and the primary are lost: x serves every id not accepted, once, in order."""
+    rule = {**RULE, "catchup_timeout": 4.0}
+
+    async def play():
+        world = World(tmp_path)
+        etcd = MemoryEtcd()
+        nodes = {name: await world.node(name, etcd=etcd, rules=[rule],
+                                        limits={"max_memory": BUDGET}, paging=PAGING,
+                                        cluster={"etcd": ["http://memory:2379"],
+                                                 "lease_ttl": TTL})
+                 for name in "abc"}
+        primary = await make_primary(world, nodes, "orders.t")
+        x, y = [n for n in "abc" if n != primary]
+        producer = await world.client(primary, "producer")
+        sender = producer.sender("orders.t")
+        await fill(world, sender, 150)
+        world.network.partition(primary, x)
+        for i in range(150, 300):
+            await world.until(lambda: sender.credit > 0, timeout=10, what=f"credit for {i}")
+            sender.send(body(i), message_id=i)
+        await world.until(lambda: sender.accepted() == 300, timeout=15, what="300 accepted")
+        await world.quiet(0.05)
+        queue = nodes[primary].queues.get("orders.t")
+        assert in_runs(queue) > 250, "the primary's backlog is not in runs"
+        replica_set = service(nodes[primary]).addresses["orders.t"].primary.replica_set
+        assert len(replica_set.index) < 50, "the rid index names messages in runs"
+
+        world.network.heal(primary, x)
+        consumer = await world.client(primary, "consumer")
+        receiver = consumer.receiver("orders.t")
+        receiver.flow(50)
+        await world.until(lambda: len(receiver.received) == 50, what="50 delivered")
+        receiver.settle()
+        image = service(nodes[x]).addresses["orders.t"].backup.image
+        await world.until(lambda: view(nodes[x], "orders.t").get("copy", {}).get("in_sync")
+                          and image.depth == 250, timeout=15, what="x caught up")
+        receiver.link.close()
+        consumer.flush()
+
+        await lose_node(world, nodes, y)
+        await world.until(lambda: y not in view(nodes[primary], "orders.t").get("in_sync", [y]),
+                          timeout=TTL + 5, what=f"{y} out of the in-sync set")
+        await lose_node(world, nodes, primary)
+        await world.until(lambda: view(nodes[x], "orders.t").get("role") == "primary",
+                          timeout=TTL + 5, what="x the new primary")
+        again = await world.client(x, "again")
+        assert await drain(world, again, "orders.t", 250) == list(range(50, 300))
         await world.close()
 
     run(play)
