@@ -136,11 +136,17 @@ def release_links(entry, keep=None):
 def shed_stuck(entry, parked: list, description: str, waited: float, fenced_only: bool) -> None:
     """Close (reset) the connection of each link ``entry`` parked (``clients_moved``) still stuck
     after ``waited`` s: neither served here nor attached on a node on the way to the primary.
-    ``fenced_only``: only while this node knows itself cut off (``service.cut_off``)."""
+    ``fenced_only``: only while this node knows itself cut off (``service.cut_off``). A link
+    of this node's own proxy connection to itself is a client's one hop on (a fragment's
+    producer brought home, a proxy that followed its queue here): the clients of that
+    connection's proxies are reset instead (docs/nemesis.md, finding 31)."""
     if fenced_only and not entry.service.cut_off():
         return
+    done = set()  # connections already ended here (several of their links may be stuck)
     for pending in parked:
         handler = pending.handler
+        if id(handler) in done:
+            continue
         endpoint = handler.links.get(pending.link_ptr)
         stuck = endpoint is pending or (endpoint is not None and not getattr(
             endpoint, "up_attached", True))  # no primary, nor a node on the way to it
@@ -149,7 +155,12 @@ def shed_stuck(entry, parked: list, description: str, waited: float, fenced_only
                    else "no primary known")
             log.warning("queue %s: %s after %.1f s: closing the connection of a link that "
                         "waited for the primary", entry.wire, why, waited)
+            done.add(id(handler))
+            reason = f"{description}; {why} after {waited:g} s"
+            # this node's own proxy connection to itself: the clients are one hop on, behind
+            # the proxies it carries, and theirs are the connections to end (finding 31)
+            if entry.service.silent_peers.send_home_clients_away(handler, reason):
+                continue
             # a reset, not a close frame, for Container clients (AmqpProtocol.close)
-            handler.output.close("amqp:connection:forced", f"{description}; {why} after "
-                                 f"{waited:g} s", reset=True)
+            handler.output.close("amqp:connection:forced", reason, reset=True)
     entry.node.broker.run_pending()

@@ -209,24 +209,54 @@ class SilentPeers:
         return any(m.protocol is not None and m.protocol.heard_at > since
                    for m in [*pool.members, pool.alone])
 
-    def _send_clients_away(self, pool, why: str = "") -> None:
-        service = self.service
+    def send_home_clients_away(self, handler, description: str) -> int:
+        """``handler`` serves this node's own proxy connection to itself (a member of an
+        ``_own_pools`` pool) and one of its links waited for a primary too long
+        (``parked.shed_stuck``): the clients whose links that connection carries one hop on
+        (a fragment's producers brought home, proxies that followed their queue here) are sent
+        to their failover lists. Resetting that connection reached none of them: their proxies
+        connected again, or were turned away by the gate, and the clients waited for the next
+        look (a relay limit: docs/nemesis.md, finding 31). Returns the client connections
+        ended (0: ``handler`` is not this node's own proxy connection, or carries none)."""
+        connection = handler.server_connection
+        container = connection.remote_container if connection is not None else ""
+        if not container.startswith(f"{self.service.node_id}-up-"):
+            return 0
+        members = [m for pool in self._own_pools() for m in [*pool.members, pool.alone]
+                   if m.conn is not None and m.conn.connection.container == container]
+        ended = self._end_clients(members, description)
+        if ended:
+            log.warning("this node's own proxy connection %s: %s: %d client connections sent "
+                        "to their failover lists", container, description, ended)
+        self.service.node.broker.run_pending()
+        return ended
+
+    def _end_clients(self, members, description: str) -> int:
+        """Reset the client connections (never other fedgate nodes') whose proxy links
+        ``members`` carry."""
         handlers = {}
-        for member in [*pool.members, pool.alone]:
+        for member in members:
             for endpoint in member.endpoints:
                 handler = getattr(endpoint, "handler", None)
-                if handler is not None and not service.is_peer(handler):
+                if handler is not None and not self.service.is_peer(handler):
                     handlers[id(handler)] = handler
-        waited = service.relay_limit()
-        why = why or f"{pool.target.display} answered nothing for {waited:g} s"
+        ended = 0
         for handler in handlers.values():
             close = getattr(handler.output, "close", None)
             if close is None:
                 continue
+            ended += 1
             self.resets += 1
             # a reset, not a close frame, for Container clients (AmqpProtocol.close)
-            close("amqp:connection:forced", f"this node is {self._cut()} and {why}", reset=True)
-        if handlers:
+            close("amqp:connection:forced", description, reset=True)
+        return ended
+
+    def _send_clients_away(self, pool, why: str = "") -> None:
+        service = self.service
+        waited = service.relay_limit()
+        why = why or f"{pool.target.display} answered nothing for {waited:g} s"
+        ended = self._end_clients([*pool.members, pool.alone], f"this node is {self._cut()} and {why}")
+        if ended:
             log.warning("upstream %s: %s while this node is cut off: %d client connections sent "
-                        "to their failover lists", pool.target.display, why, len(handlers))
+                        "to their failover lists", pool.target.display, why, ended)
         service.node.broker.run_pending()

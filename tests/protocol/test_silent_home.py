@@ -90,3 +90,44 @@ def test_a_cut_node_sends_away_a_fragment_producer_brought_home(tmp_path):
         await world.close()
 
     run(play)
+
+
+def test_a_fragment_home_that_stands_aside_sends_its_producer_brought_home_away_at_once(tmp_path):
+    """docs/nemesis.md finding 31 (long seed 17, `peers-cut` of n1: `nem.f` 5.58 s without an
+    acceptance, allowed 5.0): the producer brought home through the node's own listener, then
+    the node cut off from its peers (not from etcd). Its fragment stands aside (the node knows
+    itself cut off from every peer): the fragment's own clients are sent to their failover
+    lists at once, but this one is two links, and only the inner one (the node's proxy
+    connection to itself) was parked; the client waited for the next look of the silent
+    peers, a relay limit (1.5 s) later."""
+    async def play():
+        world, etcd, nodes = await a_back_without_its_fragment(tmp_path)
+        client = await world.client("a", "producer-a2")
+        producer = Numbered(client.sender(FRAGMENTS))
+        await world.until(lambda: producer.upto(5), timeout=10, what="accepted (forwarded)")
+        await world.until(lambda: view(nodes["a"], f"{FRAGMENTS}@a").get("role") == "primary",
+                          timeout=30, what="a's fragment handed back to it")
+        await world.until(lambda: forwarded_to(nodes["a"]) == "a", timeout=TTL,
+                          what="the producer brought home through a's own listener")
+        await world.until(lambda: len(view(nodes["a"], f"{FRAGMENTS}@a").get("in_sync", [])) == 1,
+                          timeout=10, what="a's fragment in sync again")
+        await world.until(lambda: producer.upto(10), timeout=TTL, what="accepted at home")
+
+        loop = asyncio.get_running_loop()
+        began, aside = loop.time(), None
+        for other in "bc":  # a peers-cut: etcd still answers a
+            world.network.partition("a", other)
+        while not client.lost:
+            producer.upto(producer.sent + 1)
+            await asyncio.sleep(0.05)
+            if aside is None and view(nodes["a"], f"{FRAGMENTS}@a").get("stood_aside"):
+                aside = loop.time()
+            assert loop.time() - began <= 2.5 * TTL, "the producer brought home still connected"
+        assert aside is not None, "a's fragment did not stand aside"
+        waited = loop.time() - began
+        assert loop.time() - aside <= 0.5, (aside - began, waited)  # was a relay limit later
+        assert waited <= TTL + 1.5, waited
+        assert producer.sender.closed_with is None  # a reset: its link never ended alone
+        await world.close()
+
+    run(play)
