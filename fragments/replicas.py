@@ -53,14 +53,9 @@ class FragmentReplicas:
         return self.group.address
 
     def claiming(self) -> bool:
-        """This node's own fragment is not served yet, and no other member serves it: links
-        wait for this node's claim. Not while this node is cut off (from etcd, or standing
-        aside from every peer: ``service.cut_off``): it claims nothing then, and its links go
-        where a node without a fragment sends them (docs/nemesis.md, finding 32: a producer
-        held for that claim was on no pool a cut-off node sends away, and waited for the
-        heal)."""
+        """This node's own fragment is not served yet, and no other member serves it."""
         own = self.own
-        return (own is not None and self.group.queue is None and not self.service.cut_off()
+        return (own is not None and self.group.queue is None
                 and (own.owner is None or own.owner[0] == self.node.node_id))
 
     def wait(self, client, link) -> None:

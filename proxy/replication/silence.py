@@ -194,7 +194,33 @@ class SilentPeers:
             # (docs/nemesis.md, finding 22)
             for pool in self._own_pools():
                 self._send_clients_away(pool, "this node's own listener turns its proxies away")
+            self._send_waiting_away()
         self._next()
+
+    def _send_waiting_away(self) -> None:
+        """Clients with a link held here for an owner this node cannot learn while cut off (a
+        replicated queue's or a fragment's: ``pending``) go too, for the gate's own reason: a
+        fragment's producer that came between the reset of its node's clients and the gate
+        closing was held for its home's claim, on no pool sent away, and waited for the heal
+        (docs/nemesis.md, finding 32). Links of other fedgate nodes stay (they find the owner
+        themselves); a link of this node's own proxy connection sends its clients away."""
+        service = self.service
+        holders = [*service.entries.values(), *(make() for make in service.fragment_listeners.values())]
+        handlers = {}
+        for holder in holders:
+            for pending in getattr(holder, "pending", None) or ():
+                handler = pending.handler
+                if not service.is_peer(handler) and getattr(handler.output, "close", None) is not None:
+                    handlers[id(handler)] = handler
+        why = f"this node is {self._cut()} and can learn no owner for a link that waits here"
+        for handler in handlers.values():
+            if self.send_home_clients_away(handler, why):
+                continue
+            self.resets += 1
+            handler.output.close("amqp:connection:forced", why, reset=True)
+        if handlers:
+            log.warning("%s: %d client connections sent to their failover lists", why, len(handlers))
+        service.node.broker.run_pending()
 
     def _own_pools(self) -> list:
         url = self.service.known.get(self.service.node_id)

@@ -20,7 +20,7 @@ import pytest
 
 from playbook import World, run
 from test_failover_links import Numbered
-from test_replication_playbooks import FRAGMENTED, TTL, etcd_cluster, view
+from test_replication_playbooks import CREDIT, FRAGMENTED, TTL, Consumer, etcd_cluster, view
 
 pytestmark = pytest.mark.timeout(60)
 FRAGMENTS = "jobs"
@@ -57,6 +57,46 @@ def test_a_client_that_comes_to_an_isolated_fragment_home_is_sent_away_too(tmp_p
             assert loop.time() - came <= 2 * TTL, (reset, "the newcomer still connected")
         # the next look of the silent peers (a relay limit); it waited for the heal before
         assert loop.time() - came <= TTL, (reset, came - began, loop.time() - began)
+        await world.close()
+
+    run(play)
+
+
+def test_an_etcd_pause_sends_no_fragment_link_around_the_members(tmp_path):
+    """Every member cut off from etcd at once (an `etcd-pause`), fragment clients on each: every
+    home fences its fragment and serves none until etcd answers. A first fix of finding 32 let
+    a cut-off member send new links where a node without a fragment does; with every member
+    cut off, each proxied the others' consumers on to the next one, and a client's connection
+    reached 1,024 links in 2 s (`amqp:resource-limit-exceeded`: long seed 10, `combined`).
+    The links wait, and nothing ends them."""
+    async def play():
+        world = World(tmp_path)
+        etcd, nodes = await etcd_cluster(world, rule=FRAGMENTED)
+        clients, producers, consumers = [], [], []
+        for base, node in enumerate(nodes):
+            client = await world.client(node, f"clients-{node}")
+            clients.append(client)
+            producers.append(Numbered(client.sender(FRAGMENTS), base=1000 * base))
+            consumers.append(Consumer(client.receiver(FRAGMENTS, credit=CREDIT)))
+        await world.until(lambda: all(p.upto(5) for p in producers), timeout=10, what="accepted")
+        await world.until(lambda: all(len(view(nodes[n], f"{FRAGMENTS}@{n}").get("in_sync", [])) == 1
+                                      for n in nodes), timeout=10, what="every fragment in sync")
+
+        for node in nodes.values():
+            node.coordinator.store.partition()
+        for _ in range(int(3 * TTL / 0.1)):
+            for producer in producers:
+                producer.upto(producer.sent + 1)
+            for consumer in consumers:
+                consumer.step()
+            await asyncio.sleep(0.1)
+        for node in nodes.values():
+            node.coordinator.store.heal()
+        assert all(p.sender.closed_with is None for p in producers)
+        assert all(c.link.closed_with is None for c in consumers)
+        targets = [p.sent + 1 for p in producers]
+        await world.until(lambda: all(p.upto(n) for p, n in zip(producers, targets)),
+                          timeout=4 * TTL, what="accepted again after the pause")
         await world.close()
 
     run(play)
