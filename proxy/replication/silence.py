@@ -24,8 +24,9 @@ the supervisor admits connections, and the gate is not asked.
 
 States: ``idle`` (acting) -> ``watching`` (fenced: a look every ``relay_limit``; a peer pool
 owing answers at one look and unheard at the next becomes ``silent``, and with it every peer
-pool unheard since the fence: their clients are sent away, new clients turned away, until
-they are heard again) -> ``idle`` (acting again: every note
+pool unheard since the fence: their clients are sent away (with those proxied through the
+node's own listener and those whose links wait here for an owner: findings 22 and 32), new
+clients turned away, until they are heard again) -> ``idle`` (acting again: every note
 dropped).
 """
 
