@@ -177,6 +177,9 @@ class ReplicatedAddress:
         (``amqp:connection:forced``: a reset) and the client's failover list takes it elsewhere;
         on a fenced node, already after ``relay_limit`` when no peer answered its relay."""
         parked = []
+        # proxies that followed this queue home through this node's own listener: their links
+        # are parked below, and they follow the new owner (finding 31: stuck there too)
+        followed = [p for p in self.proxies if not p.closed]
         for endpoint in [*queue.consumers, *queue.producers, *queue.browsers]:
             if not getattr(endpoint, "attached", True) or endpoint.link_ptr not in endpoint.handler.links:
                 continue
@@ -197,8 +200,8 @@ class ReplicatedAddress:
         relay = self.service.relay_limit()
         if self.service.silent_peers.isolated:  # stood aside: known cut off from every peer
             relay = 0.1
-        loop.call_later(relay, shed_stuck, self, parked, description, relay, True)
-        loop.call_later(limit, shed_stuck, self, parked, description, limit, False)
+        loop.call_later(relay, shed_stuck, self, parked, description, relay, True, followed)
+        loop.call_later(limit, shed_stuck, self, parked, description, limit, False, followed)
         self._go_on()
 
     def _proxy_ended(self, condition) -> bool:

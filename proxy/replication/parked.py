@@ -133,23 +133,47 @@ def release_links(entry, keep=None):
             yield pending, handler, link
 
 
-def shed_stuck(entry, parked: list, description: str, waited: float, fenced_only: bool) -> None:
+def shed_stuck(entry, parked: list, description: str, waited: float, fenced_only: bool,
+               followed: list = ()) -> None:
     """Close (reset) the connection of each link ``entry`` parked (``clients_moved``) still stuck
     after ``waited`` s: neither served here nor attached on a node on the way to the primary.
-    ``fenced_only``: only while this node knows itself cut off (``service.cut_off``)."""
+    ``fenced_only``: only while this node knows itself cut off (``service.cut_off``).
+
+    A client whose proxy had followed the queue home, through this node's own listener, is two
+    links (docs/nemesis.md, finding 31): its own link here, a proxy on this node's own pool,
+    and the proxy's link, parked with the others. ``followed`` are those proxies: one that
+    followed the owner on and is not attached there is stuck too. A parked link of this node's
+    own proxy connection to itself is reset at its clients: the connections of the proxies it
+    carries (``silent_peers.send_home_clients_away``), not that connection alone (which the
+    proxies opened again, or the gate turned away, while their clients waited)."""
     if fenced_only and not entry.service.cut_off():
         return
+    why = "this node is cut off and no peer answers" if fenced_only else "no primary known"
+    reason = f"{description}; {why} after {waited:g} s"
+    done = set()  # connections already ended here (several of their links may be stuck)
+
+    def end(handler) -> None:
+        done.add(id(handler))
+        log.warning("queue %s: %s after %.1f s: closing the connection of a link that "
+                    "waited for the primary", entry.wire, why, waited)
+        if entry.service.silent_peers.send_home_clients_away(handler, reason):
+            return
+        # a reset, not a close frame, for Container clients (AmqpProtocol.close)
+        handler.output.close("amqp:connection:forced", reason, reset=True)
+
     for pending in parked:
         handler = pending.handler
+        if id(handler) in done:
+            continue
         endpoint = handler.links.get(pending.link_ptr)
         stuck = endpoint is pending or (endpoint is not None and not getattr(
             endpoint, "up_attached", True))  # no primary, nor a node on the way to it
         if stuck and getattr(handler.output, "close", None) is not None:
-            why = ("this node is cut off and no peer answers" if fenced_only
-                   else "no primary known")
-            log.warning("queue %s: %s after %.1f s: closing the connection of a link that "
-                        "waited for the primary", entry.wire, why, waited)
-            # a reset, not a close frame, for Container clients (AmqpProtocol.close)
-            handler.output.close("amqp:connection:forced", f"{description}; {why} after "
-                                 f"{waited:g} s", reset=True)
+            end(handler)
+    for proxy in followed:
+        handler = proxy.handler
+        if proxy.closed or proxy.up_attached or id(handler) in done or \
+                entry.service.is_peer(handler) or getattr(handler.output, "close", None) is None:
+            continue
+        end(handler)
     entry.node.broker.run_pending()

@@ -24,8 +24,9 @@ the supervisor admits connections, and the gate is not asked.
 
 States: ``idle`` (acting) -> ``watching`` (fenced: a look every ``relay_limit``; a peer pool
 owing answers at one look and unheard at the next becomes ``silent``, and with it every peer
-pool unheard since the fence: their clients are sent away, new clients turned away, until
-they are heard again) -> ``idle`` (acting again: every note
+pool unheard since the fence: their clients are sent away (with those proxied through the
+node's own listener and those whose links wait here for an owner: findings 22 and 32), new
+clients turned away, until they are heard again) -> ``idle`` (acting again: every note
 dropped).
 """
 
@@ -194,7 +195,33 @@ class SilentPeers:
             # (docs/nemesis.md, finding 22)
             for pool in self._own_pools():
                 self._send_clients_away(pool, "this node's own listener turns its proxies away")
+            self._send_waiting_away()
         self._next()
+
+    def _send_waiting_away(self) -> None:
+        """Clients with a link held here for an owner this node cannot learn while cut off (a
+        replicated queue's or a fragment's: ``pending``) go too, for the gate's own reason: a
+        fragment's producer that came between the reset of its node's clients and the gate
+        closing was held for its home's claim, on no pool sent away, and waited for the heal
+        (docs/nemesis.md, finding 32). Links of other fedgate nodes stay (they find the owner
+        themselves); a link of this node's own proxy connection sends its clients away."""
+        service = self.service
+        holders = [*service.entries.values(), *(make() for make in service.fragment_listeners.values())]
+        handlers = {}
+        for holder in holders:
+            for pending in getattr(holder, "pending", None) or ():
+                handler = pending.handler
+                if not service.is_peer(handler) and getattr(handler.output, "close", None) is not None:
+                    handlers[id(handler)] = handler
+        why = f"this node is {self._cut()} and can learn no owner for a link that waits here"
+        for handler in handlers.values():
+            if self.send_home_clients_away(handler, why):
+                continue
+            self.resets += 1
+            handler.output.close("amqp:connection:forced", why, reset=True)
+        if handlers:
+            log.warning("%s: %d client connections sent to their failover lists", why, len(handlers))
+        service.node.broker.run_pending()
 
     def _own_pools(self) -> list:
         url = self.service.known.get(self.service.node_id)
@@ -209,24 +236,54 @@ class SilentPeers:
         return any(m.protocol is not None and m.protocol.heard_at > since
                    for m in [*pool.members, pool.alone])
 
-    def _send_clients_away(self, pool, why: str = "") -> None:
-        service = self.service
+    def send_home_clients_away(self, handler, description: str) -> int:
+        """``handler`` serves this node's own proxy connection to itself (a member of an
+        ``_own_pools`` pool) and one of its links waited for a primary too long
+        (``parked.shed_stuck``): the clients whose links that connection carries one hop on
+        (a fragment's producers brought home, proxies that followed their queue here) are sent
+        to their failover lists. Resetting that connection reached none of them: their proxies
+        connected again, or were turned away by the gate, and the clients waited for the next
+        look (a relay limit: docs/nemesis.md, finding 31). Returns the client connections
+        ended (0: ``handler`` is not this node's own proxy connection, or carries none)."""
+        connection = handler.server_connection
+        container = connection.remote_container if connection is not None else ""
+        if not container.startswith(f"{self.service.node_id}-up-"):
+            return 0
+        members = [m for pool in self._own_pools() for m in [*pool.members, pool.alone]
+                   if m.conn is not None and m.conn.connection.container == container]
+        ended = self._end_clients(members, description)
+        if ended:
+            log.warning("this node's own proxy connection %s: %s: %d client connections sent "
+                        "to their failover lists", container, description, ended)
+        self.service.node.broker.run_pending()
+        return ended
+
+    def _end_clients(self, members, description: str) -> int:
+        """Reset the client connections (never other fedgate nodes') whose proxy links
+        ``members`` carry."""
         handlers = {}
-        for member in [*pool.members, pool.alone]:
+        for member in members:
             for endpoint in member.endpoints:
                 handler = getattr(endpoint, "handler", None)
-                if handler is not None and not service.is_peer(handler):
+                if handler is not None and not self.service.is_peer(handler):
                     handlers[id(handler)] = handler
-        waited = service.relay_limit()
-        why = why or f"{pool.target.display} answered nothing for {waited:g} s"
+        ended = 0
         for handler in handlers.values():
             close = getattr(handler.output, "close", None)
             if close is None:
                 continue
+            ended += 1
             self.resets += 1
             # a reset, not a close frame, for Container clients (AmqpProtocol.close)
-            close("amqp:connection:forced", f"this node is {self._cut()} and {why}", reset=True)
-        if handlers:
+            close("amqp:connection:forced", description, reset=True)
+        return ended
+
+    def _send_clients_away(self, pool, why: str = "") -> None:
+        service = self.service
+        waited = service.relay_limit()
+        why = why or f"{pool.target.display} answered nothing for {waited:g} s"
+        ended = self._end_clients([*pool.members, pool.alone], f"this node is {self._cut()} and {why}")
+        if ended:
             log.warning("upstream %s: %s while this node is cut off: %d client connections sent "
-                        "to their failover lists", pool.target.display, why, len(handlers))
+                        "to their failover lists", pool.target.display, why, ended)
         service.node.broker.run_pending()
