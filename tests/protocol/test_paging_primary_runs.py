@@ -101,6 +101,24 @@ async def paged(primary: Primary) -> None:
         await io()
 
 
+async def drained(primary: Primary, backup, clock: Clock) -> None:
+    """Every message taken and accepted; the copy follows the primary to empty. Closes both
+    pagers."""
+    for _ in range(400):
+        primary.settle(random.Random(0))
+        if not primary.queue.depth and not primary.consumer.out:
+            break
+        primary.take(50)
+        await io()
+        await ship(primary.rs, backup, clock)
+    await paged(primary)
+    await ship(primary.rs, backup, clock)
+    assert primary.queue.depth == 0 and not primary.rs.index
+    assert backup.contents() == {} == primary.state()
+    primary.pager.close()
+    backup.pager.close()
+
+
 def test_a_primary_keeps_runs_and_its_index_names_only_the_messages_in_memory(tmp_path):
     async def play():
         primary = Primary(tmp_path / "a", Clock())
@@ -185,21 +203,8 @@ def test_a_late_backup_catches_up_from_the_runs_while_consumers_and_producers_go
         assert primary.in_runs() > 0, "nothing left in runs: the race proves little"
         assert backup.contents() == primary.state()
 
-        # drained: every message settled, the copy follows to empty
-        for _ in range(400):
-            primary.settle(random.Random(0))
-            if not primary.queue.depth and not primary.consumer.out:
-                break
-            primary.take(50)
-            await io()
-            await ship(primary.rs, backup, clock)
-        await paged(primary)
-        await ship(primary.rs, backup, clock)
-        assert primary.queue.depth == 0 and not primary.rs.index
-        assert backup.contents() == {} == primary.state()
+        await drained(primary, backup, clock)
         assert primary.store.live_bytes == 0
-        primary.pager.close()
-        backup.pager.close()
 
     asyncio.run(play())
 
@@ -259,18 +264,6 @@ def test_a_priority_at_a_primary_in_runs_brings_its_runs_back_into_the_index(tmp
                 break
             await io()
         assert bytes(body(primary.consumer.out[0])) == urgent
-        for _ in range(400):
-            primary.settle(random.Random(0))
-            if not primary.queue.depth and not primary.consumer.out:
-                break
-            primary.take(50)
-            await io()
-            await ship(primary.rs, backup, clock)
-        await paged(primary)
-        await ship(primary.rs, backup, clock)
-        assert primary.queue.depth == 0 and not primary.rs.index
-        assert backup.contents() == {} == primary.state()
-        primary.pager.close()
-        backup.pager.close()
+        await drained(primary, backup, clock)
 
     asyncio.run(play())
