@@ -101,6 +101,17 @@ async def paged(primary: Primary) -> None:
         await io()
 
 
+async def three_hundred_in_runs(tmp_path):
+    """A primary holding 300 messages, most of them in runs, and a backup not attached."""
+    clock = Clock()
+    primary = Primary(tmp_path / "a", clock)
+    backup = Backup(tmp_path / "b")
+    primary.enqueue(300)
+    await paged(primary)
+    assert primary.in_runs() >= 250
+    return clock, primary, backup
+
+
 async def drained(primary: Primary, backup, clock: Clock) -> None:
     """Every message taken and accepted; the copy follows the primary to empty. Closes both
     pagers."""
@@ -211,12 +222,7 @@ def test_a_late_backup_catches_up_from_the_runs_while_consumers_and_producers_go
 
 def test_a_purge_during_the_catch_up_reaches_the_copy(tmp_path):
     async def play():
-        clock = Clock()
-        primary = Primary(tmp_path / "a", clock)
-        backup = Backup(tmp_path / "b")
-        primary.enqueue(300)
-        await paged(primary)
-        assert primary.in_runs() >= 250
+        clock, primary, backup = await three_hundred_in_runs(tmp_path)
         primary.rs.attach("b", clock.now)
         number, items = primary.rs.take_batch("b", clock.now)  # a part of the catch-up
         from proxy.replication import events
@@ -240,12 +246,7 @@ def test_a_priority_at_a_primary_in_runs_brings_its_runs_back_into_the_index(tmp
     names every one of them again, so a backup attached after catches up to the primary's
     state, the priority message comes first, and both end empty."""
     async def play():
-        clock = Clock()
-        primary = Primary(tmp_path / "a", clock)
-        backup = Backup(tmp_path / "b")
-        primary.enqueue(300)
-        await paged(primary)
-        assert primary.in_runs() >= 250
+        clock, primary, backup = await three_hundred_in_runs(tmp_path)
         urgent = Message(id="urgent", body="u", priority=7).encode()
         primary.queue.enqueue(StoredMessage(urgent))
         assert primary.in_runs() == 0
