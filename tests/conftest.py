@@ -156,6 +156,18 @@ class NodeProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def wait_log(self, text: str, timeout: float = 10.0) -> str:
+        """The node's log once it holds ``text`` (bounded): a line the node writes when it
+        notices a connection gone comes after the client saw the close, not before."""
+        deadline = time.monotonic() + timeout
+        while True:
+            log = self.log_path.read_text()
+            if text in log:
+                return log
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{text!r} not in {self.log_path.name} within {timeout} s:\n{log[-2000:]}")
+            time.sleep(0.05)
+
     def kill(self) -> None:
         """kill -9 of the node: with workers, of every process of it at once (the supervisor
         held still first, so it restarts none of them), as a machine's crash would."""

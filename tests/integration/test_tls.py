@@ -66,7 +66,7 @@ def test_tls_handshakes_under_way_are_capped_and_limits_apply_before_tls(start_n
             finally:
                 sock.close()
         assert refused == [True] * 5
-        assert "max_pending_handshakes" in node.log_path.read_text()
+        node.wait_log("max_pending_handshakes")
     finally:
         for sock in silent:
             sock.close()
