@@ -25,7 +25,7 @@ from collections import deque
 
 from proxy.paging.store import STORED
 from proxy.queues.runs import RunQueue
-from proxy.queues.store import DEFAULT_PRIORITY, LEVELS, PriorityStore
+from proxy.queues.store import DEFAULT_PRIORITY, LEVELS, PriorityStore, top_level
 
 
 class LevelRuns:
@@ -58,13 +58,7 @@ class LevelRuns:
         return levels
 
     def _top(self) -> RunQueue | None:
-        levels = self.levels
-        for priority in range(self.high, -1, -1):
-            level = levels[priority]
-            if level:
-                self.high = priority
-                return level
-        return None
+        return top_level(self)
 
     # -- the deque's operations ------------------------------------------------------------
     def __len__(self) -> int:

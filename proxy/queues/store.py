@@ -18,6 +18,18 @@ DEFAULT_PRIORITY = 4
 LEVELS = 10
 
 
+def top_level(store):
+    """The highest non-empty level of ``store`` (``levels``, ``high``: a ``PriorityStore``
+    or a ``LevelRuns``), ``high`` lowered to it on the way; None when all are empty."""
+    levels = store.levels
+    for priority in range(store.high, -1, -1):
+        level = levels[priority]
+        if level:
+            store.high = priority
+            return level
+    return None
+
+
 class PriorityStore:
     __slots__ = ("levels", "count", "high")
 
@@ -51,14 +63,7 @@ class PriorityStore:
         return level
 
     def _top(self) -> OrderedDict | None:
-        if self.count:
-            levels = self.levels
-            for priority in range(self.high, -1, -1):
-                level = levels[priority]
-                if level:
-                    self.high = priority
-                    return level
-        return None
+        return top_level(self) if self.count else None
 
     def popleft(self):
         level = self._top()
