@@ -34,7 +34,8 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 
-from . import catchup
+from . import catchup, dequeue_runs
+from .dequeue_runs import RUN, entry_cost
 from .events import ACQUIRE, DEQUEUE, ENQUEUE, IN_SYNC, RELEASE, Event, rid
 from .states import CopyState
 
@@ -43,7 +44,9 @@ MAX_BATCH_BYTES = 1 << 20
 # many events per round trip to its backup; 4,096 was slower than 512 on 16 cores, side by side
 # (bench/README.md, issue #45); FEDGATE_REPLICATION_BATCH_EVENTS sets it for such a benchmark
 MAX_BATCH_EVENTS = int(os.environ.get("FEDGATE_REPLICATION_BATCH_EVENTS", "512"))
-MAX_STREAM_BYTES = 64 << 20  # bytes of events waiting for one backup before it is dropped
+# memory of the events waiting for one backup before it is dropped (``pending_bytes``:
+# what the entries cost, proxy.replication.dequeue_runs, not their size in a batch)
+MAX_STREAM_BYTES = 64 << 20
 ASKED_AGAIN = 1.0  # a batch sent this soon after the last acknowledgement: silence counts from it
 
 
@@ -61,8 +64,9 @@ class BackupStream:
 
     node: str
     state: CopyState = CopyState.CATCHING_UP
-    pending: deque = field(default_factory=deque)  # (event, ticket stamp, appended at)
-    pending_bytes: int = 0
+    # (event, ticket stamp, appended at); consecutive dequeues as one DequeueRun
+    pending: deque = field(default_factory=deque)
+    pending_bytes: int = 0  # their memory (dequeue_runs.entry_cost), counted until they go
     # coalescing (module note): enqueues not sent yet, by rid; acquires not sent yet. A
     # pending enqueue whose rid is no longer here was dequeued before it went: skipped.
     unsent_enqueues: dict = field(default_factory=dict)
@@ -80,7 +84,7 @@ class BackupStream:
 
     def add(self, event: Event, ticket: int, now: float) -> None:
         self.pending.append((event, ticket, now))
-        self.pending_bytes += event.size
+        self.pending_bytes += entry_cost(event)
         if event.kind == ENQUEUE:
             self.unsent_enqueues[event.rid] = event
 
@@ -102,11 +106,9 @@ class BackupStream:
         """Message ``value`` is gone: True if its enqueue was never sent (then the backup
         need not hear of it at all), False if a dequeue event must follow."""
         self.unsent_acquires.discard(value)
-        event = self.unsent_enqueues.pop(value, None)
-        if event is not None:
-            self.pending_bytes -= event.size
-            return True
-        return False
+        # its entry stays in ``pending`` (skipped when reached), counted until it goes: it
+        # holds the message's bytes until then
+        return self.unsent_enqueues.pop(value, None) is not None
 
     def silent_for(self, now: float) -> float:
         """How long this backup has owed an answer and not been heard: from its last
@@ -133,7 +135,8 @@ class BackupStream:
 
     @property
     def lag_events(self) -> int:
-        return (sum(1 for entry in self.pending if self.live(entry[0])) + len(self.unsent_acquires)
+        return (sum(entry[0].left if entry[0].kind == RUN else 1
+                    for entry in self.pending if self.live(entry[0])) + len(self.unsent_acquires)
                 + (len(self.catchup) if self.catchup else 0))
 
 
@@ -205,6 +208,8 @@ class ReplicaSet:
         for stream in self.streams.values():
             if stream.cancel(value):
                 continue  # consumed before its enqueue went out (the common case under load)
+            if dequeue_runs.coalesce(stream, value):
+                continue  # one more rid in the run of dequeues the stream ends with
             if event is None:
                 event = Event(DEQUEUE, value)
                 ticket, now = self.ticket, self.clock()
@@ -249,16 +254,25 @@ class ReplicaSet:
         unsent_enqueues = stream.unsent_enqueues
         while pending and len(events) < MAX_BATCH_EVENTS:
             event, ticket, _ = pending[0]
-            is_enqueue = event.kind == ENQUEUE
+            kind = event.kind
+            if kind == RUN:  # consecutive dequeues: as many as fit, 9 bytes each
+                room = min(MAX_BATCH_EVENTS - len(events), (MAX_BATCH_BYTES - size) // 9)
+                if room <= 0:
+                    break
+                size += 9 * dequeue_runs.take(stream, event, events, room)
+                through = ticket
+                continue
+            is_enqueue = kind == ENQUEUE
             if is_enqueue and event.rid not in unsent_enqueues:
                 pending.popleft()  # an enqueue dequeued before it was sent
+                stream.pending_bytes -= entry_cost(event)
                 through = ticket
                 continue
             event_size = event.size
             if events and size + event_size > MAX_BATCH_BYTES:
                 break
             pending.popleft()
-            stream.pending_bytes -= event_size
+            stream.pending_bytes -= entry_cost(event)
             if is_enqueue:
                 del unsent_enqueues[event.rid]
             events.append(event)
