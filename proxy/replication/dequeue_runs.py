@@ -21,7 +21,8 @@ the rids in an ``array('q')`` (8 bytes each), the ticket stamp and time of its f
   first's: no enqueue can come between two rids of one run.
 * **Costs** (``entry_cost``, ``RUN_COST``, ``PER_RID``): ``BackupStream.pending_bytes``
   counts what the entries cost in memory, measured with ``tracemalloc``
-  (``tests/protocol/test_replication_drain_bound.py``), not their size in a batch, so
+  (``tests/protocol/test_replication_drain_bound.py``), not their size in a batch; with
+  the tables of what is not sent yet (their size read, ``BackupStream.memory``),
   ``MAX_STREAM_BYTES`` bounds the memory a backup's stream holds. An entry is counted
   until it leaves ``pending`` (an enqueue consumed before it was sent keeps its bytes
   alive until then, and is counted until then); a run's whole array until it goes.
@@ -37,8 +38,8 @@ RUN = -1  # a DequeueRun's kind: never on the wire (its rids go as DEQUEUE event
 RUN_MAX = 8192  # rids in one run (64 KiB): a partly taken run's array is freed with its last
 PER_RID = 9  # a rid in a run: 8 bytes, and the array's over-allocation (at most 1/16)
 # one pending entry (tuple, time, Event, rid, the deque's slot: 200 bytes measured)
-EVENT_COST = 208
-UNSENT_ENQUEUE_COST = 96  # an enqueue's slot in ``unsent_enqueues`` (85 measured)
+EVENT_COST = 216
+TICKET_COST = 32  # an enqueue's ticket stamp, its own int (later entries share the last one)
 BYTES_COST = 33  # a payload's bytes object, beyond its length
 RUN_COST = 256  # a run's entry: tuple, time, the run, its array's header (232 measured)
 
@@ -69,9 +70,7 @@ def entry_cost(event: Event) -> int:
     though the queue's message may share it: a bound, not a guess)."""
     payload = event.payload
     cost = EVENT_COST if payload is None else EVENT_COST + BYTES_COST + len(payload)
-    if event.kind == ENQUEUE:
-        cost += UNSENT_ENQUEUE_COST
-    return cost
+    return cost + TICKET_COST if event.kind == ENQUEUE else cost
 
 
 def coalesce(stream, value: int) -> bool:

@@ -31,6 +31,7 @@ protocol is tested on a virtual clock (docs/replication.md has the design):
 from __future__ import annotations
 
 import os
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -44,9 +45,10 @@ MAX_BATCH_BYTES = 1 << 20
 # many events per round trip to its backup; 4,096 was slower than 512 on 16 cores, side by side
 # (bench/README.md, issue #45); FEDGATE_REPLICATION_BATCH_EVENTS sets it for such a benchmark
 MAX_BATCH_EVENTS = int(os.environ.get("FEDGATE_REPLICATION_BATCH_EVENTS", "512"))
-# memory of the events waiting for one backup before it is dropped (``pending_bytes``:
+# memory of the events waiting for one backup before it is dropped (``BackupStream.memory``:
 # what the entries cost, proxy.replication.dequeue_runs, not their size in a batch)
 MAX_STREAM_BYTES = 64 << 20
+_EMPTY_TABLES = sys.getsizeof({}) + sys.getsizeof(set())  # a stream with nothing waiting: 0
 ASKED_AGAIN = 1.0  # a batch sent this soon after the last acknowledgement: silence counts from it
 
 
@@ -132,6 +134,14 @@ class BackupStream:
         if self.catchup:
             return None  # catch-up paces itself by credit; its end is what counts
         return None
+
+    @property
+    def memory(self) -> int:
+        """What the stream holds in memory: its entries (``pending_bytes``) and the tables of
+        what is not sent yet, measured beyond empty ones (a dict keeps its table after its
+        entries go)."""
+        return (self.pending_bytes + sys.getsizeof(self.unsent_enqueues)
+                + sys.getsizeof(self.unsent_acquires) - _EMPTY_TABLES)
 
     @property
     def lag_events(self) -> int:
@@ -357,8 +367,8 @@ class ReplicaSet:
             since = stream.behind_since()
             if since is not None and now - since > self.catchup_timeout:
                 out.append((node, f"{now - since:.1f}s behind (catchup_timeout {self.catchup_timeout:g}s)"))
-            elif stream.pending_bytes > MAX_STREAM_BYTES:
-                out.append((node, f"{stream.pending_bytes} bytes waiting for it"))
+            elif stream.memory > MAX_STREAM_BYTES:
+                out.append((node, f"{stream.memory} bytes waiting for it"))
             elif (silent_after is not None and node in self.isr
                   and stream.silent_for(now) > silent_after and left - 1 >= self.min_in_sync):
                 left -= 1
@@ -443,7 +453,8 @@ class ReplicaSet:
                 {"node": node, "state": str(s.state),
                  "lag_messages": s.lag_events + sum(1 for _ in s.unacked),
                  "lag_ms": round(1000 * (now - s.behind_since()), 1) if s.behind_since() else 0.0,
-                 "catchup_left": len(s.catchup) if s.catchup else 0}
+                 "catchup_left": len(s.catchup) if s.catchup else 0,
+                 "stream_bytes": s.memory}
                 for node, s in sorted(self.streams.items())
             ],
         }
