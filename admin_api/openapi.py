@@ -149,6 +149,9 @@ BACKUP = {"type": "object", "properties": {
     "state": {"type": "string", "enum": ["catching-up", "ready", "lagging", "absent"]},
     "lag_messages": {"type": "integer"}, "lag_ms": {"type": "number"},
     "catchup_left": {"type": "integer"},
+    "stream_bytes": {"type": "integer",
+                     "description": "memory the events waiting for it hold at the primary; "
+                                    "past 64 MiB it is dropped (docs/replication.md)"},
     "version": {"type": ["string", "null"],
                 "description": "the backup's release, as its replication link said (0.5.0: "
                                "it says none); null before its link attached"}}}

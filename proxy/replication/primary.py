@@ -31,10 +31,12 @@ protocol is tested on a virtual clock (docs/replication.md has the design):
 from __future__ import annotations
 
 import os
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 
-from . import catchup
+from . import catchup, dequeue_runs
+from .dequeue_runs import RUN, entry_cost
 from .events import ACQUIRE, DEQUEUE, ENQUEUE, IN_SYNC, RELEASE, Event, rid
 from .states import CopyState
 
@@ -43,7 +45,10 @@ MAX_BATCH_BYTES = 1 << 20
 # many events per round trip to its backup; 4,096 was slower than 512 on 16 cores, side by side
 # (bench/README.md, issue #45); FEDGATE_REPLICATION_BATCH_EVENTS sets it for such a benchmark
 MAX_BATCH_EVENTS = int(os.environ.get("FEDGATE_REPLICATION_BATCH_EVENTS", "512"))
-MAX_STREAM_BYTES = 64 << 20  # bytes of events waiting for one backup before it is dropped
+# memory of the events waiting for one backup before it is dropped (``BackupStream.memory``:
+# what the entries cost, proxy.replication.dequeue_runs, not their size in a batch)
+MAX_STREAM_BYTES = 64 << 20
+_EMPTY_TABLES = sys.getsizeof({}) + sys.getsizeof(set())  # a stream with nothing waiting: 0
 ASKED_AGAIN = 1.0  # a batch sent this soon after the last acknowledgement: silence counts from it
 
 
@@ -61,8 +66,9 @@ class BackupStream:
 
     node: str
     state: CopyState = CopyState.CATCHING_UP
-    pending: deque = field(default_factory=deque)  # (event, ticket stamp, appended at)
-    pending_bytes: int = 0
+    # (event, ticket stamp, appended at); consecutive dequeues as one DequeueRun
+    pending: deque = field(default_factory=deque)
+    pending_bytes: int = 0  # their memory (dequeue_runs.entry_cost), counted until they go
     # coalescing (module note): enqueues not sent yet, by rid; acquires not sent yet. A
     # pending enqueue whose rid is no longer here was dequeued before it went: skipped.
     unsent_enqueues: dict = field(default_factory=dict)
@@ -80,7 +86,7 @@ class BackupStream:
 
     def add(self, event: Event, ticket: int, now: float) -> None:
         self.pending.append((event, ticket, now))
-        self.pending_bytes += event.size
+        self.pending_bytes += entry_cost(event)
         if event.kind == ENQUEUE:
             self.unsent_enqueues[event.rid] = event
 
@@ -102,11 +108,9 @@ class BackupStream:
         """Message ``value`` is gone: True if its enqueue was never sent (then the backup
         need not hear of it at all), False if a dequeue event must follow."""
         self.unsent_acquires.discard(value)
-        event = self.unsent_enqueues.pop(value, None)
-        if event is not None:
-            self.pending_bytes -= event.size
-            return True
-        return False
+        # its entry stays in ``pending`` (skipped when reached), counted until it goes: it
+        # holds the message's bytes until then
+        return self.unsent_enqueues.pop(value, None) is not None
 
     def silent_for(self, now: float) -> float:
         """How long this backup has owed an answer and not been heard: from its last
@@ -132,8 +136,17 @@ class BackupStream:
         return None
 
     @property
+    def memory(self) -> int:
+        """What the stream holds in memory: its entries (``pending_bytes``) and the tables of
+        what is not sent yet, measured beyond empty ones (a dict keeps its table after its
+        entries go)."""
+        return (self.pending_bytes + sys.getsizeof(self.unsent_enqueues)
+                + sys.getsizeof(self.unsent_acquires) - _EMPTY_TABLES)
+
+    @property
     def lag_events(self) -> int:
-        return (sum(1 for entry in self.pending if self.live(entry[0])) + len(self.unsent_acquires)
+        return (sum(entry[0].left if entry[0].kind == RUN else 1
+                    for entry in self.pending if self.live(entry[0])) + len(self.unsent_acquires)
                 + (len(self.catchup) if self.catchup else 0))
 
 
@@ -205,6 +218,8 @@ class ReplicaSet:
         for stream in self.streams.values():
             if stream.cancel(value):
                 continue  # consumed before its enqueue went out (the common case under load)
+            if dequeue_runs.coalesce(stream, value):
+                continue  # one more rid in the run of dequeues the stream ends with
             if event is None:
                 event = Event(DEQUEUE, value)
                 ticket, now = self.ticket, self.clock()
@@ -249,16 +264,25 @@ class ReplicaSet:
         unsent_enqueues = stream.unsent_enqueues
         while pending and len(events) < MAX_BATCH_EVENTS:
             event, ticket, _ = pending[0]
-            is_enqueue = event.kind == ENQUEUE
+            kind = event.kind
+            if kind == RUN:  # consecutive dequeues: as many as fit, 9 bytes each
+                room = min(MAX_BATCH_EVENTS - len(events), (MAX_BATCH_BYTES - size) // 9)
+                if room <= 0:
+                    break
+                size += 9 * dequeue_runs.take(stream, event, events, room)
+                through = ticket
+                continue
+            is_enqueue = kind == ENQUEUE
             if is_enqueue and event.rid not in unsent_enqueues:
                 pending.popleft()  # an enqueue dequeued before it was sent
+                stream.pending_bytes -= entry_cost(event)
                 through = ticket
                 continue
             event_size = event.size
             if events and size + event_size > MAX_BATCH_BYTES:
                 break
             pending.popleft()
-            stream.pending_bytes -= event_size
+            stream.pending_bytes -= entry_cost(event)
             if is_enqueue:
                 del unsent_enqueues[event.rid]
             events.append(event)
@@ -343,8 +367,8 @@ class ReplicaSet:
             since = stream.behind_since()
             if since is not None and now - since > self.catchup_timeout:
                 out.append((node, f"{now - since:.1f}s behind (catchup_timeout {self.catchup_timeout:g}s)"))
-            elif stream.pending_bytes > MAX_STREAM_BYTES:
-                out.append((node, f"{stream.pending_bytes} bytes waiting for it"))
+            elif stream.memory > MAX_STREAM_BYTES:
+                out.append((node, f"{stream.memory} bytes waiting for it"))
             elif (silent_after is not None and node in self.isr
                   and stream.silent_for(now) > silent_after and left - 1 >= self.min_in_sync):
                 left -= 1
@@ -429,7 +453,8 @@ class ReplicaSet:
                 {"node": node, "state": str(s.state),
                  "lag_messages": s.lag_events + sum(1 for _ in s.unacked),
                  "lag_ms": round(1000 * (now - s.behind_since()), 1) if s.behind_since() else 0.0,
-                 "catchup_left": len(s.catchup) if s.catchup else 0}
+                 "catchup_left": len(s.catchup) if s.catchup else 0,
+                 "stream_bytes": s.memory}
                 for node, s in sorted(self.streams.items())
             ],
         }

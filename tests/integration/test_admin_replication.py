@@ -74,6 +74,8 @@ def test_queues_resolve_and_metrics_on_the_primary_a_backup_and_a_proxy(tmp_path
         assert "stats" in item and "max_depth" in item  # the local queue's fields as before
         r = item["replication"]
         assert (r["primary"], r["epoch"], r["placement"], r["failovers"]) == ("a", 1, ["a", "b"], 0)
+        # the memory its stream holds: nothing waits, its tables may keep their size
+        assert 0 <= r["backups"][0].pop("stream_bytes") < 4096
         assert r["backups"] == [{"node": "b", "state": "ready", "lag_messages": 0, "lag_ms": 0.0,
                                  "catchup_left": 0, "version": version()}]
         assert (r["in_sync_backups"], r["lag_messages"], r["waiting_acceptance"]) == (1, 0, 0)
