@@ -103,6 +103,7 @@ class ReplicaImage:
         self.catching_up = True
         self.in_sync = False
         self.early.clear()
+        self.special.clear()
         self.last_batch = 0
         return dropped
 

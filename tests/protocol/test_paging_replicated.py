@@ -13,6 +13,7 @@ import os
 import pytest
 from memory_etcd import MemoryEtcd
 from playbook import World, run
+from proton import Message
 from test_replication_playbooks import TTL, lose_node, make_primary, service, view
 
 from proxy.queues.runs import RunQueue
@@ -373,6 +374,51 @@ def test_a_new_primary_in_runs_is_caught_up_from_them_and_fails_over_again(tmp_p
         assert await drain(world, again, "orders.f", 250) == list(range(50, 300))
         await world.until(lambda: nodes[third].pager.store.live_bytes == 0,
                           what="every record let go")
+        await world.close()
+
+    run(play)
+
+
+def test_a_durable_copy_promoted_in_runs_lets_every_journal_record_go(tmp_path):
+    """Durable messages on every node with a journal and a small budget: the new primary
+    keeps the copy's runs with the journal ids its copy wrote; drained, in order, its
+    journal holds no live record and its page store none."""
+    rule = {**RULE, "durable": True}
+    journal = {"fsync": False, "segment_size": 16384}
+
+    async def play():
+        world = World(tmp_path)
+        etcd = MemoryEtcd()
+        nodes = {name: await world.node(name, etcd=etcd, rules=[rule], journal=journal,
+                                        limits={"max_memory": BUDGET}, paging=PAGING,
+                                        queues={"durable": True},
+                                        cluster={"etcd": ["http://memory:2379"],
+                                                 "lease_ttl": TTL})
+                 for name in "abc"}
+        primary = await make_primary(world, nodes, "orders.d")
+        producer = await world.client(primary, "producer")
+        sender = producer.sender("orders.d")
+        for i in range(200):
+            await world.until(lambda: sender.credit > 0, what=f"credit for message {i}")
+            sender.link.delivery(f"d{i}")
+            sender.link.send(Message(body=body(i), id=i, durable=True).encode())
+            sender.link.advance()
+            producer.flush()
+        await world.until(lambda: sender.accepted() == 200, what="200 accepted")
+        await world.quiet(0.05)
+        others = [n for n in "abc" if n != primary]
+        for name in others:
+            assert nodes[name].broker.journal.live >= 200, f"{name}'s copy is not journaled"
+        await lose_node(world, nodes, primary)
+        await world.until(lambda: any(view(nodes[n], "orders.d").get("role") == "primary"
+                                      for n in others), timeout=TTL + 3, what="a new primary")
+        new = next(n for n in others if view(nodes[n], "orders.d").get("role") == "primary")
+        assert in_runs(nodes[new].queues.get("orders.d")) > 150, "the new primary is not in runs"
+        consumer = await world.client(new, "consumer")
+        assert await drain(world, consumer, "orders.d", 200) == list(range(200))
+        await world.until(lambda: nodes[new].broker.journal.live == 0
+                          and nodes[new].pager.store.live_bytes == 0,
+                          what="every journal record and page record let go")
         await world.close()
 
     run(play)
