@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from paging_index import (copy_index_bytes, index_bytes, priority_at_runs,  # noqa: E402
                           priority_drain, queue_index_bytes)
+from paging_promote import both as promotion  # noqa: E402
 
 sys.path.insert(0, str(h.REPO_ROOT))
 
@@ -312,7 +313,8 @@ def main() -> int:
                           "priority_queue_drain_runs_per_level": priority_drain(True),
                           "backup_copy_entry_by_entry": copy_index_bytes(False),
                           "backup_copy_in_runs": copy_index_bytes(True),
-                          "durable_backup_copy_in_runs": copy_index_bytes(True, True)},
+                          "durable_backup_copy_in_runs": copy_index_bytes(True, True),
+                          "promotion_of_a_paged_copy": promotion()},
                          indent=1))
         return 0
     if args.artemis and "artemis" not in args.modes:

@@ -363,7 +363,7 @@ class Pager:
         if not fresh:
             return
         metas = None if image is None else \
-            [(0, 0, 0, 0.0, entry.journal_id, value, 0.0) for _, (value, entry) in fresh]
+            [image.record_fields(value, entry) for _, (value, entry) in fresh]
         pages = self.store.write(fresh, lambda done, error: self._entries_written(
             done, error, image), metas)
         for (_, (_, entry)), page in zip(fresh, pages):

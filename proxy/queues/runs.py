@@ -36,7 +36,8 @@ class Chunk:
     """A run: ``count`` records of ``segment`` from ``offset`` (``nbytes`` with headers,
     ``size`` of bodies), seqs up to ``max_seq``; ``messages`` while not ``ON_DISK``."""
 
-    __slots__ = ("segment", "offset", "nbytes", "count", "size", "max_seq", "messages", "state")
+    __slots__ = ("segment", "offset", "nbytes", "count", "size", "max_seq", "messages", "state",
+                 "since", "first_seq")
 
     def __init__(self, segment, offset: int) -> None:
         self.segment = segment
@@ -47,9 +48,15 @@ class Chunk:
         self.max_seq = 0
         self.messages: deque | None = deque()
         self.state = WRITING_RUN
+        # a promoted copy's run (proxy.replication.promote_runs): its records carry the copy's
+        # index fields (no seq; the ttl in seconds, not an expiry time). ``since``: when it
+        # was promoted (the ttl runs from then); ``first_seq``: the seq of its front record
+        self.since: float | None = None
+        self.first_seq = 0
 
     def advance(self, count: int, size: int) -> None:
         """``count`` records of ``size`` body bytes left its front."""
+        self.first_seq += count
         taken = count * HEADER.size + size
         self.offset += taken
         self.nbytes -= taken
@@ -57,8 +64,14 @@ class Chunk:
         self.size -= size
 
 
-def message_of(page, meta, payload) -> StoredMessage:
+def message_of(page, meta, payload, chunk: Chunk | None = None, k: int = 0) -> StoredMessage:
+    """The message of a record (``k``: its place from ``chunk``'s front, for a promoted
+    copy's run, whose index fields are the copy's: ``Chunk.since``)."""
     seq, priority, attempts, expires_at, journal_id, rid, enqueued_at = meta
+    if chunk is not None and chunk.since is not None:
+        seq, enqueued_at = chunk.first_seq + k, chunk.since
+        if expires_at:
+            expires_at += chunk.since
     return StoredMessage(payload, journal_id=journal_id, enqueued_at=enqueued_at, seq=seq,
                          expires_at=expires_at, rid=rid, priority=priority, attempts=attempts,
                          page=page)
@@ -121,8 +134,8 @@ class RunQueue:
             if chunk.state != ON_DISK:
                 yield from list(chunk.messages or ())
                 continue
-            for _, length, meta, payload in self._records(chunk):
-                yield message_of(None, meta, payload)
+            for k, (_, length, meta, payload) in enumerate(self._records(chunk)):
+                yield message_of(None, meta, payload, chunk, k)
         yield from list(self.tail)
 
     def _records(self, chunk: Chunk):
@@ -322,9 +335,14 @@ class RunQueue:
         empty = frozenset()
         count = size = 0
         first = None
+        since = chunk.since  # a promoted copy's run: its seqs and expiry times from here
         while count < limit and at + header <= end:
             length, crc, seq, priority, attempts, expires_at, journal_id, rid, enqueued_at = \
                 unpack(data, at)
+            if since is not None:
+                seq, enqueued_at = chunk.first_seq + count, since
+                if expires_at:
+                    expires_at += since
             stop = at + header + length
             if stop > end:
                 break
@@ -377,8 +395,8 @@ class RunQueue:
                 queue.paged_bytes -= chunk.size
                 queue.paged_count -= chunk.count
                 pager.memory.paged -= chunk.size
-            elif chunk.state == WRITING_RUN:
-                for message in chunk.messages:
+            else:  # being written, or held in memory (a failed write's, a promoted copy's)
+                for message in chunk.messages or ():
                     pager.gone(queue, message)
             chunk.state = DEAD
         self.runs.clear()
@@ -393,10 +411,10 @@ class RunQueue:
         out = deque(self.head)
         for chunk in self.runs:
             if chunk.state == ON_DISK:
-                for position, length, meta, _ in self._records(chunk):
+                for k, (position, length, meta, _) in enumerate(self._records(chunk)):
                     page = Page(chunk.segment, position, length)
                     page.state = PAGED  # counted as paged already, as the run was
-                    out.append(message_of(page, meta, page))
+                    out.append(message_of(page, meta, page, chunk, k))
             else:
                 out.extend(chunk.messages)
             chunk.state = DEAD

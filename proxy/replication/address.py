@@ -464,7 +464,7 @@ class ReplicatedAddress:
             self._aside_until = 0.0
             self.service.silent_peers.serving_again()
         log.warning("queue %s: this node is its primary now (epoch %d, %d messages)",
-                    self.wire, claim.epoch, len(content))
+                    self.wire, claim.epoch, queue.depth)
         self.members_changed()
         if self.listener is not None:
             self.listener.copy_primary(self)

@@ -26,12 +26,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from proxy.amqp.message_header import delivery_count
 from proxy.paging.store import body
 from proxy.queues import durable as journal_queues
 from proxy.queues.local import StoredMessage
 
-from . import catchup
+from . import catchup, promote_runs
 from .backup_silence import cut_off_alone
 from .links import LAGGING, STALE_EPOCH, ReplicaSink, ReplicationPusher, announce
 from .primary import ReplicaSet
@@ -479,15 +478,21 @@ class BackupCopy:
         except StaleEpoch as exc:
             sink.fail(STALE_EPOCH, f"queue {self.address}: {exc}")
             return
-        pager = getattr(self.node, "pager", None)
-        if pager is not None:  # bodies to disk beyond the node's budget (docs/paging.md)
-            pager.image_changes(self.image, changes)
         if self.image.in_sync and self.role.state == CopyState.CATCHING_UP:
             self.role.move(CopyState.READY, self.loop.time(), "in the in-sync set")
         journal = self.node.broker.journal if self.durable else None
-        if journal is None or journal.error is not None:
+        wait_for = self._journal(journal, changes) if journal is not None and \
+            journal.error is None else None
+        pager = getattr(self.node, "pager", None)
+        if pager is not None:  # bodies to disk beyond the node's budget (docs/paging.md),
+            pager.image_changes(self.image, changes)  # with their journal ids (a promotion)
+        if not wait_for or wait_for <= journal.durable_batch:
             sink.settle(item)
             return
+        journal.wait(_BatchOnDisk(sink, item, wait_for))
+
+    def _journal(self, journal, changes) -> int:
+        """A batch's changes journaled; the journal batch to wait for (0: none)."""
         wait_for = 0
         for _, entry in changes.added:
             if journal_queues.header_durable(entry.payload):
@@ -499,10 +504,7 @@ class BackupCopy:
             if entry.journal_id:
                 journal.dequeue(entry.journal_id)
                 entry.journal_id, wait_for = journal.enqueue(self.address, entry.payload)
-        if not wait_for or wait_for <= journal.durable_batch:
-            sink.settle(item)
-            return
-        journal.wait(_BatchOnDisk(sink, item, wait_for))
+        return wait_for
 
     def _journal_removed(self, entries) -> list:
         journal = self.node.broker.journal if self.durable else None
@@ -532,33 +534,19 @@ class BackupCopy:
             self.role.move(CopyState.LAGGING, self.loop.time(),
                            "dropped by the primary" if dropped else "link lost during catch-up")
 
-    def promote(self) -> list[StoredMessage]:
-        """The copy as the queue's content (rids kept, in order; out with a consumer: counted)."""
+    def promote(self) -> list:
+        """The copy as the queue's content (rids kept, in order; out with a consumer: counted):
+        messages, and its runs handed over as they are (``promote_runs``: not read)."""
         if self.sink is not None:
             self.sink.fail(STALE_EPOCH, f"queue {self.address}: promoted to primary")
             self.sink = None
-        pager = getattr(self.node, "pager", None)
-        if pager is not None:  # out with a consumer: its delivery-count is raised, a new body
-            pager.image_paged += self.image.unrun(pager.store)  # runs: entries again
-            for entry in self.image.messages.values():
-                if entry.acquired and entry.page is not None:
-                    entry.payload = body(entry)
-                    pager.entry_gone(entry)
-        content = []
-        for rid, entry in self.image.promote():
-            # a body on disk stays there: its record goes with it (LocalQueue.enqueue)
-            page = pager.hand_over(entry) if pager is not None else None
-            # failed deliveries so far go on counting (delivery_limit): every one raised the
-            # delivery-count the copy holds (docs/queue-semantics.md; a body on disk: from 0)
-            payload = entry.payload
-            attempts = delivery_count(payload) if type(payload) is bytes else 0
-            content.append(StoredMessage(payload, journal_id=entry.journal_id, rid=rid,
-                                         page=page, attempts=attempts))
-        self._journal_rewrites(content)
+        content = promote_runs.promote(self.image, getattr(self.node, "pager", None))
+        self._journal_rewrites([m for m in content if type(m) is StoredMessage])
         return content
 
     def _journal_rewrites(self, content: list[StoredMessage]) -> None:
-        """Delivery-counts raised by promotion are journaled too (a restart keeps them)."""
+        """Delivery-counts raised by promotion are journaled too (a restart keeps them); the
+        runs' messages keep their journal records (docs/paging_failover.md)."""
         journal = self.node.broker.journal if self.durable else None
         if journal is None:
             return

@@ -7,14 +7,19 @@ paged stretches as ``ImageRun``s, a list sorted by first rid, disjoint ranges, n
 holding a rid of the dict. A run names consecutive page records of one segment (their
 index fields carry the rid) and keeps, per message, in arrays: the rid (ascending), the
 body's size (``GONE``: dequeued; ``CHANGED``: its body rewritten, the new ``Entry`` in
-``changed``, the record dead) and, when durable, the journal id: 12 bytes a message (20).
+``changed``, the record dead), the record's offset from the run's (4 bytes) and, when
+durable, the journal id: 16 bytes a message (24). The records carry the index fields a
+queue's run needs from them once promoted (``record_fields``: priority, delivery-count,
+the ttl in seconds, journal id, rid); a record a queue's run may not hold (a priority, a
+delivery time) is noted in ``special``.
 
 The event loop alone changes runs. The pager writes a batch's added entries one page
 each, as before; when the write is reported, ``make_runs`` turns the entries that are
 still in the dict with that page into runs (their ``Entry`` and ``Page`` dropped).
-Events on a rid in a run go to ``event``; ``unrun`` (promotion) turns every run back into
-entries paged one by one, in rid order; ``drop`` (a new catch-up, the copy closed) lets
-their records go.
+Events on a rid in a run go to ``event``; a promotion hands the runs to the new primary's
+queue as they are (``proxy.replication.promote_runs``); ``unrun`` turns every run back into
+entries paged one by one, in rid order (a promotion that cannot keep runs); ``drop`` (a new
+catch-up, the copy closed) lets their records go.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 
+from proxy.amqp import message_header
 from proxy.paging.store import DEAD, HEADER, PAGED, Page, records
+from proxy.queues import schedule
 
 from .events import ACQUIRE, DEQUEUE, FRONT, RELEASE
 
@@ -31,8 +38,8 @@ SCAN = 1024 * 1024  # bytes read at a time when a run is turned back into entrie
 
 
 class ImageRun:
-    __slots__ = ("segment", "offset", "span", "rids", "sizes", "journal_ids", "live",
-                 "acquired", "changed")
+    __slots__ = ("segment", "offset", "span", "rids", "sizes", "offsets", "journal_ids", "live",
+                 "acquired", "changed", "special")
 
     def __init__(self, segment, offset: int) -> None:
         self.segment = segment
@@ -40,10 +47,12 @@ class ImageRun:
         self.span = 0  # bytes from there to the end of its last record (dead ones between)
         self.rids = array("Q")
         self.sizes = array("i")
+        self.offsets = array("I")  # each record's, from ``offset``
         self.journal_ids: array | None = None
         self.live = 0
         self.acquired: set | None = None
         self.changed: dict | None = None
+        self.special: dict | None = None  # rid -> priority: restored as a message at promotion
 
     def first(self) -> int:
         return self.rids[0]
@@ -124,16 +133,47 @@ def event(image, run: ImageRun, i: int, event_, changes, entry_type) -> None:
         image.runs.remove(run)
 
 
+def record_fields(image, value: int, entry) -> tuple:
+    """The index fields of a copy's record (the store's ``HEADER`` meta): what a promoted
+    copy's run gives its queue (``proxy.queues.runs``: ``Chunk.since``): no seq, the
+    priority, the delivery-count, the ttl in seconds, the journal id, the rid. A record with
+    a priority other than 4 or a delivery time is noted (``image.special``): a queue's run
+    does not hold it."""
+    payload = entry.payload
+    ttl, priority = message_header.ttl_and_priority(payload)
+    if priority != 4 or schedule.marked(payload):
+        image.special[value] = priority
+    return (0, priority, _delivery_count(payload), ttl / 1000.0, entry.journal_id, value, 0.0)
+
+
+def _delivery_count(payload: bytes) -> int:
+    """The header's delivery-count, decoded only when the header may have one (five fields)."""
+    if payload.startswith(b"\x00\x53\x70"):
+        code = payload[3]
+        if code == 0x45 or (code == 0xC0 and len(payload) > 5 and payload[5] < 5):
+            return 0
+    elif not payload.startswith(b"\x00\x80"):
+        return 0
+    try:
+        return message_header.delivery_count(payload)
+    except Exception:  # noqa: BLE001 - an odd encoding: counted from 0, as before
+        return 0
+
+
 def make_runs(image, done: list) -> int:
     """The write of ``done`` (``[((rid, entry), page)]``, one write, in rid order) was
     reported: the entries still in the copy's dict become runs; their body bytes (which the
     pager counted as one-by-one paged) returned."""
     messages = image.messages
+    special = image.special
     if image.closed:
+        for (value, _), _ in done:
+            special.pop(value, None)
         return 0
     run = None
     moved = 0
     for (value, entry), page in done:
+        priority = special.pop(value, None)
         if messages.get(value) is not entry:
             continue  # dequeued (or the copy restarted) meanwhile: its record is dead
         if entry.page is page and page.state == PAGED:
@@ -149,6 +189,11 @@ def make_runs(image, done: list) -> int:
             _insert(image.runs, run, value)
         run.rids.append(value)
         run.sizes.append(size)
+        run.offsets.append(page.offset - run.offset)
+        if priority is not None:
+            if run.special is None:
+                run.special = {}
+            run.special[value] = priority
         run.span = page.offset + HEADER.size + page.size - run.offset
         if entry.journal_id and run.journal_ids is None:
             run.journal_ids = array("q", bytes(8 * (len(run.rids) - 1)))

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from proxy.queues.local import LocalQueue, StoredMessage
+from proxy.queues.runs import Chunk
+
+from . import promote_runs
 
 
 @dataclass(eq=False)
@@ -48,8 +51,12 @@ class ReplicatedQueue(LocalQueue):
             rs.enqueued(message)
             self.changed(self)
 
-    def restore(self, message: StoredMessage) -> None:
-        """Put ``message`` (promoted from a copy, its rid kept) at the tail, reporting nothing."""
+    def restore(self, message) -> None:
+        """Put ``message`` (promoted from a copy, its rid kept) at the tail, reporting nothing;
+        a ``Chunk``: a run of the copy, handed over as it is (``promote_runs``)."""
+        if type(message) is Chunk:
+            promote_runs.restore(self, message)
+            return
         rs, self.replica_set = self.replica_set, None
         try:
             super().enqueue(message)

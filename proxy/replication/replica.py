@@ -87,6 +87,7 @@ class ReplicaImage:
         self.run_bytes = 0  # bodies of the runs' live records (on disk only)
         self.run_count = 0  # messages in runs
         self.closed = False  # promoted or dropped: no more runs are made
+        self.special: dict = {}  # rid -> priority: written, not yet in a run (image_runs)
 
     def restart(self, epoch: int, store=None) -> list[Entry]:
         """A new catch-up (a new link, maybe a new primary): the copy starts empty (its runs'
@@ -102,6 +103,7 @@ class ReplicaImage:
         self.catching_up = True
         self.in_sync = False
         self.early.clear()
+        self.special.clear()
         self.last_batch = 0
         return dropped
 
@@ -169,6 +171,10 @@ class ReplicaImage:
         self.last_batch = batch.number
         return changes
 
+    def record_fields(self, value: int, entry: Entry) -> tuple:
+        """The index fields the pager writes with an entry's record (``image_runs``)."""
+        return image_runs.record_fields(self, value, entry)
+
     def runs_written(self, done: list) -> int:
         """A write of added entries was reported (the pager): those still here become runs;
         their body bytes returned."""
@@ -195,7 +201,7 @@ class ReplicaImage:
     def promote(self) -> list[tuple[int, Entry]]:
         """The copy as a queue's content, in rid order; what was out with a consumer comes
         again with its delivery-count raised (§3.2.1: it may have been processed). Runs are
-        turned back into entries first (``image_runs.unrun``)."""
+        handed over first (``promote_runs``) or turned back into entries (``unrun``)."""
         if self.runs:
             raise RuntimeError("a copy's runs are turned into entries before its promotion")
         out = []

@@ -61,8 +61,7 @@ class Backup:
 
     def apply(self, batch, durable: bool = False) -> None:
         changes = self.image.apply(batch)
-        self.pager.image_changes(self.image, changes)
-        if durable:  # as BackupCopy.apply: after the pager, before the write is reported
+        if durable:  # as BackupCopy.apply: journaled before the pager writes the records
             for value, entry in changes.added:
                 self.journal += 1
                 entry.journal_id = self.journal_of[value] = self.journal
@@ -72,6 +71,7 @@ class Backup:
                 self.journaled.append(entry.journal_id)
                 self.journal += 1
                 entry.journal_id = self.journal_of[value] = self.journal
+        self.pager.image_changes(self.image, changes)
 
     def contents(self) -> dict:
         """rid -> (body, acquired), in the copy's order, its runs turned into entries first

@@ -8,9 +8,12 @@ id once, in order, bodies intact, and memory for bodies near the budget.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from memory_etcd import MemoryEtcd
 from playbook import World, run
+from proton import Message
 from test_replication_playbooks import TTL, lose_node, make_primary, service, view
 
 from proxy.queues.runs import RunQueue
@@ -125,10 +128,14 @@ def test_a_backup_promoted_with_a_backlog_pages_it_and_every_id_arrives(tmp_path
     run(play)
 
 
-def test_backups_page_their_copies_and_a_promoted_one_serves_from_disk(tmp_path):
+def test_backups_page_their_copies_and_a_promoted_one_serves_from_disk(tmp_path, monkeypatch):
     """Every node with a small budget: the backups' copies go to disk as they come, the new
-    primary's queue keeps them there (read back as its consumer nears them), and every id
-    arrives once, in order, with its body."""
+    primary's queue keeps them there in runs, not one record read at the promotion (read back
+    as its consumer nears them), and every id arrives once, in order, with its body."""
+    reads = []
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, *a: reads.append(fd) or real(fd, *a))
+
     async def play():
         world = World(tmp_path)
         nodes = await paging_cluster(world)
@@ -144,6 +151,8 @@ def test_backups_page_their_copies_and_a_promoted_one_serves_from_disk(tmp_path)
             assert pager.image_runs_paged() > 250 * 1000, f"{name}'s copy is not in runs"
             assert len(image.messages) < 50 and image.run_count > 250
             assert pager.image_resident() <= BUDGET
+        files = {segment.fd for name in others
+                 for segment in nodes[name].pager.store.segments.values()}
 
         await lose_node(world, nodes, primary)
         await world.until(lambda: any(view(nodes[n], "orders.b").get("role") == "primary"
@@ -151,6 +160,8 @@ def test_backups_page_their_copies_and_a_promoted_one_serves_from_disk(tmp_path)
         new = next(n for n in others if view(nodes[n], "orders.b").get("role") == "primary")
         queue = nodes[new].queues.get("orders.b")
         assert queue.depth == 300 and queue.paged_count > 250, "the promoted copy left the disk"
+        assert in_runs(queue) > 250, "the new primary's backlog is not in runs"
+        assert not files.intersection(reads), "the promotion read the copy's records"
         assert nodes[new].pager.image_paged == 0
         consumer = await world.client(new, "consumer")
         assert await drain(world, consumer, "orders.b", 300) == list(range(300))
@@ -198,6 +209,7 @@ def test_a_failover_with_deliveries_out_from_the_backups_runs_loses_no_id(tmp_pa
         new = next(n for n in others if view(nodes[n], "orders.r").get("role") == "primary")
         queue = nodes[new].queues.get("orders.r")
         assert queue.depth == 260 and queue.paged_count > 200, "the new primary does not page"
+        assert in_runs(queue) > 200, "the new primary's backlog is not in runs"
         again = await world.client(new, "again")
         receiver = again.receiver("orders.r")
         got = []
@@ -315,6 +327,98 @@ def test_a_backup_caught_up_from_the_primarys_runs_takes_over_and_loses_no_id(tm
                           timeout=TTL + 5, what="x the new primary")
         again = await world.client(x, "again")
         assert await drain(world, again, "orders.t", 250) == list(range(50, 300))
+        await world.close()
+
+    run(play)
+
+
+def test_a_new_primary_in_runs_is_caught_up_from_them_and_fails_over_again(tmp_path):
+    """Every node with a small budget: the primary is lost and the new one keeps the copy's
+    runs; the third node catches up from those runs while a consumer accepts 50 there; then
+    the new primary is lost too: the third serves the other 250 from its own runs, once,
+    in order."""
+    async def play():
+        world = World(tmp_path)
+        nodes = await paging_cluster(world)
+        primary = await make_primary(world, nodes, "orders.f")
+        producer = await world.client(primary, "producer")
+        await fill(world, producer.sender("orders.f"), 300)
+        await world.quiet(0.05)
+        others = [n for n in "abc" if n != primary]
+        await lose_node(world, nodes, primary)
+        await world.until(lambda: any(view(nodes[n], "orders.f").get("role") == "primary"
+                                      for n in others), timeout=TTL + 3, what="a new primary")
+        new = next(n for n in others if view(nodes[n], "orders.f").get("role") == "primary")
+        third = next(n for n in others if n != new)
+        queue = nodes[new].queues.get("orders.f")
+        assert in_runs(queue) > 250, "the new primary's backlog is not in runs"
+
+        consumer = await world.client(new, "consumer")
+        receiver = consumer.receiver("orders.f")
+        receiver.flow(50)
+        await world.until(lambda: len(receiver.received) == 50, what="50 delivered")
+        receiver.settle()
+        image = service(nodes[third]).addresses["orders.f"].backup.image
+        await world.until(lambda: view(nodes[third], "orders.f").get("copy", {}).get("in_sync")
+                          and image.depth == 250, timeout=TTL + 10, what="the third caught up")
+        assert image.run_count > 200, "the third's copy is not in runs"
+        receiver.link.close()
+        consumer.flush()
+        await world.quiet(0.1)
+
+        await lose_node(world, nodes, new)
+        await world.until(lambda: view(nodes[third], "orders.f").get("role") == "primary",
+                          timeout=TTL + 5, what="the third the primary")
+        assert in_runs(nodes[third].queues.get("orders.f")) > 200
+        again = await world.client(third, "again")
+        assert await drain(world, again, "orders.f", 250) == list(range(50, 300))
+        await world.until(lambda: nodes[third].pager.store.live_bytes == 0,
+                          what="every record let go")
+        await world.close()
+
+    run(play)
+
+
+def test_a_durable_copy_promoted_in_runs_lets_every_journal_record_go(tmp_path):
+    """Durable messages on every node with a journal and a small budget: the new primary
+    keeps the copy's runs with the journal ids its copy wrote; drained, in order, its
+    journal holds no live record and its page store none."""
+    rule = {**RULE, "durable": True}
+    journal = {"fsync": False, "segment_size": 16384}
+
+    async def play():
+        world = World(tmp_path)
+        etcd = MemoryEtcd()
+        nodes = {name: await world.node(name, etcd=etcd, rules=[rule], journal=journal,
+                                        limits={"max_memory": BUDGET}, paging=PAGING,
+                                        queues={"durable": True},
+                                        cluster={"etcd": ["http://memory:2379"],
+                                                 "lease_ttl": TTL})
+                 for name in "abc"}
+        primary = await make_primary(world, nodes, "orders.d")
+        producer = await world.client(primary, "producer")
+        sender = producer.sender("orders.d")
+        for i in range(200):
+            await world.until(lambda: sender.credit > 0, what=f"credit for message {i}")
+            sender.link.delivery(f"d{i}")
+            sender.link.send(Message(body=body(i), id=i, durable=True).encode())
+            sender.link.advance()
+            producer.flush()
+        await world.until(lambda: sender.accepted() == 200, what="200 accepted")
+        await world.quiet(0.05)
+        others = [n for n in "abc" if n != primary]
+        for name in others:
+            assert nodes[name].broker.journal.live >= 200, f"{name}'s copy is not journaled"
+        await lose_node(world, nodes, primary)
+        await world.until(lambda: any(view(nodes[n], "orders.d").get("role") == "primary"
+                                      for n in others), timeout=TTL + 3, what="a new primary")
+        new = next(n for n in others if view(nodes[n], "orders.d").get("role") == "primary")
+        assert in_runs(nodes[new].queues.get("orders.d")) > 150, "the new primary is not in runs"
+        consumer = await world.client(new, "consumer")
+        assert await drain(world, consumer, "orders.d", 200) == list(range(200))
+        await world.until(lambda: nodes[new].broker.journal.live == 0
+                          and nodes[new].pager.store.live_bytes == 0,
+                          what="every journal record and page record let go")
         await world.close()
 
     run(play)
