@@ -155,10 +155,13 @@ def queue_info(queue) -> dict[str, Any]:
             else ({4: queue.depth} if queue.depth else {})).items()},
         "selective_consumers": len(queue.selective),
         # docs/paging.md: bodies on disk only, what is in memory, a read-ahead under way
-        "paged_messages": queue.paged_count,
+        "paged_messages": queue.paged_count + queue.scheduled.paged,
         "paged_bytes": queue.paged_bytes,
         "memory_bytes": queue.bytes - queue.paged_bytes,
-        "paging": bool(queue.paged_count),
+        "paging": bool(queue.paged_count or queue.scheduled.paged),
+        # docs/paging-scheduled.md: scheduled messages in runs on disk, their bodies' bytes
+        "scheduled_paged": queue.scheduled.paged,
+        "scheduled_paged_bytes": queue.scheduled.paged_bytes,
         "reading": queue.reading,
         "stats": dict(vars(queue.stats)),
     }
