@@ -338,12 +338,12 @@ class LocalQueue:
         Expired messages that reach the head are taken out first, consumers or
         not (into ``expired``).
         """
+        if self.scheduled:  # first: a priority released may make ``messages`` a PriorityStore
+            schedule.release_due(self)
         messages = self.messages
         consumers = self.consumers
         standby = self.standby_consumers
         acquired = self.on_acquired
-        if self.scheduled:
-            schedule.release_due(self)
         if self.selective:
             return selective.dispatch(self)
         sent = 0

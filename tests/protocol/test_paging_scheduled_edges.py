@@ -1,0 +1,186 @@
+"""Scheduled messages beyond the budget, the edges (docs/paging-scheduled.md): priorities,
+redeliveries a consumer delays (modified with a delivery time), a run whose time comes
+while it is still being written, a write that fails. The first two on the virtual clock
+against a node without a budget (``test_paging_scheduled``'s helpers); the last two on a
+queue, pager and page store in this process, their I/O on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from proton import Delivery, symbol
+from test_paging import BODY, BUDGET
+from test_paging_scheduled import (Peak, all_back, clock, collect, in_runs, on_time, same,  # noqa: F401
+                                   scheduled, send, two_nodes)
+
+from playbook import World, run
+
+import proxy.queues.schedule as schedule
+from proxy.paging.pager import Pager
+from proxy.paging.store import STORED, PageStore
+from proxy.queues.local import LocalQueue, StoredMessage
+from proxy.queues.memory import MemoryUse
+from proxy.queues.schedule_pages import WRITING_RUN
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_scheduled_messages_with_priorities_come_in_the_in_memory_node_s_order(tmp_path,
+                                                                                 clock):
+    """Ten budgets at random priorities and times, some times shared: when several are due
+    the higher priority goes first, as on a node without a budget."""
+    async def play():
+        world = World(tmp_path)
+        paged, plain = await two_nodes(world)
+        start = schedule.clock()
+        pick = random.Random(11)
+        times = {i: start + 10 + pick.randrange(40) * 0.25 for i in range(200)}
+        messages = [scheduled(i, times[i], priority=pick.randrange(10)) for i in range(200)]
+        ca, cb = await world.client("a"), await world.client("b")
+        for client in (ca, cb):
+            await send(world, client.sender("prio"), messages)
+        await world.quiet(0.1)
+        assert in_runs(paged, "prio") >= 170
+        peak = Peak(paged.queues.memory)
+        got_a, got_b = await asyncio.gather(collect(ca.receiver("prio"), 200, 40, credit=5),
+                                            collect(cb.receiver("prio"), 200, 40, credit=5))
+        assert peak.stop() <= paged.queues.memory.ceiling
+        same(got_a, got_b)
+        assert sorted(i for i, _ in got_a) == list(range(200))
+        for got in (got_a, got_b):  # (a priority released at its time waited for the next
+            for i, at in got:           # dispatch before: found without a budget too)
+                assert times[i] - 1e-6 <= at <= times[i] + 0.05, f"{i} at {at}"
+        all_back(paged, "prio")
+        await world.close()
+
+    run(play)
+
+
+def test_redeliveries_a_consumer_delays_page_and_come_back_at_their_times(tmp_path, clock):
+    """A consumer takes ten budgets of ready messages and answers each with modified and a
+    delivery time (a redelivery later): they wait paged, then come back at those times."""
+    async def play():
+        world = World(tmp_path)
+        paged, plain = await two_nodes(world)
+        ca, cb = await world.client("a"), await world.client("b")
+        for client in (ca, cb):
+            await send(world, client.sender("retry"), [scheduled(i, 0.0) for i in range(200)])
+        await world.quiet(0.1)
+        start = schedule.clock()
+        later = {i: start + 15 + ((i * 13) % 200) * 0.05 for i in range(200)}
+        for client in (ca, cb):
+            receiver = client.receiver("retry")
+            receiver.flow(200)
+            await world.until(lambda: len(receiver.received) == 200, what="200 first tries")
+            for message, delivery in receiver.received:
+                delivery.local.annotations = {
+                    symbol("x-opt-delivery-time"): int(round(later[message.id] * 1000))}
+                delivery.update(Delivery.MODIFIED)
+                delivery.settle()
+            client.flush()
+            receiver.link.close()
+            client.flush()
+        await world.quiet(0.5)
+        assert len(paged.queues.get("retry").scheduled) == 200
+        assert in_runs(paged, "retry") >= 170, "the delayed redeliveries are not paged"
+        assert paged.queues.memory.resident <= BUDGET
+        got_a, got_b = await asyncio.gather(collect(ca.receiver("retry"), 200, 40),
+                                            collect(cb.receiver("retry"), 200, 40))
+        on_time(got_a, later)
+        same(got_a, got_b)
+        all_back(paged, "retry")
+        all_back(plain, "retry")
+        await world.close()
+
+    run(play)
+
+
+class Sink:
+    consumer_id = 1
+    credit = 1 << 20
+
+    def __init__(self) -> None:
+        self.out = []
+
+    def deliver(self, message) -> None:
+        self.out.append(message)
+
+
+async def in_process(tmp_path, now: list, budget: int = 20_000):
+    memory = MemoryUse(budget)
+    queues = []
+    pager = Pager(PageStore(tmp_path / "paging", segment_size=16384, threads=False), memory,
+                  lambda: queues, read_ahead=8)
+    pager.start(asyncio.get_running_loop())
+    queue = LocalQueue("q", memory=memory)
+    queues.append(queue)
+    pager.on_loaded = lambda q: q.dispatch()
+    return pager, queue
+
+
+def payload(i: int, at: float) -> bytes:
+    return scheduled(i, at).encode()
+
+
+def test_a_run_whose_time_comes_while_it_is_written_hands_its_messages_over(tmp_path,
+                                                                            monkeypatch):
+    now = [1_800_000_000.0]
+    monkeypatch.setattr(schedule, "clock", lambda: now[0])
+
+    async def play():
+        pager, queue = await in_process(tmp_path, now)
+        for i in range(100):
+            queue.enqueue(StoredMessage(payload(i, now[0] + 10 + i * 0.01)))
+        await asyncio.sleep(0)  # the pager's round: runs placed, their write not yet done
+        runs = queue.scheduled.runs
+        assert runs and all(run.state == WRITING_RUN for run in runs)
+        sink = Sink()
+        queue.add_consumer(sink)
+        now[0] += 11  # every one due, their runs still being written
+        queue.dispatch()
+        assert [m.seq for m in sink.out] == list(range(1, 101)), \
+            "not every one, in order, at once"
+        for _ in range(20):
+            await asyncio.sleep(0)  # the writes report
+        assert all(m.page is None or m.page.state == STORED for m in sink.out)
+        assert not queue.scheduled.runs and len(queue.scheduled) == 0
+        for message in sink.out:
+            queue.settled_accepted(message)
+        assert pager.store.live_bytes == 0 and pager.memory.used == 0
+        pager.close()
+
+    asyncio.run(play())
+
+
+def test_a_failed_write_keeps_the_scheduled_messages_in_memory(tmp_path, monkeypatch):
+    now = [1_800_000_000.0]
+    monkeypatch.setattr(schedule, "clock", lambda: now[0])
+
+    async def play():
+        pager, queue = await in_process(tmp_path, now)
+
+        def fail(items):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(pager.store, "_write", fail)
+        for i in range(60):
+            queue.enqueue(StoredMessage(payload(i, now[0] + 10 + (59 - i) * 0.01)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        scheduled_ = queue.scheduled
+        assert pager.bound == "error" and not scheduled_.runs
+        assert len(scheduled_) == 60 and scheduled_.in_runs == 0 and scheduled_.paged == 0
+        assert pager.memory.paged == 0 and queue.paged_bytes == 0
+        sink = Sink()
+        queue.add_consumer(sink)
+        now[0] += 11
+        queue.dispatch()
+        assert [m.seq for m in sink.out] == list(range(60, 0, -1)), "in the order of times"
+        for message in sink.out:
+            queue.settled_accepted(message)
+        assert pager.memory.used == 0 and pager.store.live_bytes == 0
+        pager.close()
+
+    asyncio.run(play())
