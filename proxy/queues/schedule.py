@@ -79,6 +79,7 @@ def hold(queue, message, payload: bytes | None = None) -> bool:
     heapq.heappush(scheduled, (due, message.seq, message))
     if payload is not None and payload is not message.payload:
         scheduled.pages_held += 1
+        scheduled.pages_next = 0.0
     memory = queue.memory
     if memory.pager is not None and memory.used - memory.paged > memory.limit:
         memory.pager.wake()  # (a redelivery held again: no enqueue woke it)

@@ -35,6 +35,7 @@ from proxy.queues.runs import message_of
 
 WRITING_RUN, ON_DISK, DEAD = range(3)
 LEAD = 2.0  # seconds before its time a paged scheduled message is read back
+INF = float("inf")
 SCAN = 1024 * 1024  # bytes read at a time when a run is iterated (peek, purge's journal)
 _serials = itertools.count(1)
 
@@ -91,25 +92,28 @@ def _room(pager, queue) -> bool:
     return False
 
 
-def earliest(heap: list, horizon: float, limit: int) -> list:
+def earliest(heap: list, horizon: float, limit: int) -> tuple[list, float]:
     """The heap's entries due by ``horizon``, in key order, at most ``limit`` (a walk from
-    the root: those entries are a subtree of it)."""
+    the root: those entries are a subtree of it); and the time of the first one after them
+    (``inf``: none, or ``limit`` reached)."""
     size = list.__len__(heap)
     found = []
     if not size:
-        return found
+        return found, INF
     first = heap[0]
     frontier = [(first[0], first[1], 0)]
-    while frontier and len(found) < limit:
+    while frontier:
+        if len(found) >= limit:
+            return found, INF
         due, _, index = heapq.heappop(frontier)
         if due > horizon:
-            break
+            return found, due
         found.append(heap[index])
         for child in (2 * index + 1, 2 * index + 2):
             if child < size:
                 entry = heap[child]
                 heapq.heappush(frontier, (entry[0], entry[1], child))
-    return found
+    return found, INF
 
 
 def ahead_of(heap: list, key: tuple, limit: int) -> int:
@@ -131,7 +135,7 @@ class Scheduled(list):
     """The heap of in-memory scheduled entries, and the queue's scheduled runs."""
 
     __slots__ = ("runs", "fronts", "in_runs", "paged", "paged_bytes", "reading", "full",
-                 "pages_held")
+                 "pages_held", "pages_next")
 
     def __init__(self, entries=()) -> None:
         super().__init__(entries)
@@ -143,6 +147,8 @@ class Scheduled(list):
         self.reading = False  # one read back under way (a run's front, or recovered pages)
         self.full = False  # the read-ahead window ahead of the first run was found full
         self.pages_held = 0  # heap entries whose body is on disk only (recovered journal pages)
+        # when to look for such entries to read again (0: at once; a pop or a read resets it)
+        self.pages_next = 0.0
 
     def __len__(self) -> int:
         return list.__len__(self) + self.in_runs
@@ -176,6 +182,9 @@ class Scheduled(list):
             if run is not None:
                 at = max(run.dues[run.front] - LEAD, now + 0.05)
                 due = min(due, at) if due else at
+        if self.pages_held and not self.reading and self.pages_next < INF:
+            at = max(self.pages_next - LEAD, now + 0.05)
+            due = min(due, at) if due else at
         return due
 
     # -- release and read back ---------------------------------------------------------------
@@ -202,6 +211,7 @@ class Scheduled(list):
                 break
             heapq.heappop(self)
             self.full = False
+            self.pages_next = 0.0
             queue._ready(message)
             moved += 1
         if self.in_runs or self.pages_held:
@@ -214,7 +224,7 @@ class Scheduled(list):
         if self.reading or pager is None:
             return
         horizon = now + LEAD
-        if self.pages_held:
+        if self.pages_held and horizon >= self.pages_next:
             self.read_pages(queue, now)
             if self.reading:
                 return
@@ -305,14 +315,17 @@ class Scheduled(list):
             return
         half = max(1, pager.read_ahead_count // 2)
         batch = []
-        for entry in earliest(self, now + LEAD, pager.read_ahead_count):
+        entries, after = earliest(self, now + LEAD, pager.read_ahead_count)
+        for entry in entries:
             page = entry[2].payload
             if type(page) is Page and page.state == PAGED:
                 batch.append(((queue, entry[2]), page))
                 if len(batch) >= half:
                     break
-        if not batch:
+        if not batch:  # nothing to read until ``after`` comes within LEAD, or a pop
+            self.pages_next = after
             return
+        self.pages_next = 0.0
         for _, page in batch:
             page.state = READING
         self.reading = True
@@ -320,6 +333,7 @@ class Scheduled(list):
 
     def _pages_back(self, done: list, error) -> None:
         self.reading = False
+        self.pages_next = 0.0
         queue = None
         for (queue, message), page, payload in done:
             if page.state != READING:  # gone meanwhile (purged)
@@ -362,6 +376,7 @@ class Scheduled(list):
         gone = {id(entry) for entry in taken}
         self[:] = [entry for entry in entries if id(entry) not in gone]  # sorted: a heap
         self.full = False
+        self.pages_next = 0.0
         taken.reverse()  # in (time, seq) order
         for _, _, message in taken:
             if message.page is not None:  # read back before: a fresh record with its index
@@ -447,6 +462,7 @@ class Scheduled(list):
         self.fronts.clear()
         self.in_runs = self.paged = self.paged_bytes = self.pages_held = 0
         self.full = False
+        self.pages_next = 0.0
         list.clear(self)
         return size
 
