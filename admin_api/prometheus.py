@@ -102,9 +102,11 @@ def replication(out: Exposition, items: list[dict]) -> None:
 def paging(out: Exposition, node, queues: list) -> None:
     """Bodies on disk (docs/paging.md): per queue and for the node, and the page store."""
     out.family("fedgate_queue_paged_bytes", "gauge", "Bytes of a queue's bodies on disk only.",
-               [({"queue": name}, q.paged_bytes) for name, q in queues if q.paged_count])
+               [({"queue": name}, q.paged_bytes) for name, q in queues if q.paged_bytes])
     out.family("fedgate_queue_paged_messages", "gauge", "Messages of a queue whose body is on "
-               "disk only.", [({"queue": name}, q.paged_count) for name, q in queues if q.paged_count])
+               "disk only (scheduled ones in runs included).",
+               [({"queue": name}, q.paged_count + q.scheduled.paged) for name, q in queues
+                if q.paged_count or q.scheduled.paged])
     memory = node.queues.memory
     out.family("fedgate_resident_bytes", "gauge", "Payload bytes of local queues in memory "
                "(the paging budget is [limits] max_memory).", [({}, memory.resident)])

@@ -184,3 +184,26 @@ def test_a_failed_write_keeps_the_scheduled_messages_in_memory(tmp_path, monkeyp
         pager.close()
 
     asyncio.run(play())
+
+
+def test_a_scheduled_message_with_a_priority_is_dispatched_when_its_time_comes(monkeypatch):
+    """No budget: the dispatch that releases it delivers it (before, the release turned the
+    FIFO order into a priority store after dispatch had taken the old one: it waited for the
+    next dispatch)."""
+    from memory import Harness
+
+    now = [1_800_000_000.0]
+    monkeypatch.setattr(schedule, "clock", lambda: now[0])
+    h = Harness()
+    c = h.client()
+    snd = c.sender("q")
+    for i, priority in enumerate((2, 9, 5)):
+        c.send(snd, scheduled(i, now[0] + 5, priority=priority))
+    h.pump()
+    rcv = c.receiver("q", credit=10)
+    assert c.received(rcv) == []
+    now[0] += 6
+    queue = h.queues.get("q")
+    h.broker.dirty_queues.add(queue)
+    h.pump()
+    assert [r.message.id for r in c.received(rcv)] == [1, 2, 0]
