@@ -12,7 +12,7 @@ import random
 
 import pytest
 from proton import Delivery, symbol
-from test_paging import BODY, BUDGET
+from test_paging import BUDGET, paging
 from test_paging_scheduled import (Peak, all_back, clock, collect, in_runs, on_time, same,  # noqa: F401
                                    scheduled, send, two_nodes)
 
@@ -207,3 +207,42 @@ def test_a_scheduled_message_with_a_priority_is_dispatched_when_its_time_comes(m
     h.broker.dirty_queues.add(queue)
     h.pump()
     assert [r.message.id for r in c.received(rcv)] == [1, 2, 0]
+
+
+def test_a_purge_of_paged_durable_scheduled_messages_is_journaled(tmp_path, clock):
+    """The admin API's purge on a durable queue with scheduled runs: each message's journal
+    dequeue is written (the runs' records read for their ids), so none comes back after a
+    restart."""
+    from test_paging_scheduled import JOURNAL
+
+    from proxy.broker import operations
+
+    async def play():
+        world = World(tmp_path)
+        paged = await world.node("a", limits={"max_memory": BUDGET}, paging=paging(),
+                                 queues={"credit_window": 50, "durable": True}, journal=JOURNAL)
+        client = await world.client("a")
+        start = schedule.clock()
+        await send(world, client.sender("gone"), [
+            scheduled(i, start + 30 + i * 0.01, durable=True) for i in range(150)])
+        await world.quiet(0.1)
+        queue = paged.queues.get("gone")
+        assert in_runs(paged, "gone") >= 120
+        assert operations.purge(paged.broker, queue) == 150
+        all_back(paged, "gone")
+        stopped = schedule.clock()
+        await world.close()
+        return stopped
+
+    stopped = run(play)
+
+    async def again():
+        clock[0] = stopped + 1.0 - asyncio.get_running_loop().time()
+        world = World(tmp_path)
+        node = await world.node("a", limits={"max_memory": BUDGET}, paging=paging(),
+                                queues={"credit_window": 50, "durable": True}, journal=JOURNAL)
+        queue = node.queues.get("gone")
+        assert queue is None or len(queue.scheduled) == 0, "purged messages came back"
+        await world.close()
+
+    run(again)
