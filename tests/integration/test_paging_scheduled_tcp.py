@@ -99,6 +99,7 @@ def test_ten_budgets_of_scheduled_messages_wait_on_disk_and_come_at_their_times(
     sender = Sender(node.url, "later", times)
     run_in_thread(sender, 120)
     peak = watch.stop()
+    filled = time.time()
     assert sender.error is None and sender.accepted == count, sender.error
     queue = admin(node, "/api/v1/queues")["queues"][0]
     memory = memory_of(node)
@@ -120,8 +121,9 @@ def test_ten_budgets_of_scheduled_messages_wait_on_disk_and_come_at_their_times(
     assert all(size == SIZE for _, _, size in receiver.got), "a body came back changed"
     early = [(i, at - times[i]) for i, at, _ in receiver.got if at < times[i] - EARLY]
     assert not early, f"{len(early)} came before their time: {early[:5]}"
-    due = [times[i] for i in ids]
-    assert due == sorted(due), "not in the order of their times"
+    if filled < min(times):  # (on a machine too slow for that, some were due on arrival:
+        due = [times[i] for i in ids]  # those are ready at once, in the order they came)
+        assert due == sorted(due), "not in the order of their times"
     late = max(at - times[i] for i, at, _ in receiver.got)
     print(f"fill RSS +{growth:.1f} MB, drain peak {drain_peak:.1f} MB "
           f"(start {watch.start:.1f}), latest delivery {late:.2f} s after its time")
