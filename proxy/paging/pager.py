@@ -152,7 +152,7 @@ class Pager:
         the ready order's tail."""
         freed = 0
         scheduled = getattr(queue, "scheduled", None)
-        if scheduled and queue.scheduled_runs and list.__len__(scheduled) > self.read_ahead_count:
+        if scheduled is not None and list.__len__(scheduled) and queue.scheduled_runs:
             freed = scheduled.page_out(queue, self, self.read_ahead_count, wanted)
         if freed < wanted:
             freed += self._page_out_ready(queue, wanted - freed)

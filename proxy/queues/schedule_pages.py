@@ -37,6 +37,7 @@ WRITING_RUN, ON_DISK, DEAD = range(3)
 LEAD = 2.0  # seconds before its time a paged scheduled message is read back
 INF = float("inf")
 SCAN = 1024 * 1024  # bytes read at a time when a run is iterated (peek, purge's journal)
+FIRST_READ = 16 * 1024  # the first read of each run when iterated
 _serials = itertools.count(1)
 
 
@@ -356,9 +357,15 @@ class Scheduled(list):
     def page_out(self, queue, pager, keep: int, wanted: int) -> int:
         """The entries due last, up to ``wanted`` bytes, written as new runs (never the
         ``keep`` earliest); bytes freed."""
-        if list.__len__(self) <= keep:
+        if list.__len__(self) <= keep and not self._large(keep, pager.read_ahead_bytes):
             return 0
         entries = sorted(self)
+        held = 0  # the earliest kept: ``keep`` of them, or fewer when their bodies are large
+        for index, entry in enumerate(entries[:keep]):
+            held += len(entry[2].payload)
+            if held > pager.read_ahead_bytes:
+                keep = index
+                break
         taken = []
         freed = 0
         for index in range(len(entries) - 1, keep - 1, -1):
@@ -405,6 +412,10 @@ class Scheduled(list):
         self.in_runs += len(taken)
         pager.paged_out += len(taken)
         return freed
+
+    def _large(self, keep: int, limit: int) -> bool:
+        """Whether the in-memory entries (at most ``keep``) hold more than ``limit`` bytes."""
+        return sum(len(entry[2].payload) for entry in self) > limit
 
     def _written(self, queue, pager, made: list, done: list, error) -> None:
         store = pager.store
@@ -483,8 +494,10 @@ class Scheduled(list):
             return
         read_now = pager.store.read_now
         offset, left, remaining, index = run.offset, run.count, run.nbytes, front
+        step = FIRST_READ  # a peek merges every run's first record: small reads first
         while left > 0 and remaining > 0:
-            data = read_now(run.segment, offset, min(remaining, SCAN))
+            data = read_now(run.segment, offset, min(remaining, step))
+            step = min(SCAN, step * 4)
             if len(data) >= HEADER.size and HEADER.size + HEADER.unpack_from(data)[0] > len(data):
                 data = read_now(run.segment, offset, HEADER.size + HEADER.unpack_from(data)[0])
             taken = 0

@@ -109,11 +109,11 @@ class Sink:
         self.out.append(message)
 
 
-async def in_process(tmp_path, now: list, budget: int = 20_000):
+async def in_process(tmp_path, now: list, budget: int = 20_000, **settings):
     memory = MemoryUse(budget)
     queues = []
     pager = Pager(PageStore(tmp_path / "paging", segment_size=16384, threads=False), memory,
-                  lambda: queues, read_ahead=8)
+                  lambda: queues, read_ahead=8, **settings)
     pager.start(asyncio.get_running_loop())
     queue = LocalQueue("q", memory=memory)
     queues.append(queue)
@@ -246,3 +246,43 @@ def test_a_purge_of_paged_durable_scheduled_messages_is_journaled(tmp_path, cloc
         await world.close()
 
     run(again)
+
+
+def test_large_scheduled_bodies_page_and_read_back_whole(tmp_path, monkeypatch):
+    """Bodies larger than a segment and than half the read-ahead's bytes: a read back of a
+    run's front asks for the whole first record; a peek reads each run in growing steps."""
+    from proton import Message
+
+    now = [1_800_000_000.0]
+    monkeypatch.setattr(schedule, "clock", lambda: now[0])
+
+    def big(i: int) -> bytes:
+        return Message(id=i, body=bytes([i]) * 40_000, annotations={
+            symbol("x-opt-delivery-time"): int((now[0] + 10 + (9 - i)) * 1000)}).encode()
+
+    async def play():
+        pager, queue = await in_process(tmp_path, now, budget=100_000, read_ahead_bytes=8192)
+        for i in range(10):
+            queue.enqueue(StoredMessage(big(i)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert queue.scheduled.paged >= 1 and pager.memory.resident <= 100_000
+        assert [m.seq for m in queue.waiting()] == list(range(10, 0, -1))
+        assert pager.store.reads_now >= queue.scheduled.paged
+        sink = Sink()
+        queue.add_consumer(sink)
+        got = []
+        for step in range(21):  # (a read waits while the bodies in memory pass the budget:
+            now[0] += 1         # each is settled as it comes)
+            for _ in range(10):
+                queue.dispatch()
+                for message in sink.out:
+                    got.append((message.seq, message.payload[-1]))
+                    queue.settled_accepted(message)
+                sink.out.clear()
+                await asyncio.sleep(0)
+        assert got == [(10 - i, 9 - i) for i in range(10)]
+        assert pager.store.live_bytes == 0 and pager.memory.used == 0
+        pager.close()
+
+    asyncio.run(play())
