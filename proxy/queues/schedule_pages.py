@@ -30,12 +30,14 @@ import itertools
 from array import array
 from collections import deque
 
+from proxy.paging.pager import LOW
 from proxy.paging.store import HEADER, PAGED, READING, STORED, WRITING, Page, records
 from proxy.queues.runs import message_of
 
 WRITING_RUN, ON_DISK, DEAD = range(3)
 LEAD = 2.0  # seconds before its time a paged scheduled message is read back
 INF = float("inf")
+MANY = 1 << 30
 SCAN = 1024 * 1024  # bytes read at a time when a run is iterated (peek, purge's journal)
 FIRST_READ = 16 * 1024  # the first read of each run when iterated
 _serials = itertools.count(1)
@@ -82,15 +84,21 @@ def _loaded(pager, queue, error) -> None:
         pager.wake()
 
 
-def _room(pager, queue) -> bool:
-    """Whether a read back may start: not while the bodies in memory are over the budget
-    (the pager is writing the ready order's tail); the queue is dispatched again once they
-    fall (``MemoryUse.freed``), so reads never outrun the writes (many due at once)."""
+def _room(pager, queue, size: int) -> int:
+    """How many bodies of ``size`` bytes a read back may bring now (0: none; at most
+    ``MANY``): as many as fit under the ceiling producers stop at, so that reads never
+    outrun the pager's writes (many due at once). At none the queue waits with the blocked
+    producers' queues and is dispatched again when the bodies in memory fall
+    (``MemoryUse.freed``); one always fits when the pager has done its work (under ``LOW``
+    of the budget: a body larger than the headroom)."""
     memory = pager.memory
-    if memory.resident <= memory.limit:
-        return True
+    room = memory.ceiling - memory.resident
+    if room >= size:
+        return min(MANY, room // max(1, size))
+    if memory.resident <= memory.limit * LOW:
+        return 1
     memory.blocked.add(queue)
-    return False
+    return 0
 
 
 def earliest(heap: list, horizon: float, limit: int) -> tuple[list, float]:
@@ -262,9 +270,11 @@ class Scheduled(list):
 
     def _read(self, queue, run: SchedRun, horizon: float, whole: int = 0) -> None:
         pager = queue.memory.pager
-        if self.reading or not (whole or _room(pager, queue)):
+        fits = 1 if whole else _room(pager, queue, run.size // max(1, run.count))
+        if self.reading or not fits:
             return
-        n = 1 if whole else self._count(run, horizon, max(1, pager.read_ahead_count // 2))
+        n = 1 if whole else self._count(run, horizon, min(fits, max(
+            1, pager.read_ahead_count // 2)))
         size = whole or min(run.nbytes, max(HEADER.size + 1, pager.read_ahead_bytes // 2))
         offset = run.offset
         self.reading = True
@@ -312,19 +322,25 @@ class Scheduled(list):
         """Recovered entries whose body is in the journal, due within ``LEAD`` and among the
         window's earliest: read back in one job."""
         pager = queue.memory.pager
-        if self.reading or pager is None or not _room(pager, queue):
+        if self.reading or pager is None:
             return
         half = max(1, pager.read_ahead_count // 2)
         batch = []
         entries, after = earliest(self, now + LEAD, pager.read_ahead_count)
+        room = pager.memory.ceiling - pager.memory.resident
         for entry in entries:
             page = entry[2].payload
             if type(page) is Page and page.state == PAGED:
+                if batch and page.size > room:  # the rest when there is room
+                    break
                 batch.append(((queue, entry[2]), page))
+                room -= page.size
                 if len(batch) >= half:
                     break
         if not batch:  # nothing to read until ``after`` comes within LEAD, or a pop
             self.pages_next = after
+            return
+        if not _room(pager, queue, batch[0][1].size):
             return
         self.pages_next = 0.0
         for _, page in batch:

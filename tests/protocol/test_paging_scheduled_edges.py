@@ -286,3 +286,39 @@ def test_large_scheduled_bodies_page_and_read_back_whole(tmp_path, monkeypatch):
         pager.close()
 
     asyncio.run(play())
+
+
+def test_a_consumer_holding_more_than_the_budget_unsettled_does_not_starve_the_schedule(
+        tmp_path, clock):
+    """Another queue's consumer holds 22 messages unsettled (more than the budget of 20,
+    under the ceiling): paged scheduled messages still come at their times, read back as
+    room under the ceiling allows (as producers would be let in)."""
+    async def play():
+        world = World(tmp_path)
+        paged, plain = await two_nodes(world)
+        start = schedule.clock()
+        times = {i: start + 10 + i * 0.05 for i in range(100)}
+        ca, cb = await world.client("a"), await world.client("b")
+        holders = []
+        for client in (ca, cb):
+            await send(world, client.sender("sched"), [scheduled(i, times[i])
+                                                       for i in range(100)])
+            await send(world, client.sender("busy"), [scheduled(i, 0.0)
+                                                      for i in range(100, 122)])
+            holder = client.receiver("busy", credit=22)
+            holders.append(holder)
+            await world.until(lambda: len(holder.received) == 22, what="22 held")
+        await world.quiet(0.1)
+        assert in_runs(paged, "sched") >= 80
+        assert paged.queues.memory.resident > BUDGET, "the held bodies are not over the budget"
+        got_a, got_b = await asyncio.gather(collect(ca.receiver("sched"), 100, 30),
+                                            collect(cb.receiver("sched"), 100, 30))
+        on_time(got_a, times)
+        same(got_a, got_b)
+        for holder in holders:
+            holder.settle()
+        await world.quiet(0.1)
+        all_back(paged, "sched")
+        await world.close()
+
+    run(play)
