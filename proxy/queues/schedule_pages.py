@@ -269,9 +269,11 @@ class Scheduled(list):
         self._front_moved(run)
 
     def _read(self, queue, run: SchedRun, horizon: float, whole: int = 0) -> None:
+        if self.reading:
+            return
         pager = queue.memory.pager
         fits = 1 if whole else _room(pager, queue, run.size // max(1, run.count))
-        if self.reading or not fits:
+        if not fits:
             return
         n = 1 if whole else self._count(run, horizon, min(fits, max(
             1, pager.read_ahead_count // 2)))
