@@ -189,7 +189,7 @@ def render(node) -> str:
                [({"queue": name}, q.depth) for name, q in queues])
     out.family("fedgate_queue_scheduled", "gauge",
                "Messages held until their delivery time (x-opt-delivery-time), not in the depth.",
-               [({"queue": name}, len(q.scheduled)) for name, q in queues])
+               [({"queue": name}, q.scheduled.total) for name, q in queues])
     out.family("fedgate_queue_depth_by_priority", "gauge",
                "Messages waiting in a local queue, by priority (queues that saw one other than 4).",
                [({"queue": name, "priority": str(p)}, n) for name, q in queues

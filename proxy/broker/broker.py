@@ -132,7 +132,7 @@ class Broker:
                     self._expired(queue)
                 if queue.limited:
                     self._limited(queue)
-                if queue.scheduled:
+                if queue.scheduled or queue.scheduled.in_runs:
                     self._arm(queue)
                 _finish_drains(queue)
                 for browser in queue.browsers:  # after the consumers: they take first

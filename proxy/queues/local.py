@@ -134,7 +134,7 @@ class LocalQueue:
     # consumers with a selector (each with its own store of the messages it selects)
     selective: list = field(default_factory=list)
     # messages held until their delivery time: a heap of (time, seq, message), and those
-    # paged in runs (proxy.queues.schedule_pages; len() counts both)
+    # paged in runs (proxy.queues.schedule_pages; ``total`` counts both)
     scheduled: Scheduled = field(default_factory=Scheduled)
     # the queue's one timer for scheduled messages, kept by the broker
     timer: object = None
@@ -233,7 +233,8 @@ class LocalQueue:
     @property
     def next_due(self) -> float:
         """When the first scheduled message is due (seconds since the epoch); 0: none."""
-        return self.scheduled.next_due(schedule.clock()) if self.scheduled else 0.0
+        scheduled = self.scheduled
+        return scheduled.next_due(schedule.clock()) if scheduled or scheduled.in_runs else 0.0
 
     def _released(self, size: int) -> None:
         """``size`` payload bytes left the queue for good."""
@@ -338,7 +339,8 @@ class LocalQueue:
         Expired messages that reach the head are taken out first, consumers or
         not (into ``expired``).
         """
-        if self.scheduled:  # first: a priority released may make ``messages`` a PriorityStore
+        scheduled = self.scheduled  # first: a priority released may make a PriorityStore
+        if scheduled or scheduled.in_runs:
             schedule.release_due(self)
         messages = self.messages
         consumers = self.consumers
@@ -540,7 +542,7 @@ class LocalQueue:
 
     def purge(self) -> int:
         held = [entry[2] for entry in self.scheduled]
-        count = len(self.messages) + len(self.scheduled)
+        count = len(self.messages) + self.scheduled.total
         in_runs = 0
         if type(self.messages) is RunQueue:  # the runs' records die; head and tail stay
             in_runs = self.messages.drop_runs()

@@ -7,7 +7,9 @@ How this works (docs/paging-scheduled.md)
 messages the pager took, sorted by ``(time, seq)`` and written as consecutive page records
 of one segment, each record with the message's index fields (``proxy.paging.store.HEADER``).
 A run keeps per message only its time and seq, in two arrays (16 bytes), and reads back
-from its front. ``len()`` counts every scheduled message the queue holds, in runs too.
+from its front. ``total`` counts every scheduled message the queue holds, in runs too;
+``len()`` and truth are the heap's (a queue holds scheduled messages when ``scheduled or
+scheduled.in_runs``).
 
 A run's states: ``WRITING_RUN`` (its messages are still objects, held by the run, until the
 I/O thread reports the write), ``ON_DISK`` (objects dropped: 16 bytes a message), ``DEAD``
@@ -159,11 +161,11 @@ class Scheduled(list):
         # when to look for such entries to read again (0: at once; a pop or a read resets it)
         self.pages_next = 0.0
 
-    def __len__(self) -> int:
-        return list.__len__(self) + self.in_runs
-
-    def __bool__(self) -> bool:
-        return list.__len__(self) > 0 or self.in_runs > 0
+    @property
+    def total(self) -> int:
+        """Every scheduled message held: in memory and in runs. (``len()`` and truth stay
+        the list's, the in-memory heap's: truth is asked at every dispatch.)"""
+        return len(self) + self.in_runs
 
     def first_run(self) -> SchedRun | None:
         fronts = self.fronts

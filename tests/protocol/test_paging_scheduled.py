@@ -130,7 +130,7 @@ def same(got_a: list, got_b: list) -> None:
 def all_back(node, name: str) -> None:
     queue = node.queues.get(name)
     memory = node.queues.memory
-    assert len(queue.scheduled) == 0 and not queue.scheduled.runs
+    assert queue.scheduled.total == 0 and not queue.scheduled.runs
     assert (queue.paged_bytes, memory.paged, memory.used) == (0, 0, 0)
     if node.pager is not None:
         assert node.pager.store.live_bytes == 0, "page records left live"
@@ -156,7 +156,7 @@ def test_a_backlog_of_ten_budgets_of_scheduled_messages_pages_and_comes_at_its_t
         await world.quiet(0.1)
         queue = paged.queues.get("sched")
         memory = paged.queues.memory
-        assert len(queue.scheduled) == 200 and queue.depth == 0
+        assert queue.scheduled.total == 200 and queue.depth == 0
         assert in_runs(paged, "sched") >= 170, "the scheduled backlog is not paged"
         assert memory.used == 200 * len(scheduled(0, 0).encode()) or memory.used > 10 * BUDGET
         assert memory.resident <= BUDGET, "a quiet node is back under its budget"
@@ -316,7 +316,7 @@ def test_a_durable_scheduled_backlog_keeps_its_times_across_a_restart(tmp_path, 
         paged, plain = await two_nodes(world, durable=True)
         queue = paged.queues.get("dur")
         memory = paged.queues.memory
-        assert len(queue.scheduled) == 210 and len(plain.queues.get("dur").scheduled) == 210
+        assert queue.scheduled.total == 210 and plain.queues.get("dur").scheduled.total == 210
         assert memory.resident <= BUDGET, "the restart kept scheduled bodies in memory"
         assert queue.scheduled.pages_held >= 190, "not left in the journal"
         assert queue_info(queue)["scheduled"] == 210

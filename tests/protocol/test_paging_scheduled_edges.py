@@ -84,7 +84,7 @@ def test_redeliveries_a_consumer_delays_page_and_come_back_at_their_times(tmp_pa
             receiver.link.close()
             client.flush()
         await world.quiet(0.5)
-        assert len(paged.queues.get("retry").scheduled) == 200
+        assert paged.queues.get("retry").scheduled.total == 200
         assert in_runs(paged, "retry") >= 170, "the delayed redeliveries are not paged"
         assert paged.queues.memory.resident <= BUDGET
         got_a, got_b = await asyncio.gather(collect(ca.receiver("retry"), 200, 40),
@@ -146,7 +146,7 @@ def test_a_run_whose_time_comes_while_it_is_written_hands_its_messages_over(tmp_
         for _ in range(20):
             await asyncio.sleep(0)  # the writes report
         assert all(m.page is None or m.page.state == STORED for m in sink.out)
-        assert not queue.scheduled.runs and len(queue.scheduled) == 0
+        assert not queue.scheduled.runs and queue.scheduled.total == 0
         for message in sink.out:
             queue.settled_accepted(message)
         assert pager.store.live_bytes == 0 and pager.memory.used == 0
@@ -171,7 +171,7 @@ def test_a_failed_write_keeps_the_scheduled_messages_in_memory(tmp_path, monkeyp
             await asyncio.sleep(0)
         scheduled_ = queue.scheduled
         assert pager.bound == "error" and not scheduled_.runs
-        assert len(scheduled_) == 60 and scheduled_.in_runs == 0 and scheduled_.paged == 0
+        assert scheduled_.total == 60 and scheduled_.in_runs == 0 and scheduled_.paged == 0
         assert pager.memory.paged == 0 and queue.paged_bytes == 0
         sink = Sink()
         queue.add_consumer(sink)
@@ -242,7 +242,7 @@ def test_a_purge_of_paged_durable_scheduled_messages_is_journaled(tmp_path, cloc
         node = await world.node("a", limits={"max_memory": BUDGET}, paging=paging(),
                                 queues={"credit_window": 50, "durable": True}, journal=JOURNAL)
         queue = node.queues.get("gone")
-        assert queue is None or len(queue.scheduled) == 0, "purged messages came back"
+        assert queue is None or queue.scheduled.total == 0, "purged messages came back"
         await world.close()
 
     run(again)
