@@ -2,8 +2,9 @@
 
 The message annotations ``x-opt-delivery-time`` (ms since the epoch) and
 ``x-opt-delivery-delay`` (ms), as ActiveMQ Artemis and Qpid JMS use them. A queue
-holds such messages in one heap (``LocalQueue.scheduled``) and the broker keeps one
-timer per queue for the earliest (``LocalQueue.next_due``). A delay is turned into a
+holds such messages in one heap (``LocalQueue.scheduled``; beyond the node's memory budget
+in runs on disk, ``proxy.queues.schedule_pages``, docs/paging-scheduled.md) and the broker
+keeps one timer per queue for the earliest (``LocalQueue.next_due``). A delay is turned into a
 time where the message arrives (``fix_delay``), before it is journaled or replicated,
 so that a restart or a failover keeps its time (the wall clock, not the process's).
 
