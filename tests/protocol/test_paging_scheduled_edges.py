@@ -322,3 +322,64 @@ def test_a_consumer_holding_more_than_the_budget_unsettled_does_not_starve_the_s
         await world.close()
 
     run(play)
+
+
+def test_ready_and_scheduled_messages_mixed_under_a_consumer_keep_the_in_memory_order(
+        tmp_path, clock):
+    """A producer sends ready and scheduled messages mixed (due 0.5 to 8 s on) while a
+    consumer takes them slower than they come, so the ready order and the schedule both
+    page: the same ids in the same order, at the same times, as on the node without a
+    budget; each scheduled one not before its time."""
+    async def play():
+        world = World(tmp_path)
+        paged, plain = await two_nodes(world)
+        ca, cb = await world.client("a"), await world.client("b")
+        pick = random.Random(5)
+        plan = [(i, pick.random() < 0.6, 0.5 + pick.random() * 7.5) for i in range(400)]
+        times = {"a": {}, "b": {}}
+        in_runs_seen = [0]
+
+        async def produce(client, node: str) -> None:
+            sender = client.sender("mixed")
+            for start in range(0, 400, 20):
+                batch = []
+                for i, later, delay in plan[start:start + 20]:
+                    if later:
+                        times[node][i] = round(schedule.clock() + delay, 3)
+                        batch.append(scheduled(i, times[node][i]))
+                    else:
+                        batch.append(scheduled(i, 0.0))
+                await send(world, sender, batch)
+                await asyncio.sleep(0.1)
+                queue = paged.queues.get("mixed")
+                in_runs_seen[0] = max(in_runs_seen[0], queue.scheduled.in_runs if queue else 0)
+
+        async def consume(client) -> list:
+            receiver = client.receiver("mixed")
+            got = []
+            while len(got) < 400:
+                receiver.flow(3)
+                await asyncio.sleep(0.05)  # about 60 a second: slower than they come
+                new = receiver.received[len(got):]
+                got.extend((m.id, schedule.clock()) for m, _ in new)
+                receiver.settle()
+            return got
+
+        peak = Peak(paged.queues.memory)
+        results = await asyncio.gather(produce(ca, "a"), produce(cb, "b"), consume(ca),
+                                       consume(cb))
+        got_a, got_b = results[2], results[3]
+        assert peak.stop() <= paged.queues.memory.ceiling + 4 * 1100
+        assert in_runs_seen[0] >= 50, "the schedule did not page: the test asks nothing of it"
+        assert paged.pager.paged_out > in_runs_seen[0], "the ready order did not page"
+        assert [i for i, _ in got_a] == [i for i, _ in got_b], "the nodes' orders differ"
+        assert sorted(i for i, _ in got_a) == list(range(400))
+        for node, got in (("a", got_a), ("b", got_b)):
+            for i, at in got:
+                if i in times[node]:
+                    assert at >= times[node][i] - 1e-6, f"{i} came before its time"
+        all_back(paged, "mixed")
+        all_back(plain, "mixed")
+        await world.close()
+
+    run(play)
