@@ -19,6 +19,7 @@ import heapq
 import time
 
 from proxy.amqp import message_header
+from proxy.queues import schedule_journal
 
 MARK = b"x-opt-delivery-"
 HEAD = 65536  # bytes searched for MARK: the sections before the body
@@ -77,8 +78,12 @@ def hold(queue, message, payload: bytes | None = None) -> bool:
     if not due or due <= clock():
         return False
     scheduled = queue.scheduled
+    page = message.payload
+    if payload is not None and payload is not page and page.segment.foreign:
+        schedule_journal.keep(scheduled, queue, due, message)  # recovered: in a journal run
+        return True
     heapq.heappush(scheduled, (due, message.seq, message))
-    if payload is not None and payload is not message.payload:
+    if payload is not None and payload is not page:  # on disk only, one by one
         scheduled.pages_held += 1
         scheduled.pages_next = 0.0
     memory = queue.memory

@@ -51,6 +51,7 @@ class SchedRun:
 
     __slots__ = ("segment", "offset", "nbytes", "count", "size", "dues", "seqs", "front",
                  "messages", "state", "serial")
+    journal = False  # (a JournalRun, proxy.queues.schedule_journal: True)
 
     def __init__(self, segment, offset: int) -> None:
         self.segment = segment
@@ -146,7 +147,7 @@ class Scheduled(list):
     """The heap of in-memory scheduled entries, and the queue's scheduled runs."""
 
     __slots__ = ("runs", "fronts", "in_runs", "paged", "paged_bytes", "reading", "full",
-                 "pages_held", "pages_next")
+                 "pages_held", "pages_next", "pending")
 
     def __init__(self, entries=()) -> None:
         super().__init__(entries)
@@ -160,6 +161,8 @@ class Scheduled(list):
         self.pages_held = 0  # heap entries whose body is on disk only (recovered journal pages)
         # when to look for such entries to read again (0: at once; a pop or a read resets it)
         self.pages_next = 0.0
+        # a journal run being filled by a restore (proxy.queues.schedule_journal), not sorted
+        self.pending = None
 
     @property
     def total(self) -> int:
@@ -187,6 +190,8 @@ class Scheduled(list):
     def next_due(self, now: float) -> float:
         """When the broker's timer should fire: the earliest in-memory time, or ``LEAD``
         before the earliest run's front (its read ahead); 0: nothing held."""
+        if self.pending is not None:
+            self.pending.seal(self)
         due = self[0][0] if list.__len__(self) else 0.0
         if self.in_runs and not self.reading and not self.full:
             run = self.first_run()
@@ -202,6 +207,8 @@ class Scheduled(list):
     def release(self, queue, now: float) -> int:
         """Messages whose time came, into the ready order, in (time, seq) order; stops at
         one whose body is still on disk (its read asked)."""
+        if self.pending is not None:
+            self.pending.seal(self)
         moved = 0
         while True:
             run = self.first_run() if self.in_runs else None
@@ -272,6 +279,9 @@ class Scheduled(list):
 
     def _read(self, queue, run: SchedRun, horizon: float, whole: int = 0) -> None:
         if self.reading:
+            return
+        if run.journal:  # recovered, in the journal (proxy.queues.schedule_journal)
+            run.read(self, queue, horizon)
             return
         pager = queue.memory.pager
         fits = 1 if whole else _room(pager, queue, run.size // max(1, run.count))
@@ -478,8 +488,13 @@ class Scheduled(list):
     def drop(self, queue) -> int:
         """Purge: every run's records dead (no read); their body bytes."""
         pager = queue.memory.pager
+        if self.pending is not None:
+            self.pending.seal(self)
         size = 0
         for run in self.runs:
+            if run.journal:  # its pins go
+                size += run.drop(queue)
+                continue
             size += run.size
             if run.state == ON_DISK:
                 pager.store.dead_records(run.segment, run.count, run.nbytes)
@@ -500,6 +515,8 @@ class Scheduled(list):
     def in_order(self, pager=None):
         """Every scheduled message in (time, seq) order; a run's as transient objects read
         from disk, synchronously (peek, purge's journal dequeues, a subscription's removal)."""
+        if self.pending is not None:
+            self.pending.seal(self)
         sources = [iter(sorted(self))]
         for run in list(self.runs):
             sources.append(self._entries(run, pager))
@@ -507,6 +524,9 @@ class Scheduled(list):
             yield message
 
     def _entries(self, run: SchedRun, pager):
+        if run.journal:
+            yield from run.entries()
+            return
         front = run.front
         if run.state != ON_DISK:
             for i, message in enumerate(list(run.messages or ())):

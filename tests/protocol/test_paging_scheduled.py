@@ -318,9 +318,13 @@ def test_a_durable_scheduled_backlog_keeps_its_times_across_a_restart(tmp_path, 
         memory = paged.queues.memory
         assert queue.scheduled.total == 210 and plain.queues.get("dur").scheduled.total == 210
         assert memory.resident <= BUDGET, "the restart kept scheduled bodies in memory"
-        assert queue.scheduled.pages_held >= 190, "not left in the journal"
+        # left in the journal: a journal run (40 bytes a message), its segments pinned
+        assert queue.scheduled.paged >= 190 and queue.paged_count == 0, "not in a journal run"
+        assert paged.journal.pinned and paged.journal_pages.live >= 190
         assert queue_info(queue)["scheduled"] == 210
         assert paged.pager.store.writes == 0, "the restart wrote bodies to the page store"
+        runs_were_journal = [queue.next_due and all(run.journal for run in queue.scheduled.runs)
+                             and len(queue.scheduled.runs) == 1]
         ca, cb = await world.client("a"), await world.client("b")
         peak = Peak(memory)
         got_a, got_b = await asyncio.gather(collect(ca.receiver("dur"), 210, 60),
@@ -333,6 +337,8 @@ def test_a_durable_scheduled_backlog_keeps_its_times_across_a_restart(tmp_path, 
                     assert start + 25 - 1e-6 <= at <= sent_at + 25 + SLACK, f"{i} came at {at}"
             assert [at for _, at in got] == sorted(at for _, at in got)
         same([e for e in got_a if e[0] not in delayed], [e for e in got_b if e[0] not in delayed])
+        assert runs_were_journal[0], "the restored backlog was not a journal run"
+        assert not paged.journal.pinned and paged.journal_pages.live == 0, "pins left"
         all_back(paged, "dur")
         all_back(plain, "dur")
         await world.close()

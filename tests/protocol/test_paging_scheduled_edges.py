@@ -383,3 +383,62 @@ def test_ready_and_scheduled_messages_mixed_under_a_consumer_keep_the_in_memory_
         await world.close()
 
     run(play)
+
+
+def test_a_restored_journal_run_peeks_purges_and_lets_its_pins_go(tmp_path, clock):
+    """After a restart the scheduled backlog is a journal run: the admin API's peek reads
+    the first bodies from the journal (nothing taken), a purge while a read of its front is
+    under way lets every pin go (the journal may compact those segments again), and nothing
+    comes back after another restart."""
+    from test_paging_scheduled import JOURNAL
+
+    from proxy.broker import operations
+
+    async def durable_node(world):
+        return await world.node("a", limits={"max_memory": BUDGET}, paging=paging(),
+                                queues={"credit_window": 50, "durable": True}, journal=JOURNAL)
+
+    async def fill():
+        world = World(tmp_path)
+        await durable_node(world)
+        client = await world.client("a")
+        start = schedule.clock()
+        await send(world, client.sender("jr"), [
+            scheduled(i, start + 60 + (149 - i) * 0.01, durable=True) for i in range(150)])
+        await world.quiet(0.1)
+        stopped = schedule.clock()
+        await world.close()
+        return stopped
+
+    stopped = run(fill)
+
+    async def restarted():
+        clock[0] = stopped + 1.0 - asyncio.get_running_loop().time()
+        world = World(tmp_path)
+        node = await durable_node(world)
+        queue = node.queues.get("jr")
+        assert queue.scheduled.total == 150 and queue.next_due
+        assert [run.journal for run in queue.scheduled.runs] == [True]
+        assert node.journal.pinned, "the journal run's segments are not pinned"
+        peeked = operations.peek(queue, 3)
+        assert [m["properties"]["message_id"] for m in peeked] == [149, 148, 147]
+        assert peeked[0]["body"].startswith("149:")
+        queue.scheduled.release(queue, schedule.clock() + 1000)  # its front's read asked
+        assert queue.scheduled.reading
+        assert operations.purge(node.broker, queue) == 150  # while the read is under way
+        await world.quiet(0.1)
+        assert not node.journal.pinned and node.journal_pages.live == 0, "pins left"
+        all_back(node, "jr")
+        await world.close()
+
+    run(restarted)
+
+    async def again():
+        clock[0] = stopped + 2.0 - asyncio.get_running_loop().time()
+        world = World(tmp_path)
+        node = await durable_node(world)
+        queue = node.queues.get("jr")
+        assert queue is None or queue.scheduled.total == 0, "purged messages came back"
+        await world.close()
+
+    run(again)
