@@ -83,9 +83,6 @@ def hold(queue, message, payload: bytes | None = None) -> bool:
         schedule_journal.keep(scheduled, queue, due, message)  # recovered: in a journal run
         return True
     heapq.heappush(scheduled, (due, message.seq, message))
-    if payload is not None and payload is not page:  # on disk only, one by one
-        scheduled.pages_held += 1
-        scheduled.pages_next = 0.0
     memory = queue.memory
     if memory.pager is not None and memory.used - memory.paged > memory.limit:
         memory.pager.wake()  # (a redelivery held again: no enqueue woke it)

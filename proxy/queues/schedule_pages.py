@@ -19,10 +19,10 @@ never the ``keep`` earliest), ``release`` and ``read_ahead`` take a run's front 
 the heap (asynchronously when it is on disk: one read per queue at a time), purge drops
 them. Release goes strictly in ``(time, seq)`` order over the heap and every run's front.
 
-A recovered durable scheduled message beyond the budget is in the heap with its body in
-the journal only (``payload`` a ``PAGED`` journal ``Page``, counted in the queue's
-``paged_count`` as any message paged one by one); it is read back asynchronously when it
-comes within ``LEAD`` of its time (``read_pages``).
+Recovered durable scheduled messages beyond the budget are a *journal run*
+(``proxy.queues.schedule_journal.JournalRun``): their bodies in the journal, their places
+in arrays; it is one of the runs here (``run.journal``: it reads, drops and iterates
+itself).
 """
 
 from __future__ import annotations
@@ -33,12 +33,11 @@ from array import array
 from collections import deque
 
 from proxy.paging.pager import LOW
-from proxy.paging.store import HEADER, PAGED, READING, STORED, WRITING, Page, records
+from proxy.paging.store import HEADER, STORED, WRITING, Page, records
 from proxy.queues.runs import message_of
 
 WRITING_RUN, ON_DISK, DEAD = range(3)
 LEAD = 2.0  # seconds before its time a paged scheduled message is read back
-INF = float("inf")
 MANY = 1 << 30
 SCAN = 1024 * 1024  # bytes read at a time when a run is iterated (peek, purge's journal)
 FIRST_READ = 16 * 1024  # the first read of each run when iterated
@@ -104,30 +103,6 @@ def _room(pager, queue, size: int) -> int:
     return 0
 
 
-def earliest(heap: list, horizon: float, limit: int) -> tuple[list, float]:
-    """The heap's entries due by ``horizon``, in key order, at most ``limit`` (a walk from
-    the root: those entries are a subtree of it); and the time of the first one after them
-    (``inf``: none, or ``limit`` reached)."""
-    size = list.__len__(heap)
-    found = []
-    if not size:
-        return found, INF
-    first = heap[0]
-    frontier = [(first[0], first[1], 0)]
-    while frontier:
-        if len(found) >= limit:
-            return found, INF
-        due, _, index = heapq.heappop(frontier)
-        if due > horizon:
-            return found, due
-        found.append(heap[index])
-        for child in (2 * index + 1, 2 * index + 2):
-            if child < size:
-                entry = heap[child]
-                heapq.heappush(frontier, (entry[0], entry[1], child))
-    return found, INF
-
-
 def ahead_of(heap: list, key: tuple, limit: int) -> int:
     """How many heap entries come before ``key`` (counted up to ``limit``)."""
     size = list.__len__(heap)
@@ -147,7 +122,7 @@ class Scheduled(list):
     """The heap of in-memory scheduled entries, and the queue's scheduled runs."""
 
     __slots__ = ("runs", "fronts", "in_runs", "paged", "paged_bytes", "reading", "full",
-                 "pages_held", "pages_next", "pending")
+                 "pending")
 
     def __init__(self, entries=()) -> None:
         super().__init__(entries)
@@ -158,9 +133,6 @@ class Scheduled(list):
         self.paged_bytes = 0
         self.reading = False  # one read back under way (a run's front, or recovered pages)
         self.full = False  # the read-ahead window ahead of the first run was found full
-        self.pages_held = 0  # heap entries whose body is on disk only (recovered journal pages)
-        # when to look for such entries to read again (0: at once; a pop or a read resets it)
-        self.pages_next = 0.0
         # a journal run being filled by a restore (proxy.queues.schedule_journal), not sorted
         self.pending = None
 
@@ -198,9 +170,6 @@ class Scheduled(list):
             if run is not None:
                 at = max(run.dues[run.front] - LEAD, now + 0.05)
                 due = min(due, at) if due else at
-        if self.pages_held and not self.reading and self.pages_next < INF:
-            at = max(self.pages_next - LEAD, now + 0.05)
-            due = min(due, at) if due else at
         return due
 
     # -- release and read back ---------------------------------------------------------------
@@ -224,15 +193,11 @@ class Scheduled(list):
             if top is None or top[0] > now:
                 break
             message = top[2]
-            if type(message.payload) is Page:  # recovered, body in the journal: read first
-                self.read_pages(queue, now)
-                break
             heapq.heappop(self)
             self.full = False
-            self.pages_next = 0.0
             queue._ready(message)
             moved += 1
-        if self.in_runs or self.pages_held:
+        if self.in_runs:
             self.read_ahead(queue, now)
         return moved
 
@@ -242,10 +207,6 @@ class Scheduled(list):
         if self.reading or pager is None:
             return
         horizon = now + LEAD
-        if self.pages_held and horizon >= self.pages_next:
-            self.read_pages(queue, now)
-            if self.reading:
-                return
         run = self.first_run() if self.in_runs else None
         if run is None or run.dues[run.front] > horizon or self.full:
             return
@@ -332,57 +293,6 @@ class Scheduled(list):
             self._front_moved(run)
         return count
 
-    def read_pages(self, queue, now: float) -> None:
-        """Recovered entries whose body is in the journal, due within ``LEAD`` and among the
-        window's earliest: read back in one job."""
-        pager = queue.memory.pager
-        if self.reading or pager is None:
-            return
-        half = max(1, pager.read_ahead_count // 2)
-        batch = []
-        entries, after = earliest(self, now + LEAD, pager.read_ahead_count)
-        room = pager.memory.ceiling - pager.memory.resident
-        for entry in entries:
-            page = entry[2].payload
-            if type(page) is Page and page.state == PAGED:
-                if batch and page.size > room:  # the rest when there is room
-                    break
-                batch.append(((queue, entry[2]), page))
-                room -= page.size
-                if len(batch) >= half:
-                    break
-        if not batch:  # nothing to read until ``after`` comes within LEAD, or a pop
-            self.pages_next = after
-            return
-        if not _room(pager, queue, batch[0][1].size):
-            return
-        self.pages_next = 0.0
-        for _, page in batch:
-            page.state = READING
-        self.reading = True
-        pager.store.read(batch, self._pages_back)
-
-    def _pages_back(self, done: list, error) -> None:
-        self.reading = False
-        self.pages_next = 0.0
-        queue = None
-        for (queue, message), page, payload in done:
-            if page.state != READING:  # gone meanwhile (purged)
-                continue
-            if payload is None:
-                page.state = PAGED
-                continue
-            message.payload = payload
-            page.state = STORED
-            queue.paged_bytes -= page.size
-            queue.paged_count -= 1
-            queue.memory.paged -= page.size
-            queue.memory.pager.read_back += 1
-            self.pages_held -= 1
-        if queue is None:
-            return
-        _loaded(queue.memory.pager, queue, error)
-
     # -- the pager's side ----------------------------------------------------------------------
     def page_out(self, queue, pager, keep: int, wanted: int) -> int:
         """The entries due last, up to ``wanted`` bytes, written as new runs (never the
@@ -413,7 +323,6 @@ class Scheduled(list):
         gone = {id(entry) for entry in taken}
         self[:] = [entry for entry in entries if id(entry) not in gone]  # sorted: a heap
         self.full = False
-        self.pages_next = 0.0
         taken.reverse()  # in (time, seq) order
         for _, _, message in taken:
             if message.page is not None:  # read back before: a fresh record with its index
@@ -506,9 +415,8 @@ class Scheduled(list):
             run.state = DEAD
         self.runs.clear()
         self.fronts.clear()
-        self.in_runs = self.paged = self.paged_bytes = self.pages_held = 0
+        self.in_runs = self.paged = self.paged_bytes = 0
         self.full = False
-        self.pages_next = 0.0
         list.clear(self)
         return size
 
