@@ -9,8 +9,9 @@ window at a time), its CPU per message.
     .venv/bin/python bench/paging_scheduled.py [--then 300000] [--output FILE]
 
 For comparison it measures the same per-message figure for a scheduled message kept as
-a heap entry whose body is on disk one by one (a recovered durable scheduled message: its
-``StoredMessage``, ``Page`` and heap tuple; the journal's own entry not counted).
+a heap entry whose body is on disk one by one (its ``StoredMessage``, ``Page`` and heap
+tuple: what a recovered durable one cost in the first version), and for one in a journal
+run (a recovered durable one now: its arrays; the journal's own entry not counted).
 """
 
 from __future__ import annotations
@@ -46,6 +47,34 @@ def heap_entry_bytes(count: int = 100_000) -> float:
         page.state = PAGED
         heapq.heappush(heap, (1.8e9 + i * 0.001, i + 1000,
                               StoredMessage(page, seq=i + 1000, page=page)))
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return (after - before) / count
+
+
+def journal_run_bytes(count: int = 300_000) -> float:
+    """Bytes per recovered scheduled message in a journal run (its arrays, filled as a
+    restore fills them, then sorted: proxy.queues.schedule_journal)."""
+    import random
+    import tracemalloc
+
+    from proxy.queues.schedule_journal import JournalRun
+    from proxy.queues.schedule_pages import Scheduled
+
+    pick = random.Random(44)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    scheduled = Scheduled()
+    run = scheduled.pending = JournalRun(None, 40)
+    for i in range(count):
+        run.dues.append(1.8e9 + pick.random() * 3600)
+        run.seqs.append(i + 1)
+        run.ids.append(i + 1000)
+        run.numbers.append(i // 8000)
+        run.offsets.append(i % 8000 * 1100)
+        run.sizes.append(1024)
+        run.count += 1
+    run.seal(scheduled)
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     return (after - before) / count
@@ -157,7 +186,8 @@ def main() -> None:
     args = parser.parse_args()
     result = {"scheduled_runs": scheduled_index(args.first, args.then, args.body_bytes,
                                                 args.budget_mb * 1024 * 1024),
-              "one_by_one_bytes_per_message": round(heap_entry_bytes(), 2)}
+              "one_by_one_bytes_per_message": round(heap_entry_bytes(), 2),
+              "journal_run_bytes_per_message": round(journal_run_bytes(), 2)}
     print(json.dumps(result, indent=2))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
