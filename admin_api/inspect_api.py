@@ -149,16 +149,19 @@ def queue_info(queue) -> dict[str, Any]:
         "delivery_limit": queue.delivery_limit,
         # docs/queue-semantics.md: held until their delivery time (not in depth), waiting by
         # priority (only once a priority other than 4 was seen), consumers with a selector
-        "scheduled": len(queue.scheduled),
+        "scheduled": queue.scheduled.total,
         "by_priority": {str(p): n for p, n in (
             queue.messages.by_priority() if hasattr(queue.messages, "by_priority")
             else ({4: queue.depth} if queue.depth else {})).items()},
         "selective_consumers": len(queue.selective),
         # docs/paging.md: bodies on disk only, what is in memory, a read-ahead under way
-        "paged_messages": queue.paged_count,
+        "paged_messages": queue.paged_count + queue.scheduled.paged,
         "paged_bytes": queue.paged_bytes,
         "memory_bytes": queue.bytes - queue.paged_bytes,
-        "paging": bool(queue.paged_count),
+        "paging": bool(queue.paged_count or queue.scheduled.paged),
+        # docs/paging-scheduled.md: scheduled messages in runs on disk, their bodies' bytes
+        "scheduled_paged": queue.scheduled.paged,
+        "scheduled_paged_bytes": queue.scheduled.paged_bytes,
         "reading": queue.reading,
         "stats": dict(vars(queue.stats)),
     }
@@ -314,7 +317,7 @@ async def delete_subscription(request: web.Request) -> web.Response:
         raise ApiError(409, "subscription_in_use", f"subscription {name!r} has "
                                                    f"{len(sub.consumers)} consumer(s) attached",
                        field="name")
-    held = sub.queue.depth + len(sub.queue.scheduled)
+    held = sub.queue.depth + sub.queue.scheduled.total
     subscriptions.remove(sub)
     node.run_pending()
     return json_response({"deleted": name, "messages": held})

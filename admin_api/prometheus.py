@@ -102,9 +102,11 @@ def replication(out: Exposition, items: list[dict]) -> None:
 def paging(out: Exposition, node, queues: list) -> None:
     """Bodies on disk (docs/paging.md): per queue and for the node, and the page store."""
     out.family("fedgate_queue_paged_bytes", "gauge", "Bytes of a queue's bodies on disk only.",
-               [({"queue": name}, q.paged_bytes) for name, q in queues if q.paged_count])
+               [({"queue": name}, q.paged_bytes) for name, q in queues if q.paged_bytes])
     out.family("fedgate_queue_paged_messages", "gauge", "Messages of a queue whose body is on "
-               "disk only.", [({"queue": name}, q.paged_count) for name, q in queues if q.paged_count])
+               "disk only (scheduled ones in runs included).",
+               [({"queue": name}, q.paged_count + q.scheduled.paged) for name, q in queues
+                if q.paged_count or q.scheduled.paged])
     memory = node.queues.memory
     out.family("fedgate_resident_bytes", "gauge", "Payload bytes of local queues in memory "
                "(the paging budget is [limits] max_memory).", [({}, memory.resident)])
@@ -187,7 +189,7 @@ def render(node) -> str:
                [({"queue": name}, q.depth) for name, q in queues])
     out.family("fedgate_queue_scheduled", "gauge",
                "Messages held until their delivery time (x-opt-delivery-time), not in the depth.",
-               [({"queue": name}, len(q.scheduled)) for name, q in queues])
+               [({"queue": name}, q.scheduled.total) for name, q in queues])
     out.family("fedgate_queue_depth_by_priority", "gauge",
                "Messages waiting in a local queue, by priority (queues that saw one other than 4).",
                [({"queue": name, "priority": str(p)}, n) for name, q in queues

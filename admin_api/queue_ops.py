@@ -130,7 +130,7 @@ async def delete_queue(request: web.Request) -> web.Response:
         result = operations.delete(node.broker, queue, force=force)
     except operations.Refused as exc:
         raise ApiError(409, "queue_in_use", str(exc), field="name", consumers=len(queue.consumers),
-                       messages=queue.depth + len(queue.scheduled) + queue.unacked) from None
+                       messages=queue.depth + queue.scheduled.total + queue.unacked) from None
     version = await forget_queue(request, queue.name)  # declared at run time: not any more
     if version is not None:
         result["version"] = version
@@ -156,7 +156,7 @@ async def get_messages(request: web.Request) -> web.Response:
         return located
     queue, scope = located
     return _answer(queue, scope, request.app[NODE], depth=queue.depth,
-                   scheduled=len(queue.scheduled), unacked=queue.unacked,
+                   scheduled=queue.scheduled.total, unacked=queue.unacked,
                    messages=operations.peek(queue, count))
 
 

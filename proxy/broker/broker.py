@@ -35,6 +35,7 @@ from proxy.exchanges.exchange import Exchanges
 from proxy.metrics import Histogram
 from proxy.net.network import TcpNetwork
 from proxy.queues import durable as journal_queues
+from proxy.queues import schedule
 from proxy.queues.endpoints import DEAD_LETTER_COPY
 from proxy.queues.local import DROP_HEAD, LocalQueue, StoredMessage
 from proxy.queues.registry import QueueRegistry
@@ -131,7 +132,7 @@ class Broker:
                     self._expired(queue)
                 if queue.limited:
                     self._limited(queue)
-                if queue.scheduled:
+                if queue.scheduled or queue.scheduled.in_runs:
                     self._arm(queue)
                 _finish_drains(queue)
                 for browser in queue.browsers:  # after the consumers: they take first
@@ -259,7 +260,7 @@ class Broker:
             self.dirty_queues.add(queue)
             self.run_pending()
 
-        queue.timer = (due, loop.call_later(max(0.0, due - time.time()) + 0.001, fire))
+        queue.timer = (due, loop.call_later(max(0.0, due - schedule.clock()) + 0.001, fire))
 
     def delete_temporary(self, queue: LocalQueue) -> None:
         if queue.consumers or queue.producers or queue.browsers:

@@ -168,7 +168,7 @@ def links_of(queue) -> list:
 def delete(broker, queue, *, force: bool) -> dict:
     """Take ``queue`` off the node; refused while it has links or messages unless ``force``."""
     links = links_of(queue)
-    held = queue.depth + len(queue.scheduled) + queue.unacked
+    held = queue.depth + queue.scheduled.total + queue.unacked
     if not force and (queue.consumers or held):
         raise Refused(f"queue {queue.name!r} has {len(queue.consumers)} consumers and {held} "
                       "messages (waiting or unsettled): purge it and detach them, or force")

@@ -89,7 +89,7 @@ class Subscription:
         queue = self.queue
         return {**self.record(), "durable": self.durable, "queue": queue.name,
                 "consumers": len(self.consumers), "depth": queue.depth,
-                "scheduled": len(queue.scheduled), "unacked": queue.unacked,
+                "scheduled": queue.scheduled.total, "unacked": queue.unacked,
                 "enqueued": queue.stats.enqueued}
 
 

@@ -148,6 +148,17 @@ class Pager:
         self.run_pending()  # pages again without a write may have made room
 
     def _page_out(self, queue, wanted: int) -> int:
+        """Scheduled messages due last first (the coldest: docs/paging-scheduled.md), then
+        the ready order's tail."""
+        freed = 0
+        scheduled = getattr(queue, "scheduled", None)
+        if scheduled is not None and list.__len__(scheduled) and queue.scheduled_runs:
+            freed = scheduled.page_out(queue, self, self.read_ahead_count, wanted)
+        if freed < wanted:
+            freed += self._page_out_ready(queue, wanted - freed)
+        return freed
+
+    def _page_out_ready(self, queue, wanted: int) -> int:
         """In-memory messages of ``queue``'s tail, up to ``wanted`` bytes: to disk, the
         oldest of them first, so that the paged part is one piece between the messages kept
         at the head and the newest. A priority queue is taken level by level, the lowest

@@ -97,6 +97,15 @@ class JournalPages:
         page.state = PAGED
         return page
 
+    def view(self, number: int, overhead: int) -> JournalView:
+        """The view of a segment whose pin a holder kept without a page (a journal run of
+        scheduled messages, proxy.queues.schedule_journal): it is open while pinned."""
+        return self._views[(number, overhead)]
+
+    def release(self, number: int) -> None:
+        """A pin kept without a page is let go (its record is no longer wanted)."""
+        self.released(self.files[number])
+
     def released(self, file: JournalFile) -> None:
         self.live -= 1
         file.live -= 1

@@ -42,6 +42,7 @@ from proxy.queues.level_runs import LevelRuns
 from proxy.queues.memory import MemoryUse
 from proxy.queues.message import StoredMessage
 from proxy.queues.runs import RunQueue
+from proxy.queues.schedule_pages import Scheduled
 from proxy.queues.store import DEFAULT_PRIORITY, PriorityStore
 
 __all__ = ["Consumer", "LocalQueue", "QueueStats", "StoredMessage"]
@@ -132,8 +133,9 @@ class LocalQueue:
     limited: list = field(default_factory=list)
     # consumers with a selector (each with its own store of the messages it selects)
     selective: list = field(default_factory=list)
-    # messages held until their delivery time: a heap of (time, seq, message)
-    scheduled: list = field(default_factory=list)
+    # messages held until their delivery time: a heap of (time, seq, message), and those
+    # paged in runs (proxy.queues.schedule_pages; ``total`` counts both)
+    scheduled: Scheduled = field(default_factory=Scheduled)
     # the queue's one timer for scheduled messages, kept by the broker
     timer: object = None
     # paging (proxy.paging, docs/paging.md): bodies of waiting messages on disk only, and
@@ -146,6 +148,9 @@ class LocalQueue:
     runs: ClassVar[bool] = True  # whether they may go in runs (proxy.queues.runs)
     # whether a priority queue keeps runs per level (proxy.queues.level_runs), given ``runs``
     priority_runs: ClassVar[bool] = True
+    # whether its scheduled messages may page (docs/paging-scheduled.md; not a replicated
+    # primary's: its rid index and catch-up name them)
+    scheduled_runs: ClassVar[bool] = True
 
     # -- producer side -----------------------------------------------------
     def enqueue(self, message: StoredMessage, *, expiry: bool = True) -> None:
@@ -156,7 +161,7 @@ class LocalQueue:
         memory = self.memory
         if type(payload) is Page:  # on disk only (a backup's entry, promoted): read its header
             payload = payload.read()
-            if schedule.marked(payload):  # held in memory until its delivery time
+            if schedule.marked(payload) and not self.scheduled_runs:  # in memory until due
                 message.payload = payload
                 message.page.state = STORED
             else:
@@ -173,7 +178,7 @@ class LocalQueue:
         memory.used += size
         if memory.pager is not None and memory.used - memory.paged > memory.limit:
             memory.pager.wake()
-        if schedule.marked(payload) and schedule.hold(self, message):
+        if schedule.marked(payload) and schedule.hold(self, message, payload):
             return
         self._ready(message)
 
@@ -228,7 +233,8 @@ class LocalQueue:
     @property
     def next_due(self) -> float:
         """When the first scheduled message is due (seconds since the epoch); 0: none."""
-        return self.scheduled[0][0] if self.scheduled else 0.0
+        scheduled = self.scheduled
+        return scheduled.next_due(schedule.clock()) if scheduled or scheduled.in_runs else 0.0
 
     def _released(self, size: int) -> None:
         """``size`` payload bytes left the queue for good."""
@@ -333,12 +339,13 @@ class LocalQueue:
         Expired messages that reach the head are taken out first, consumers or
         not (into ``expired``).
         """
+        scheduled = self.scheduled  # first: a priority released may make a PriorityStore
+        if scheduled or scheduled.in_runs:
+            schedule.release_due(self)
         messages = self.messages
         consumers = self.consumers
         standby = self.standby_consumers
         acquired = self.on_acquired
-        if self.scheduled:
-            schedule.release_due(self)
         if self.selective:
             return selective.dispatch(self)
         sent = 0
@@ -535,15 +542,16 @@ class LocalQueue:
 
     def purge(self) -> int:
         held = [entry[2] for entry in self.scheduled]
-        count = len(self.messages) + len(held)
+        count = len(self.messages) + self.scheduled.total
         in_runs = 0
         if type(self.messages) is RunQueue:  # the runs' records die; head and tail stay
             in_runs = self.messages.drop_runs()
             self.messages = self.messages.head
         elif type(self.messages) is LevelRuns:  # every level's runs, likewise
             in_runs = self.messages.drop_runs()
+        in_runs += self.scheduled.drop(self)  # its runs' records die, the heap is emptied
         if self.memory.pager is not None:
-            for message in self.messages:
+            for message in itertools.chain(self.messages, held):
                 if message.page is not None:
                     self.memory.pager.gone(self, message)
         self._released(in_runs + sum(len(m.payload) for m in self.messages)
@@ -557,4 +565,4 @@ class LocalQueue:
     def waiting(self):
         """Every message held and not out with a consumer: ready, then scheduled."""
         yield from self.messages
-        yield from (entry[2] for entry in sorted(self.scheduled))
+        yield from self.scheduled.in_order(self.memory.pager)

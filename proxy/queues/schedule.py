@@ -2,8 +2,9 @@
 
 The message annotations ``x-opt-delivery-time`` (ms since the epoch) and
 ``x-opt-delivery-delay`` (ms), as ActiveMQ Artemis and Qpid JMS use them. A queue
-holds such messages in one heap (``LocalQueue.scheduled``) and the broker keeps one
-timer per queue for the earliest (``LocalQueue.next_due``). A delay is turned into a
+holds such messages in one heap (``LocalQueue.scheduled``; beyond the node's memory budget
+in runs on disk, ``proxy.queues.schedule_pages``, docs/paging-scheduled.md) and the broker
+keeps one timer per queue for the earliest (``LocalQueue.next_due``). A delay is turned into a
 time where the message arrives (``fix_delay``), before it is journaled or replicated,
 so that a restart or a failover keeps its time (the wall clock, not the process's).
 
@@ -18,9 +19,15 @@ import heapq
 import time
 
 from proxy.amqp import message_header
+from proxy.queues import schedule_journal
 
 MARK = b"x-opt-delivery-"
 HEAD = 65536  # bytes searched for MARK: the sections before the body
+
+
+def clock() -> float:
+    """The wall clock the schedule reads (seconds since the epoch; tests move it)."""
+    return time.time()
 
 
 def marked(payload: bytes) -> bool:
@@ -46,7 +53,7 @@ def due_of(payload: bytes) -> float:
         return at / 1000.0
     delay = _number(annotations.get(DELIVERY_DELAY))
     if delay is not None and delay > 0:
-        return time.time() + delay / 1000.0
+        return clock() + delay / 1000.0
     return 0.0
 
 
@@ -59,29 +66,33 @@ def fix_delay(payload: bytes) -> bytes:
     delay = _number(annotations.get(DELIVERY_DELAY))
     if delay is None or delay <= 0 or DELIVERY_TIME in annotations:
         return payload
-    at = int(time.time() * 1000 + delay)
+    at = int(clock() * 1000 + delay)
     return message_header.modify(payload, increment_count=False, annotations={DELIVERY_TIME: at})
 
 
-def hold(queue, message) -> bool:
-    """Into ``queue``'s scheduled heap when ``message`` is due later; False: it is due now."""
-    due = due_of(message.payload)
-    if not due or due <= time.time():
+def hold(queue, message, payload: bytes | None = None) -> bool:
+    """Into ``queue``'s scheduled heap when ``message`` is due later; False: it is due now.
+    ``payload``: its body when ``message.payload`` is a page (on disk only: it stays there,
+    proxy.queues.schedule_pages)."""
+    due = due_of(message.payload if payload is None else payload)
+    if not due or due <= clock():
         return False
-    heapq.heappush(queue.scheduled, (due, message.seq, message))
+    scheduled = queue.scheduled
+    page = message.payload
+    if payload is not None and payload is not page and page.segment.foreign:
+        schedule_journal.keep(scheduled, queue, due, message)  # recovered: in a journal run
+        return True
+    heapq.heappush(scheduled, (due, message.seq, message))
+    memory = queue.memory
+    if memory.pager is not None and memory.used - memory.paged > memory.limit:
+        memory.pager.wake()  # (a redelivery held again: no enqueue woke it)
     return True
 
 
 def release_due(queue, now: float | None = None) -> int:
-    """Messages whose time came: into the ready place, in the order of their times."""
-    scheduled = queue.scheduled
-    now = time.time() if now is None else now
-    moved = 0
-    while scheduled and scheduled[0][0] <= now:
-        _, _, message = heapq.heappop(scheduled)
-        queue._ready(message)
-        moved += 1
-    return moved
+    """Messages whose time came: into the ready place, in the order of their times (runs on
+    disk included: proxy.queues.schedule_pages)."""
+    return queue.scheduled.release(queue, clock() if now is None else now)
 
 
 def remove(queue, message) -> bool:

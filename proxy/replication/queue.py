@@ -66,6 +66,9 @@ class ReplicatedQueue(LocalQueue):
     # its rid index and catch-up know one FIFO of runs (a RunQueue), not levels: a priority
     # turns runs back into messages paged one by one (docs/paging.md, "A priority queue in runs")
     priority_runs: ClassVar[bool] = False
+    # its rid index and catch-up name its scheduled messages: they stay in memory
+    # (docs/paging-scheduled.md, "Replicated queues")
+    scheduled_runs: ClassVar[bool] = False
 
     def settled_accepted(self, message: StoredMessage) -> None:
         super().settled_accepted(message)
