@@ -124,6 +124,7 @@ class Journal:
         # docs/paging.md): never relocated, so a location stays right while it is pinned
         self.pinned: dict[int, int] = {}
         self._body_room: int | None = None  # recovery: body bytes it may still keep (None: all)
+        self._peek = None  # recovery: what it keeps of a body beyond them (open's peek)
         self._next_id = 1
         self._names: dict[str, bytes] = {}
         self._staged: list = []
@@ -442,15 +443,17 @@ class Journal:
 
     # -- recovery ----------------------------------------------------------------
     def open(self, *, loop: asyncio.AbstractEventLoop | None = None,
-             body_budget: int | None = None) -> Recovered:
+             body_budget: int | None = None, peek=None) -> Recovered:
         """Recover the live set, repair the tail, start the writer. Call once, first.
 
         ``loop``: the event loop the writer reports progress to (if not given at construction).
         ``body_budget``: keep at most this many bytes of bodies (the oldest); the others come
-        back as None, left in the journal (``location``). None: every body."""
+        back as None, left in the journal (``location``). None: every body. ``peek(data,
+        start, end)``: what to keep instead of such a body (its bytes are data[start:end])."""
         if loop is not None:
             self.loop = loop
         self._body_room = body_budget
+        self._peek = peek
         started = time.monotonic()
         directory = self.directory
         directory.mkdir(parents=True, exist_ok=True)
@@ -559,7 +562,8 @@ class Journal:
                     self._body_room = room - (body_end - name_end)
                     live[message_id] = (name, data[name_end:body_end])
                 else:  # beyond the budget: read back by location when it is wanted
-                    live[message_id] = (name, None)
+                    peek = self._peek
+                    live[message_id] = (name, peek and peek(data, name_end, body_end))
             elif rtype == DEQUEUE:
                 add_ref = segment.add_ref
                 for message_id in decode_dequeue(data, body_start, body_end):
@@ -569,7 +573,7 @@ class Journal:
                     if loc is None:
                         continue  # its enqueue was in a segment already deleted
                     payload = live.pop(message_id)[1]
-                    if payload is not None and self._body_room is not None:
+                    if type(payload) is bytes and self._body_room is not None:
                         self._body_room += len(payload)
                     source = loc >> 64
                     owner = segments[source]

@@ -29,6 +29,7 @@ import os
 from proxy.journal.format import ENQUEUE_HEAD, RECORD_HEADER, enqueue_payload
 from proxy.journal.journal import Journal
 from proxy.paging.store import PAGED, Page, PageStore
+from proxy.queues import journal_restore
 
 
 class JournalFile:
@@ -72,6 +73,12 @@ class JournalPages:
         self._views: dict[tuple[int, int], JournalView] = {}
         self.made = 0  # pages made, ever
         self.live = 0  # pages not dead
+
+    @staticmethod
+    def open_options() -> dict:
+        """``Journal.open``'s keyword arguments: recovery keeps what restore needs of a body
+        it leaves in the journal (proxy.queues.journal_restore)."""
+        return journal_restore.open_options()
 
     def page(self, queue: str, message_id: int) -> Page | None:
         """A ``PAGED`` page for live message ``message_id`` of queue ``queue``; None if the

@@ -148,22 +148,26 @@ class LocalQueue:
     priority_runs: ClassVar[bool] = True
 
     # -- producer side -----------------------------------------------------
-    def enqueue(self, message: StoredMessage, *, expiry: bool = True) -> None:
-        """Store at the tail. With ``expiry`` the header's ttl (§3.2.1) starts now."""
+    def enqueue(self, message: StoredMessage, *, expiry: bool = True,
+                header: tuple[int, int] | None = None) -> None:
+        """Store at the tail. With ``expiry`` the header's ttl (§3.2.1) starts now.
+        ``header``: its (ttl, priority), known already (a recovered durable message on disk
+        only, not scheduled: proxy.queues.journal_restore); None: read from the body."""
         self._seq += 1
         message.seq = self._seq
         payload = message.payload
         memory = self.memory
-        if type(payload) is Page:  # on disk only (a backup's entry, promoted): read its header
-            payload = payload.read()
-            if schedule.marked(payload):  # held in memory until its delivery time
+        if type(payload) is Page:  # on disk only (a backup's entry, promoted, a recovered one)
+            if header is None:  # read its header
+                payload = payload.read()
+            if header is None and schedule.marked(payload):  # in memory until its time
                 message.payload = payload
                 message.page.state = STORED
             else:
                 self.paged_bytes += len(payload)
                 self.paged_count += 1
                 memory.paged += len(payload)
-        ttl, priority = message_header.ttl_and_priority(payload)
+        ttl, priority = header or message_header.ttl_and_priority(payload)
         if expiry and ttl:
             message.expires_at = monotonic() + ttl / 1000.0
         message.priority = priority
@@ -173,7 +177,7 @@ class LocalQueue:
         memory.used += size
         if memory.pager is not None and memory.used - memory.paged > memory.limit:
             memory.pager.wake()
-        if schedule.marked(payload) and schedule.hold(self, message):
+        if header is None and schedule.marked(payload) and schedule.hold(self, message):
             return
         self._ready(message)
 
