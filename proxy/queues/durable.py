@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from proxy.journal.journal import Journal
-from proxy.queues import journal_restore
+from proxy.queues import journal_restore, local
 from proxy.queues.local import LocalQueue, StoredMessage
 
 _HEADER = b"\x00\x53\x70"
@@ -98,7 +98,14 @@ def restore(recovered, registry, options, pages=None) -> int:
     for name, messages in recovered.queues.items():
         queue = registry.declare(name, **options(name))
         plain = type(queue).enqueue is LocalQueue.enqueue
-        for message_id, payload in messages:
+        start = journal_restore.run_start(queue, messages, pages) if plain else None
+        for index, (message_id, payload) in enumerate(messages):
+            if index == start:  # the rest as journal runs, if the head allows
+                done = journal_restore.into_runs(queue, name, messages, start, pages,
+                                                 local.monotonic())
+                if done is not None:
+                    count += done
+                    break
             if type(payload) is not bytes:  # None, or its header's fields (journal_restore)
                 page = pages.page(name, message_id) if pages is not None else None
                 if page is None:  # not live (cannot happen) or no pages: nothing to restore
