@@ -80,7 +80,9 @@ def restore_figures(messages: int = 80_000, body_bytes: int = 1024,
         queue = registry.get("backlog")
         for _ in range(20):
             await asyncio.sleep(0)
-        held = tracemalloc.get_traced_memory()[0] - base
+        held, peak = tracemalloc.get_traced_memory()
+        held -= base
+        peak -= base
         journal_bytes = 0
         if trace:  # what the journal's module holds (its entry per live message)
             snapshot = tracemalloc.take_snapshot()
@@ -101,6 +103,8 @@ def restore_figures(messages: int = 80_000, body_bytes: int = 1024,
             "journal_bytes_per_message": round((journal_bytes - resident) / messages, 1),
             # what the queue and its pages keep per message beyond the budget
             "queue_bytes_per_paged_message": round((held - journal_bytes) / max(1, beyond), 1),
+            # the most traced at once (recovery's and restore's passing objects included)
+            "peak_bytes_per_message": round((peak - resident) / messages, 1),
             "preads_at_restore": reads[0],
         }
         journal.close()
@@ -111,7 +115,8 @@ def restore_figures(messages: int = 80_000, body_bytes: int = 1024,
     try:
         timed = asyncio.run(measure(False))
         traced = asyncio.run(measure(True))
-        for key in ("journal_bytes_per_message", "queue_bytes_per_paged_message"):
+        for key in ("journal_bytes_per_message", "queue_bytes_per_paged_message",
+                    "peak_bytes_per_message"):
             timed[key] = traced[key]
         return timed
     finally:

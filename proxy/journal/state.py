@@ -1,6 +1,8 @@
 """The journal's bookkeeping records: a segment's live counts, what recovery found, counters.
 
-``Recovered.queues`` holds, per queue, ``(message id, bytes)`` in id order; for a message
+``Recovered.queues`` holds, per queue, ``(message id, bytes)`` in id order (a
+``proxy.journal.recovery.Listing``: the ids in an array, the pairs made as they are read);
+for a message
 whose body recovery left in the journal file (``Journal.open``'s ``body_budget``: read back
 through ``Journal.location``, docs/paging.md) the bytes are None, or what ``open``'s
 ``peek`` kept of the body (its header's fields: ``proxy.queues.journal_restore``).

@@ -7,10 +7,12 @@ the journal, each an ENQUEUE record at a known place. A ``JournalRun`` is a stre
 in queue order (id order), kept as compact arrays: per message its journal segment, the
 record's offset, the body's size (``array('I')``) and its journal id (``array('q')``), its
 expiry time (``array('d')``) only where one has a ttl: 20 bytes a message (28 with ttls),
-one object per ``RUN_MESSAGES``. Seqs are ``first_seq + i``, priority 4 (only such runs
-are made), attempts 0, one ``enqueued_at``. A ``RunQueue`` holds it among its runs as it
-holds a page-store run (``proxy.queues.runs.Chunk``): the same attributes ``count``,
-``size``, ``max_seq``, ``state``; only reading and dropping differ.
+one object per ``RUN_MESSAGES``. A run holds messages of one priority (a FIFO queue's runs,
+or one level of a priority queue in runs: ``proxy.queues.level_runs``); a message's seq is
+``seq_base`` + its journal id (in id order, as the queue's enqueues were), attempts 0, one
+``enqueued_at``. A ``RunQueue`` holds it among its runs as it holds a page-store run
+(``proxy.queues.runs.Chunk``): the same attributes ``count``, ``size``, ``max_seq``,
+``state``; only reading and dropping differ.
 
 * *Holds.* Each message of a run holds its journal segment open and pinned
   (``JournalPages.hold``: the file's count, as a ``JournalView`` page does), so its
@@ -39,10 +41,12 @@ RUN_MESSAGES = 65536  # messages a run at most: its arrays go when it is read
 
 class JournalRun:
     __slots__ = ("pages", "overhead", "numbers", "offsets", "sizes", "ids", "expires",
-                 "first_seq", "front", "count", "size", "max_seq", "enqueued_at", "state")
+                 "seq_base", "priority", "front", "count", "size", "max_seq", "enqueued_at",
+                 "state")
     messages = None  # a page-store run's objects while it is written: never here
 
-    def __init__(self, pages, overhead: int, first_seq: int, enqueued_at: float) -> None:
+    def __init__(self, pages, overhead: int, seq_base: int, priority: int,
+                 enqueued_at: float) -> None:
         self.pages = pages  # the node's JournalPages
         self.overhead = overhead  # bytes of a record before its body (one queue's layout)
         self.numbers = array("I")
@@ -50,11 +54,12 @@ class JournalRun:
         self.sizes = array("I")
         self.ids = array("q")
         self.expires: array | None = None  # only once a message has an expiry
-        self.first_seq = first_seq
+        self.seq_base = seq_base  # a message's seq: this + its journal id
+        self.priority = priority
         self.front = 0  # index of the first message still in the run
         self.count = 0
         self.size = 0  # body bytes still in the run
-        self.max_seq = first_seq - 1
+        self.max_seq = 0
         self.enqueued_at = enqueued_at
         self.state = ON_DISK
 
@@ -75,7 +80,7 @@ class JournalRun:
             self.expires.append(expires_at)
         self.count += 1
         self.size += size
-        self.max_seq += 1
+        self.max_seq = self.seq_base + message_id
 
     def page(self, i: int) -> Page:
         """A page for message ``i``'s record (it takes over the message's hold once kept)."""
@@ -84,9 +89,11 @@ class JournalRun:
 
     def message(self, i: int, page: Page, payload) -> StoredMessage:
         expires = self.expires
-        return StoredMessage(payload, frozenset(), self.ids[i], self.enqueued_at, None,
-                             self.first_seq + i, expires[i] if expires is not None else 0.0,
-                             0, 4, 0, page)
+        message_id = self.ids[i]
+        return StoredMessage(payload, frozenset(), message_id, self.enqueued_at, None,
+                             self.seq_base + message_id,
+                             expires[i] if expires is not None else 0.0, 0, self.priority, 0,
+                             page)
 
     def advance(self, count: int, size: int) -> None:
         """``count`` messages of ``size`` body bytes left its front (their holds with them)."""
