@@ -1,12 +1,14 @@
 """A restart with a durable backlog larger than memory, in the process (issue #44,
 docs/paging.md "Durable messages: the journal as page store"): the journal's recovery scan
 and the restore into a real queue, pager and page store (the I/O on the loop), timed; and
-the memory the restored queue keeps per message beyond the body budget, traced with
-tracemalloc (the journal's own entry per live message, about 100 bytes, is counted apart:
-``journal_bytes_per_message``).
+the memory held after the restore per message, traced with tracemalloc: all of it
+(``bytes_per_message``), the journal's entry per live message
+(``journal_bytes_per_message``) and what the queue keeps per message beyond the body budget
+(``queue_bytes_per_paged_message``); the most traced at once (``peak_bytes_per_message``:
+recovery reads one journal segment whole at a time, 64 MiB by default).
 
     .venv/bin/python bench/paging_restore.py [--messages 80000] [--body 1024] [--budget MB]
-        [--ttl MS] [--no-runs]
+        [--ttl MS] [--priority P] [--no-runs]
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def restore_figures(messages: int = 80_000, body_bytes: int = 1024,
-                    budget: int = 8 * 1024 * 1024, ttl: int = 0, runs: bool = True) -> dict:
+                    budget: int = 8 * 1024 * 1024, ttl: int = 0, runs: bool = True,
+                    priority: int | None = None) -> dict:
     import asyncio
     import tracemalloc
 
@@ -39,6 +42,8 @@ def restore_figures(messages: int = 80_000, body_bytes: int = 1024,
 
     directory = Path(tempfile.mkdtemp(prefix="fedgate-restore-"))
     message = Message(body=bytes(body_bytes), durable=True)
+    if priority is not None:  # in every header (go-amqp sends priority 0)
+        message.priority = priority
     if ttl:
         message.ttl = ttl / 1000.0
     payload = message.encode()
@@ -83,26 +88,33 @@ def restore_figures(messages: int = 80_000, body_bytes: int = 1024,
         held, peak = tracemalloc.get_traced_memory()
         held -= base
         peak -= base
-        journal_bytes = 0
-        if trace:  # what the journal's module holds (its entry per live message)
+        journal_bytes = queue_bytes = 0
+        if trace:  # by the module that allocated it: the journal's, the queues' and pages'
             snapshot = tracemalloc.take_snapshot()
-            journal_bytes = sum(stat.size for stat in snapshot.statistics("filename")
-                                if stat.traceback[0].filename.endswith("journal/journal.py"))
+            for stat in snapshot.statistics("filename"):
+                name = stat.traceback[0].filename
+                if "/proxy/journal/" in name:
+                    journal_bytes += stat.size
+                elif "/proxy/queues/" in name or "/proxy/paging/" in name:
+                    queue_bytes += stat.size
             tracemalloc.stop()
         beyond = queue.paged_count
         resident = registry.memory.resident
         figures = {
-            "runs": runs, "messages": messages, "body_bytes": body_bytes, "budget": budget,
+            "runs": runs, "priority": priority, "messages": messages,
+            "body_bytes": body_bytes, "budget": budget,
             "restored": restored, "beyond_budget": beyond,
             "kind": type(queue.messages).__name__,
             "scan_seconds": round(scanned - started, 3),
             "restore_seconds": round(done - scanned, 3),
             "restore_us_per_message": round((done - scanned) / max(1, restored) * 1e6, 2),
-            # the journal's module holds its entry per live message and the bodies recovery
-            # kept (cut from the segments it read: counted as resident, taken out here)
+            # all held after the restore but the bodies kept in memory, per message
+            "bytes_per_message": round((held - resident) / messages, 1),
+            # the journal's entry per live message (the kept bodies, cut from the segments
+            # recovery read, are counted there too: taken out)
             "journal_bytes_per_message": round((journal_bytes - resident) / messages, 1),
-            # what the queue and its pages keep per message beyond the budget
-            "queue_bytes_per_paged_message": round((held - journal_bytes) / max(1, beyond), 1),
+            # what the queue, its runs and pages keep per message beyond the budget
+            "queue_bytes_per_paged_message": round(queue_bytes / max(1, beyond), 1),
             # the most traced at once (recovery's and restore's passing objects included)
             "peak_bytes_per_message": round((peak - resident) / messages, 1),
             "preads_at_restore": reads[0],
@@ -115,7 +127,8 @@ def restore_figures(messages: int = 80_000, body_bytes: int = 1024,
     try:
         timed = asyncio.run(measure(False))
         traced = asyncio.run(measure(True))
-        for key in ("journal_bytes_per_message", "queue_bytes_per_paged_message",
+        for key in ("bytes_per_message", "journal_bytes_per_message",
+                    "queue_bytes_per_paged_message",
                     "peak_bytes_per_message"):
             timed[key] = traced[key]
         return timed
@@ -130,9 +143,10 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=8, help="MB")
     parser.add_argument("--ttl", type=int, default=0, help="ms, each message's header ttl")
     parser.add_argument("--no-runs", action="store_true", help="[paging] runs = false")
+    parser.add_argument("--priority", type=int, default=None, help="each message's priority")
     args = parser.parse_args()
     print(json.dumps(restore_figures(args.messages, args.body, args.budget * 1024 * 1024,
-                                     args.ttl, not args.no_runs), indent=2))
+                                     args.ttl, not args.no_runs, args.priority), indent=2))
 
 
 if __name__ == "__main__":
