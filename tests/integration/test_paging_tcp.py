@@ -10,7 +10,8 @@ fills, and the admin API for what an operator sees:
 * a deep priority queue keeps runs per level: RSS bounded, each level counted, every id in
   priority order;
 * kill -9 while paging: durable messages come back from the journal, every one once, and
-  the page store left by the crash is emptied at start;
+  the page store left by the crash is emptied at start; a durable backlog of ten and of
+  twelve budgets restarts with RSS bounded (the second in runs of journal records);
 * the disk bounds (``max_disk``, ``min_free_disk``) hold the producer at the budget, name
   the bound in ``/api/v1/node``, and nothing is lost once a consumer drains.
 """
