@@ -253,7 +253,7 @@ def test_a_restarted_durable_backlog_of_small_messages_waits_in_journal_runs(sta
     bytes (twelve budgets), kill -9, restart: the backlog beyond half the budget comes back
     as runs of journal records, about 20 bytes a message on top of the journal's own entry
     (about 100), where each was a paged message of about 420 bytes before (the code before
-    grew the RSS by about 80 MB here; the bound is about 50); every id once, in order."""
+    grew the RSS by about 126 MB here; the bound is about 58); every id once, in order."""
     budget = 8 * 1024 * 1024
     count, size = 200_000, 512
     config = paging_config(budget)
@@ -280,8 +280,9 @@ def test_a_restarted_durable_backlog_of_small_messages_waits_in_journal_runs(sta
     assert memory["resident_bytes"] <= budget, memory
     assert memory["paging"]["disk_bytes"] == 0, "the restart wrote bodies to the page store"
     # the empty node, the budget, about 150 bytes a message (the journal's entry and the
-    # run's arrays: 29 MB) and a fixed margin; message by message it was 420 (80 MB)
-    index = count * 150 / 2**20
+    # run's arrays: 29 MB; allowed 200: 38 MB) and a fixed margin; measured +45.6 MB in all.
+    # Message by message it was 420 bytes a message, +125.7 MB in all
+    index = count * 200 / 2**20
     assert rss < base + budget / 2**20 + index + 12, f"RSS {rss:.1f} MB after the restart"
     assert peak < base + budget / 2**20 + index + 40, f"RSS peaked at {peak:.1f} MB"
 
