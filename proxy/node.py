@@ -584,8 +584,9 @@ class Node:
         if self.pager is not None:  # beyond half the budget, bodies stay in the journal
             pages = self.journal_pages = JournalPages(self.journal, self.pager.store)
             budget = self.config.limits.max_memory // 2
-        restored = restore(self.journal.open(loop=loop, body_budget=budget), self.queues,
-                           self.queue_options, pages)
+        options = pages.open_options() if pages is not None else {}  # the headers' fields
+        restored = restore(self.journal.open(loop=loop, body_budget=budget, **options),
+                           self.queues, self.queue_options, pages)
         if restored:
             log.info("durable queues: %d messages restored", restored)
         worker = self.worker

@@ -80,6 +80,7 @@ from proxy.journal.format import (
     segment_name,
     segment_number,
 )
+from proxy.journal.recovery import LiveSet
 from proxy.journal.repair import repair
 from proxy.journal.state import JournalStats, Recovered, Segment
 from proxy.journal.writer import Copy, Delete, Roll, SegmentWriter
@@ -123,7 +124,6 @@ class Journal:
         # segment -> records in it that a queue reads by location (paged durable messages,
         # docs/paging.md): never relocated, so a location stays right while it is pinned
         self.pinned: dict[int, int] = {}
-        self._body_room: int | None = None  # recovery: body bytes it may still keep (None: all)
         self._next_id = 1
         self._names: dict[str, bytes] = {}
         self._staged: list = []
@@ -442,15 +442,16 @@ class Journal:
 
     # -- recovery ----------------------------------------------------------------
     def open(self, *, loop: asyncio.AbstractEventLoop | None = None,
-             body_budget: int | None = None) -> Recovered:
+             body_budget: int | None = None, peek=None) -> Recovered:
         """Recover the live set, repair the tail, start the writer. Call once, first.
 
         ``loop``: the event loop the writer reports progress to (if not given at construction).
         ``body_budget``: keep at most this many bytes of bodies (the oldest); the others come
-        back as None, left in the journal (``location``). None: every body."""
+        back as None, left in the journal (``location``). None: every body. ``peek(data,
+        start, end)``: what to keep instead of such a body (its bytes are data[start:end];
+        an int 0-13 costs no object: proxy.journal.recovery)."""
         if loop is not None:
             self.loop = loop
-        self._body_room = body_budget
         started = time.monotonic()
         directory = self.directory
         directory.mkdir(parents=True, exist_ok=True)
@@ -459,7 +460,7 @@ class Journal:
             n for n in (segment_number(p.name) for p in directory.iterdir() if p.is_file())
             if n is not None
         )
-        live: dict[int, tuple[str, bytes]] = {}
+        live = LiveSet(body_budget, peek)
         result = Recovered(queues={})
         problem: tuple[int, ScanStop, int] | None = None  # (index, stop, data length)
         for index, number in enumerate(numbers):
@@ -482,14 +483,9 @@ class Journal:
         if problem is not None:
             repair(directory, numbers, problem, result, self._segments)
         result.segments = len(self._segments)
-        by_queue = result.queues
-        for message_id in sorted(live):
-            queue, payload = live[message_id]
-            messages = by_queue.get(queue)
-            if messages is None:
-                messages = by_queue[queue] = []
-            messages.append((message_id, payload))
         result.messages = len(live)
+        by_queue = result.queues = live.listings()
+        del live
         self._writer = SegmentWriter(directory, fsync=self.fsync, batch_delay=self.batch_delay,
                                      on_progress=self._writer_progress)
         self._writer.start()
@@ -514,11 +510,11 @@ class Journal:
             raise JournalError(f"journal {directory} is in use by another process") from None
         self._lock_fd = fd
 
-    def _replay(self, number: int, data: bytes, live: dict, stops: list) -> int:
+    def _replay(self, number: int, data: bytes, live: LiveSet, stops: list) -> int:
         """Apply one segment's records to ``live`` and the bookkeeping; returns the count."""
         return self._apply(number, data, live, scan(data, FILE_HEADER.size, stops), stops)
 
-    def _apply(self, number: int, data: bytes, live: dict, records, stops: list) -> int:
+    def _apply(self, number: int, data: bytes, live: LiveSet, records, stops: list) -> int:
         segments = self._segments
         segment = segments[number]
         where = self._where
@@ -552,14 +548,7 @@ class Journal:
                 name = names.get(raw_name)
                 if name is None:
                     name = names[raw_name] = raw_name.decode("utf-8", "replace")
-                room = self._body_room
-                if room is None:
-                    live[message_id] = (name, data[name_end:body_end])
-                elif room >= body_end - name_end:
-                    self._body_room = room - (body_end - name_end)
-                    live[message_id] = (name, data[name_end:body_end])
-                else:  # beyond the budget: read back by location when it is wanted
-                    live[message_id] = (name, None)
+                live.enqueue(message_id, name, data, name_end, body_end)
             elif rtype == DEQUEUE:
                 add_ref = segment.add_ref
                 for message_id in decode_dequeue(data, body_start, body_end):
@@ -568,9 +557,7 @@ class Journal:
                     loc = where.pop(message_id, None)
                     if loc is None:
                         continue  # its enqueue was in a segment already deleted
-                    payload = live.pop(message_id)[1]
-                    if payload is not None and self._body_room is not None:
-                        self._body_room += len(payload)
+                    live.dequeue(message_id)
                     source = loc >> 64
                     owner = segments[source]
                     owner.live -= 1

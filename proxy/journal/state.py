@@ -1,8 +1,11 @@
 """The journal's bookkeeping records: a segment's live counts, what recovery found, counters.
 
-``Recovered.queues`` holds, per queue, ``(message id, bytes)`` in id order; the bytes are
-None for a message whose body recovery left in the journal file (``Journal.open``'s
-``body_budget``: read back through ``Journal.location``, docs/paging.md).
+``Recovered.queues`` holds, per queue, ``(message id, bytes)`` in id order (a
+``proxy.journal.recovery.Listing``: the ids in an array, the pairs made as they are read);
+for a message
+whose body recovery left in the journal file (``Journal.open``'s ``body_budget``: read back
+through ``Journal.location``, docs/paging.md) the bytes are None, or what ``open``'s
+``peek`` kept of the body (its header's fields: ``proxy.queues.journal_restore``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class Segment:
 class Recovered:
     """What ``Journal.open`` found."""
 
-    queues: dict[str, list[tuple[int, bytes | None]]]  # queue -> [(message id, bytes)], id order
+    queues: dict[str, list[tuple[int, object]]]  # queue -> [(message id, bytes)], id order
     messages: int = 0
     records: int = 0
     segments: int = 0

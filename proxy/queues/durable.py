@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from proxy.journal.journal import Journal
+from proxy.queues import journal_restore, local
 from proxy.queues.local import LocalQueue, StoredMessage
 
 _HEADER = b"\x00\x53\x70"
@@ -91,16 +92,30 @@ def restore(recovered, registry, options, pages=None) -> int:
 
     A message whose body recovery left in the journal (``Journal.open``'s ``body_budget``)
     comes back paged: its ``payload`` is a page of ``pages`` (``JournalPages``), read back
-    from the journal when consumers near it (docs/paging.md)."""
+    from the journal when consumers near it (docs/paging.md); its header's fields come from
+    recovery's scan when it kept them (``journal_restore.open_options``)."""
     count = 0
     for name, messages in recovered.queues.items():
         queue = registry.declare(name, **options(name))
-        for message_id, payload in messages:
-            if payload is None:
+        plain = type(queue).enqueue is LocalQueue.enqueue
+        start = journal_restore.run_start(queue, messages, pages) if plain else None
+        for index, (message_id, payload) in enumerate(messages):
+            if index == start:  # the rest as journal runs, if the head allows
+                done = journal_restore.into_runs(queue, name, messages, start, pages,
+                                                 local.monotonic())
+                if done is not None:
+                    count += done
+                    break
+            if type(payload) is not bytes:  # None, or its header's fields (journal_restore)
                 page = pages.page(name, message_id) if pages is not None else None
                 if page is None:  # not live (cannot happen) or no pages: nothing to restore
                     continue
-                queue.enqueue(StoredMessage(page, journal_id=message_id, page=page))
+                known = journal_restore.header(payload) if plain else None
+                message = StoredMessage(page, journal_id=message_id, page=page)
+                if known is None:  # its body read for its header
+                    queue.enqueue(message)
+                else:  # nothing read
+                    queue.enqueue(message, header=known)
             else:
                 queue.enqueue(StoredMessage(payload, journal_id=message_id))
             count += 1

@@ -17,6 +17,9 @@ paged message (the read-ahead reads it back, in order, in the I/O thread); its s
   through the open descriptor until then.
 * A ``JournalView`` is a file seen through one queue name's record layout: the bytes
   before the body (record header, id, name) are the same for every record of that queue.
+* A journal run (``proxy.queues.journal_runs``) holds its messages' records the same way
+  without a page each (``hold``, ``let_go``): a page made for one when it is read back
+  takes its hold over.
 * Only the event loop makes views and counts pages; the I/O thread reads (``os.pread``)
   and closes a file's descriptor, as its last job for it (``PageStore.after_io``): a
   read asked before the last page died never finds it closed.
@@ -29,6 +32,7 @@ import os
 from proxy.journal.format import ENQUEUE_HEAD, RECORD_HEADER, enqueue_payload
 from proxy.journal.journal import Journal
 from proxy.paging.store import PAGED, Page, PageStore
+from proxy.queues import journal_restore
 
 
 class JournalFile:
@@ -70,32 +74,59 @@ class JournalPages:
         self.store = store
         self.files: dict[int, JournalFile] = {}
         self._views: dict[tuple[int, int], JournalView] = {}
+        self._overheads: dict[str, int] = {}  # queue -> bytes of its records before the body
         self.made = 0  # pages made, ever
         self.live = 0  # pages not dead
+
+    @staticmethod
+    def open_options() -> dict:
+        """``Journal.open``'s keyword arguments: recovery keeps what restore needs of a body
+        it leaves in the journal (proxy.queues.journal_restore)."""
+        return journal_restore.open_options()
 
     def page(self, queue: str, message_id: int) -> Page | None:
         """A ``PAGED`` page for live message ``message_id`` of queue ``queue``; None if the
         journal does not know it."""
+        held = self.hold(queue, message_id)
+        if held is None:
+            return None
+        number, offset, size, overhead = held
+        page = Page(self.view(number, overhead), offset, size)
+        page.state = PAGED
+        return page
+
+    def hold(self, queue: str, message_id: int) -> tuple[int, int, int, int] | None:
+        """Live message ``message_id``'s record held (its segment open and pinned until
+        ``let_go`` or the death of a page made for it): (segment, offset, body size, bytes
+        before the body); None if the journal does not know it."""
         where = self.journal.location(message_id)
         if where is None:
             return None
         number, offset, length = where
-        overhead = RECORD_HEADER.size + ENQUEUE_HEAD.size + len(queue.encode())
-        view = self._views.get((number, overhead))
-        if view is None:
-            file = self.files.get(number)
-            if file is None:
-                file = self.files[number] = JournalFile(self, number)
-            view = self._views[(number, overhead)] = JournalView(file, overhead)
-        file = view.file
+        overhead = self._overheads.get(queue)
+        if overhead is None:
+            overhead = self._overheads[queue] = \
+                RECORD_HEADER.size + ENQUEUE_HEAD.size + len(queue.encode())
+        file = self.files.get(number)
+        if file is None:
+            file = self.files[number] = JournalFile(self, number)
         if file.live == 0:
             self.journal.pin(number)
         file.live += 1
         self.made += 1
         self.live += 1
-        page = Page(view, offset, length - overhead)
-        page.state = PAGED
-        return page
+        return number, offset, length - overhead, overhead
+
+    def view(self, number: int, overhead: int) -> JournalView:
+        """Held segment ``number`` seen through a record layout."""
+        view = self._views.get((number, overhead))
+        if view is None:
+            view = self._views[(number, overhead)] = JournalView(self.files[number], overhead)
+        return view
+
+    def let_go(self, number: int) -> None:
+        """One hold on segment ``number`` is no longer wanted (a journal run purged)."""
+        self.released(self.files[number])
 
     def view(self, number: int, overhead: int) -> JournalView:
         """The view of a segment whose pin a holder kept without a page (a journal run of

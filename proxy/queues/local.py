@@ -153,22 +153,27 @@ class LocalQueue:
     scheduled_runs: ClassVar[bool] = True
 
     # -- producer side -----------------------------------------------------
-    def enqueue(self, message: StoredMessage, *, expiry: bool = True) -> None:
-        """Store at the tail. With ``expiry`` the header's ttl (§3.2.1) starts now."""
+    def enqueue(self, message: StoredMessage, *, expiry: bool = True,
+                header: tuple[int, int] | None = None) -> None:
+        """Store at the tail. With ``expiry`` the header's ttl (§3.2.1) starts now.
+        ``header``: its (ttl, priority), known already (a recovered durable message on disk
+        only, not scheduled: proxy.queues.journal_restore); None: read from the body."""
         self._seq += 1
         message.seq = self._seq
         payload = message.payload
         memory = self.memory
-        if type(payload) is Page:  # on disk only (a backup's entry, promoted): read its header
-            payload = payload.read()
-            if schedule.marked(payload) and not self.scheduled_runs:  # in memory until due
+        if type(payload) is Page:  # on disk only (a backup's entry, promoted, a recovered one)
+            if header is None:  # read its header
+                payload = payload.read()
+            if header is None and schedule.marked(payload) and not self.scheduled_runs:
+                # in memory until due
                 message.payload = payload
                 message.page.state = STORED
             else:
                 self.paged_bytes += len(payload)
                 self.paged_count += 1
                 memory.paged += len(payload)
-        ttl, priority = message_header.ttl_and_priority(payload)
+        ttl, priority = header or message_header.ttl_and_priority(payload)
         if expiry and ttl:
             message.expires_at = monotonic() + ttl / 1000.0
         message.priority = priority
@@ -178,7 +183,7 @@ class LocalQueue:
         memory.used += size
         if memory.pager is not None and memory.used - memory.paged > memory.limit:
             memory.pager.wake()
-        if schedule.marked(payload) and schedule.hold(self, message, payload):
+        if header is None and schedule.marked(payload) and schedule.hold(self, message, payload):
             return
         self._ready(message)
 

@@ -17,6 +17,8 @@ appends runs (``page_out``, only after the last one: the tail's oldest messages)
 queue's read-ahead shortens the first from its front (``read_ahead``: asynchronous;
 ``popleft`` / ``[0]`` with an empty head: at once), purge drops them. A read that comes
 back after its run was shortened or dropped keeps only what is still the run's front.
+A restarted node's durable backlog is in runs of journal records (``JournalRun``,
+``proxy.queues.journal_runs``), read and dropped their own way, among the others.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from itertools import islice
 from zlib import crc32
 
 from proxy.paging.store import HEADER, PAGED, STORED, WRITING, Page, records
+from proxy.queues import journal_runs
+from proxy.queues.journal_runs import JournalRun
 from proxy.queues.message import StoredMessage
 
 WRITING_RUN, ON_DISK, FAILED, DEAD = range(4)
+assert (journal_runs.ON_DISK, journal_runs.DEAD) == (ON_DISK, DEAD)
 SCAN = 1024 * 1024  # bytes read at a time when a run is iterated
 
 
@@ -130,6 +135,9 @@ class RunQueue:
         yield from list(self.head)
         for chunk in list(self.runs):
             if chunk.max_seq <= after and after:
+                continue
+            if type(chunk) is JournalRun:
+                yield from chunk.transient()
                 continue
             if chunk.state != ON_DISK:
                 yield from list(chunk.messages or ())
@@ -270,6 +278,8 @@ class RunQueue:
             return False
         chunk = self.runs[0]
         half = max(1, pager.read_ahead_count // 2)
+        if type(chunk) is JournalRun:
+            return journal_runs.read_ahead(self, chunk)
         if chunk.state != ON_DISK:
             self._take(chunk, half)
             return True
@@ -304,6 +314,9 @@ class RunQueue:
         """The first run's front into the head, here and now."""
         chunk = self.runs[0]
         half = max(1, self.pager.read_ahead_count // 2)
+        if type(chunk) is JournalRun:
+            journal_runs.load_now(self, chunk, half)
+            return
         if chunk.state != ON_DISK:
             self._take(chunk, half)
             return
@@ -390,7 +403,12 @@ class RunQueue:
         size = 0
         for chunk in self.runs:
             size += chunk.size
-            if chunk.state == ON_DISK:
+            if type(chunk) is JournalRun:  # its holds on journal segments let go
+                chunk.release()
+                queue.paged_bytes -= chunk.size
+                queue.paged_count -= chunk.count
+                pager.memory.paged -= chunk.size
+            elif chunk.state == ON_DISK:
                 pager.store.dead_records(chunk.segment, chunk.count, chunk.nbytes)
                 queue.paged_bytes -= chunk.size
                 queue.paged_count -= chunk.count
@@ -410,7 +428,9 @@ class RunQueue:
         a priority, a selector or the admin API's take needs message objects."""
         out = deque(self.head)
         for chunk in self.runs:
-            if chunk.state == ON_DISK:
+            if type(chunk) is JournalRun:
+                out.extend(chunk.unrun())
+            elif chunk.state == ON_DISK:
                 for k, (position, length, meta, _) in enumerate(self._records(chunk)):
                     page = Page(chunk.segment, position, length)
                     page.state = PAGED  # counted as paged already, as the run was
