@@ -125,16 +125,8 @@ class JournalPages:
         return view
 
     def let_go(self, number: int) -> None:
-        """One hold on segment ``number`` is no longer wanted (a journal run purged)."""
-        self.released(self.files[number])
-
-    def view(self, number: int, overhead: int) -> JournalView:
-        """The view of a segment whose pin a holder kept without a page (a journal run of
-        scheduled messages, proxy.queues.schedule_journal): it is open while pinned."""
-        return self._views[(number, overhead)]
-
-    def release(self, number: int) -> None:
-        """A pin kept without a page is let go (its record is no longer wanted)."""
+        """One hold on segment ``number`` is no longer wanted (a journal run purged, a
+        scheduled one's record no longer wanted: proxy.queues.schedule_journal)."""
         self.released(self.files[number])
 
     def released(self, file: JournalFile) -> None:

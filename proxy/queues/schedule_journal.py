@@ -124,7 +124,7 @@ class JournalRun:
     # -- leaving -------------------------------------------------------------------------------
     def drop(self, queue) -> int:
         """Purge: the pins of the records left go (a read under way lets its own go)."""
-        release = self.pages.release
+        release = self.pages.let_go
         for i in range(self.front + self.inflight, self.front + self.count):
             release(self.numbers[i])
         queue.paged_bytes -= self.size
