@@ -83,6 +83,7 @@ from proxy.journal.format import (
 from proxy.journal.recovery import LiveSet
 from proxy.journal.repair import repair
 from proxy.journal.state import JournalStats, Recovered, Segment
+from proxy.journal.where import Where
 from proxy.journal.writer import Copy, Delete, Roll, SegmentWriter
 
 log = logging.getLogger("fedgate.journal")
@@ -119,7 +120,7 @@ class Journal:
         self.on_progress: list = []  # callables run (on the loop) after waiters were told
         self._segments: dict[int, Segment] = {}
         self._active: Segment | None = None
-        self._where: dict[int, int] = {}  # live message id -> packed location
+        self._where = Where()  # live message id -> packed location (docs/journal-index.md)
         self._old_copies: dict[int, list[int]] = {}  # relocated id -> segments of older copies
         # segment -> records in it that a queue reads by location (paged durable messages,
         # docs/paging.md): never relocated, so a location stays right while it is pinned
@@ -486,6 +487,7 @@ class Journal:
         result.messages = len(live)
         by_queue = result.queues = live.listings()
         del live
+        self._where.settle()  # relocated copies met out of id order: into the arrays
         self._writer = SegmentWriter(directory, fsync=self.fsync, batch_delay=self.batch_delay,
                                      on_progress=self._writer_progress)
         self._writer.start()

@@ -1,0 +1,200 @@
+"""The journal's index of live messages: message id -> where its ENQUEUE record is, compactly.
+
+How this works (docs/journal-index.md)
+--------------------------------------
+``Journal._where`` was a dict of live message id -> packed location ``segment << 64 |
+offset << 32 | length`` (an int wider than 64 bits): about 100 bytes per live message (the
+dict's slot and key, a 36-byte int each). ``Where`` keeps the same mapping, with the same
+operations (``w[id] = loc``, ``get``, ``pop``, ``in``, ``len``, ``items``), in three
+parallel arrays sorted by id: ``ids`` (``array('q')``, 8 bytes), ``segs`` (the segment
+number, ``array('I')``, 4 bytes; widened once to ``array('Q')`` should a number pass
+2**32 - 1) and ``spans`` (``offset << 32 | length``, ``array('Q')``, 8 bytes): 20 bytes
+per live message, plus the arrays' growth room (up to 1/8) and the tombstones not yet
+compacted away. A location does not fit one 64-bit word without limits a long-running node
+would pass: segment numbers are never reused (one per 64 MiB written by default; 10 bits
+left beside a 27-bit offset and a 27-bit length would last 64 GiB of writes).
+
+Invariants. ``ids`` ascend strictly. A removed entry is a tombstone: its span is 0 (a
+record is at least its 10-byte header long: a live span is never 0); indices below
+``head`` are all tombstones, ``dead`` counts the tombstones at ``head`` and above. An id is
+in the arrays (live or a tombstone) or in ``extra``, never both as live.
+
+Ids are allocated ascending (``Journal._next_id``), so a new id on a running node is an
+append (O(1)); a lookup is a bisection from ``head`` (O(log n)), after a check of
+``ids[head]`` (a FIFO consumer's dequeue: O(1)). An id that is not above the last one and
+not in the arrays goes to ``extra`` (a dict): recovery meets those, a relocated copy
+whose older copy's segment is already deleted (it comes in a later segment than younger
+ids). ``extra`` is merged into the arrays once it passes 1/8 of them (and by ``settle``,
+after recovery): O(n + k log n), amortised O(log n) per such insert. Tombstones are
+compacted away (``itertools.compress``, C speed) once they pass half the arrays, or
+trimmed off the front when they are all there (FIFO): amortised O(1) per removal.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left
+from itertools import compress
+
+_LOW64 = (1 << 64) - 1
+_SEG = "I" if array("I").itemsize == 4 else "L"
+_MIN_COMPACT = 4096  # tombstones before a compaction is worth it
+_MIN_MERGE = 64  # out-of-order ids before a merge is worth it
+
+
+class Where:
+    __slots__ = ("ids", "segs", "spans", "dead", "extra")
+
+    def __init__(self) -> None:
+        self.ids = array("q")
+        self.segs = array(_SEG)
+        self.spans = array("Q")
+        self.dead = 0  # tombstones in the arrays
+        self.extra: dict[int, int] = {}  # out-of-order ids -> packed location
+
+    def __len__(self) -> int:
+        return len(self.ids) - self.dead + len(self.extra)
+
+    def _find(self, message_id: int) -> int:
+        """Index of ``message_id`` in the arrays (a live entry or a tombstone), or -1. First
+        a guess: ids are consecutive from ``ids[0]`` until a compaction drops scattered ones."""
+        ids = self.ids
+        n = len(ids)
+        if not n:
+            return -1
+        i = message_id - ids[0]
+        if 0 <= i < n and ids[i] == message_id:
+            return i
+        i = bisect_left(ids, message_id)
+        return i if i < n and ids[i] == message_id else -1
+
+    def get(self, message_id: int, default=None):
+        extra = self.extra
+        if extra:
+            loc = extra.get(message_id)
+            if loc is not None:
+                return loc
+        ids = self.ids  # _find, inline: a dequeue's lookup runs per message
+        n = len(ids)
+        if not n:
+            return default
+        i = message_id - ids[0]
+        if not (0 <= i < n and ids[i] == message_id):
+            i = bisect_left(ids, message_id)
+            if i >= n or ids[i] != message_id:
+                return default
+        span = self.spans[i]
+        return (self.segs[i] << 64) | span if span else default
+
+    def __contains__(self, message_id: int) -> bool:
+        return self.get(message_id) is not None
+
+    def __setitem__(self, message_id: int, loc: int) -> None:
+        ids = self.ids
+        if not ids or message_id > ids[-1]:  # a new id: an append
+            extra = self.extra
+            if extra and message_id in extra:
+                extra[message_id] = loc
+                return
+            try:
+                self.segs.append(loc >> 64)
+            except OverflowError:
+                self._widen()
+                self.segs.append(loc >> 64)
+            ids.append(message_id)
+            self.spans.append(loc & _LOW64)
+            return
+        i = self._find(message_id)
+        if i < 0:
+            extra = self.extra
+            extra[message_id] = loc
+            if len(extra) > _MIN_MERGE and len(extra) * 8 > len(ids):
+                self.settle()
+            return
+        if not self.spans[i]:  # a tombstone comes back to life
+            self.dead -= 1
+        try:
+            self.segs[i] = loc >> 64
+        except OverflowError:
+            self._widen()
+            self.segs[i] = loc >> 64
+        self.spans[i] = loc & _LOW64
+
+    def pop(self, message_id: int, default=None):
+        extra = self.extra
+        if extra:
+            loc = extra.pop(message_id, None)
+            if loc is not None:
+                return loc
+        ids = self.ids  # _find, inline: a dequeue runs per message
+        n = len(ids)
+        if not n:
+            return default
+        i = message_id - ids[0]
+        if not (0 <= i < n and ids[i] == message_id):
+            i = bisect_left(ids, message_id)
+            if i >= n or ids[i] != message_id:
+                return default
+        spans = self.spans
+        span = spans[i]
+        if not span:
+            return default
+        spans[i] = 0
+        dead = self.dead = self.dead + 1
+        if dead > _MIN_COMPACT and dead * 2 > n:
+            loc = (self.segs[i] << 64) | span
+            self._compact()
+            return loc
+        return (self.segs[i] << 64) | span
+
+    def items(self):
+        """(id, packed location) of every live entry: the arrays' (a copy) in id order, then
+        the out-of-order ones."""
+        spans = self.spans[:]
+        for message_id, seg, span in zip(self.ids[:], self.segs[:], spans):
+            if span:
+                yield message_id, (seg << 64) | span
+        yield from list(self.extra.items())
+
+    def _widen(self) -> None:
+        """A segment number past 32 bits: 8 bytes per segment number from now on."""
+        self.segs = array("Q", self.segs)
+
+    def _compact(self) -> None:
+        """Drop the tombstones (``compress``: C speed)."""
+        spans = self.spans
+        self.ids = array("q", compress(self.ids, spans))
+        self.segs = array(self.segs.typecode, compress(self.segs, spans))
+        self.spans = array("Q", compress(spans, spans))
+        self.dead = 0
+
+    def settle(self) -> None:
+        """Merge the out-of-order ids into the arrays (tombstones dropped on the way); the
+        arrays exactly as long as their entries (no growth room: after recovery)."""
+        if self.dead:
+            self._compact()
+        extra = self.extra
+        if not extra:
+            self.ids, self.segs, self.spans = self.ids[:], self.segs[:], self.spans[:]
+            return
+        if self.segs.typecode != "Q" and max(extra.values()) >> 64 > 0xFFFFFFFF:
+            self._widen()
+        ids, segs, spans = self.ids, self.segs, self.spans
+        new_ids, new_segs, new_spans = array("q"), array(segs.typecode), array("Q")
+        start = 0
+        for message_id in sorted(extra):
+            at = bisect_left(ids, message_id, start)
+            if at > start:
+                new_ids.extend(ids[start:at])
+                new_segs.extend(segs[start:at])
+                new_spans.extend(spans[start:at])
+            start = at
+            loc = extra[message_id]
+            new_ids.append(message_id)
+            new_segs.append(loc >> 64)
+            new_spans.append(loc & _LOW64)
+        new_ids.extend(ids[start:])
+        new_segs.extend(segs[start:])
+        new_spans.extend(spans[start:])
+        self.ids, self.segs, self.spans = new_ids, new_segs, new_spans
+        self.extra = {}
