@@ -83,7 +83,7 @@ from proxy.journal.format import (
 from proxy.journal.recovery import LiveSet
 from proxy.journal.repair import repair
 from proxy.journal.state import JournalStats, Recovered, Segment
-from proxy.journal.where import Where
+from proxy.journal.where import Where, prune_old_copies
 from proxy.journal.writer import Copy, Delete, Roll, SegmentWriter
 
 log = logging.getLogger("fedgate.journal")
@@ -364,7 +364,7 @@ class Journal:
         otherwise it waits for the segments it points into to go first.
         """
         segments = self._segments
-        progress = True
+        progress, deleted = True, False
         while progress:
             progress = False
             for number in sorted(segments):
@@ -383,7 +383,9 @@ class Journal:
                 del segments[number]
                 self._staged.append(Delete(number))
                 self.stats.segments_deleted += 1
-                progress = True
+                progress = deleted = True
+        if deleted and self._old_copies:  # a deleted segment's old copies need no dequeue
+            self._old_copies = prune_old_copies(self._old_copies, segments)
 
     def _relocate_sparse(self) -> None:
         """Copy the live records of mostly-dead older segments into the current one."""

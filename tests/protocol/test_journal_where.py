@@ -121,6 +121,10 @@ def test_recovery_meets_relocated_copies_out_of_id_order(tmp_path, monkeypatch):
     assert journal.stats.relocated >= len(slow)
     first = min(int(p.name.split(".")[0]) for p in directory.iterdir() if p.suffix == ".seg")
     assert first > 1  # the segment the slow ones were written in is gone
+    # nothing kept per relocated message for a segment already deleted
+    assert all(number in journal._segments
+               for numbers in journal._old_copies.values() for number in numbers)
+    assert not any(message_id in journal._old_copies for message_id in slow[:4])
 
     def read_back(journal):
         for message_id, payload in payloads.items():
