@@ -44,7 +44,39 @@ def index_figures(messages: int, ops: int, kind: str = "where", repeat: int = 5)
         for key, value in _cpu_figures(ops, kind).items():
             figures[key] = min(value, figures.get(key, value))
     figures.update(_memory_figures(messages, kind))
+    figures.update(_journal_memory(messages, kind))
     return figures
+
+
+def _journal_memory(messages: int, kind: str) -> dict:
+    """A real journal (fsync off) given ``messages`` live messages of 100 bytes: what the
+    journal's modules hold per live message once the writer has them (tracemalloc)."""
+    from proxy.journal.journal import Journal
+    directory = Path(tempfile.mkdtemp(prefix="fedgate-index-"))
+    try:
+        journal = Journal(directory, fsync=False)
+        journal._where = _index(kind)
+        journal.open()
+        payload = bytes(100)
+        tracemalloc.start()
+        before = _journal_bytes()
+        for _ in range(messages):
+            journal.enqueue("q", payload)
+        journal.sync()
+        held = _journal_bytes() - before
+        tracemalloc.stop()
+        segments = journal.segment_count
+        journal.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return {"journal_bytes_per_live_message": round(held / messages, 1),
+            "journal_segments": segments}
+
+
+def _journal_bytes() -> int:
+    snapshot = tracemalloc.take_snapshot()
+    return sum(stat.size for stat in snapshot.statistics("filename")
+               if "/proxy/journal/" in stat.traceback[0].filename)
 
 
 def _memory_figures(messages: int, kind: str) -> dict:
