@@ -398,7 +398,7 @@ class Journal:
         }
         if not sparse:
             return
-        moves = [(mid, loc) for mid, loc in self._where.items() if loc >> 64 in sparse]
+        moves = self._where.located_in(sparse)  # (id, location) of the records in them
         segments = self._segments
         for message_id, loc in moves:
             number = loc >> 64

@@ -158,6 +158,15 @@ class Where:
                 yield message_id, (seg << 64) | span
         yield from list(self.extra.items())
 
+    def located_in(self, numbers) -> list[tuple[int, int]]:
+        """(id, packed location) of the live entries whose record is in one of the segments
+        ``numbers`` (relocation's question; a location made only for those)."""
+        found = [(message_id, (seg << 64) | span) for message_id, seg, span
+                 in zip(self.ids, self.segs, self.spans) if seg in numbers and span]
+        found += [(message_id, loc) for message_id, loc in self.extra.items()
+                  if loc >> 64 in numbers]
+        return found
+
     def _widen(self) -> None:
         """A segment number past 32 bits: 8 bytes per segment number from now on."""
         self.segs = array("Q", self.segs)

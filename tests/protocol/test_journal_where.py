@@ -56,7 +56,10 @@ def test_the_index_behaves_as_a_dict(seed, monkeypatch):
             message_id = rng.randrange(1, next_id + 2)
             assert where.pop(message_id, None) == model.pop(message_id, None)
         elif op < 0.85 and model:  # relocation: live entries of some segments move
-            moves = [(m, loc) for m, loc in where.items() if (loc >> 64) % 7 == step % 7]
+            sparse = {n for n in (loc >> 64 for loc in model.values()) if n % 7 == step % 7}
+            moves = where.located_in(sparse)
+            assert sorted(moves) == sorted((m, loc) for m, loc in model.items()
+                                           if loc >> 64 in sparse)
             for message_id, loc in moves:
                 new = _loc(rng)
                 where[message_id] = new
