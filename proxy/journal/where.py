@@ -82,6 +82,8 @@ class Where:
             return default
         i = message_id - ids[0]
         if not (0 <= i < n and ids[i] == message_id):
+            if message_id > ids[-1]:  # a new id (recovery asks before it sets)
+                return default
             i = bisect_left(ids, message_id)
             if i >= n or ids[i] != message_id:
                 return default
@@ -134,6 +136,8 @@ class Where:
             return default
         i = message_id - ids[0]
         if not (0 <= i < n and ids[i] == message_id):
+            if message_id > ids[-1]:  # a new id (recovery asks before it sets)
+                return default
             i = bisect_left(ids, message_id)
             if i >= n or ids[i] != message_id:
                 return default
