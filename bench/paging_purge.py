@@ -80,9 +80,9 @@ def purge_on_loop(count: int, way: str, replicated: bool, body_bytes: int = 1024
         t1, p1 = tracemalloc.get_traced_memory()[0], queue.paged_count
         tracemalloc.stop()
         runs = queue.messages.runs if type(queue.messages) is RunQueue else []
-        ids = sum(c.ids.buffer_info()[1] * c.ids.itemsize for c in runs if c.ids is not None)
+        ids = sum(c.ids.buffer_info()[1] * c.ids.itemsize for c in runs if getattr(c, "ids", None) is not None)
         rids = sum(c.rids.buffer_info()[1] * c.rids.itemsize for c in runs
-                   if c.rids is not None)
+                   if getattr(c, "rids", None) is not None)
         in_runs = sum(c.count for c in runs)
         run_objects = len(runs)
         journal = Journal()
@@ -123,11 +123,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=300_000)
     parser.add_argument("--budget", type=int, default=16 * 1024 * 1024)
+    parser.add_argument("--ways", default="before,now",
+                        help="before: also runs on the code before (its bytes per message)")
     parser.add_argument("--out", help="the results as JSON, to this file")
     args = parser.parse_args()
     results = []
     for replicated in (False, True):
-        for way in ("before", "now"):
+        for way in args.ways.split(","):
             result = purge_on_loop(args.count, way, replicated, budget=args.budget)
             print(json.dumps(result), flush=True)
             results.append(result)
