@@ -24,6 +24,7 @@ from test_paging_scheduled import clock, in_runs, scheduled, send  # noqa: F401 
 from playbook import World, run
 
 from proxy.broker import operations
+from proxy.exchanges.subscriptions import Subscription
 from proxy.queues.journal_pages import JournalView
 from proxy.queues.level_runs import LevelRuns
 from proxy.queues import schedule
@@ -288,3 +289,36 @@ def test_a_run_keeps_journal_ids_and_rids_compactly():
         late.add_name(0, rid)
         late.count += 1
     assert list(late.names()) == [(0, 0), (0, 0), (0, 4)]
+
+
+def test_an_exchange_subscription_queue_removed_reads_nothing(tmp_path, monkeypatch):
+    """A subscription's queue (its backlog in runs) goes with the subscription: its durable
+    messages are dequeued from what the runs keep, and a restart brings none back."""
+    reads = Reads(monkeypatch)
+
+    async def play():
+        world = World(tmp_path)
+        node = await durable_node(world)
+        client = await world.client("a")
+        await fill(world, client.sender("topic::audit"), 200, durable=True)
+        queue = node.queues.get("topic::audit")
+        assert on_disk(queue) > 150
+        subs = node.broker.exchanges.topic_subscriptions
+        sub = Subscription("audit", "topic", queue)
+        subs.by_name["audit"] = sub
+        reads.during(lambda: subs.remove(sub))
+        assert reads.count == 0, f"the removal read {reads.count} records"
+        assert node.queues.get("topic::audit") is None
+        await world.quiet(0.2)
+        await world.close()
+
+    run(play)
+
+    async def again():
+        world = World(tmp_path)
+        node = await durable_node(world)
+        queue = node.queues.get("topic::audit")
+        assert queue is None or queue.depth == 0, "removed messages came back"
+        await world.close()
+
+    run(again)
