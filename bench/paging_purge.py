@@ -112,6 +112,8 @@ def purge_on_loop(count: int, way: str, replicated: bool, body_bytes: int = 1024
                   "bytes_per_paged_message": round((t1 - t0) / max(1, p1 - p0), 2),
                   "id_array_bytes_per_message_in_runs": round(ids / max(1, in_runs), 2),
                   "rid_array_bytes_per_message_in_runs": round(rids / max(1, in_runs), 2)}
+        for _ in range(50):  # the dead segments' deletes, before the directory goes
+            await asyncio.sleep(0)
         pager.close()
         shutil.rmtree(directory, ignore_errors=True)
         return result

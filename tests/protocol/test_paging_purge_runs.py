@@ -83,13 +83,14 @@ def test_purge_and_delete_of_durable_runs_read_nothing_and_a_restart_brings_none
         await fill(world, client.sender("prio"), 100, 100, durable=True, priority=7)
         fifo, prio = (node.queues.get(name) for name in ("fifo", "prio"))
         assert ids_of(await take(world, client.receiver("fifo"), 10)) == list(range(10))
-        assert on_disk(fifo) > 250 and on_disk(prio) > 150
+        await world.until(lambda: on_disk(fifo) > 250 and on_disk(prio) > 150,
+                          what="runs written")
         assert type(prio.messages) is LevelRuns
         assert reads.during(lambda: operations.purge(node.broker, fifo)) == 290
         assert reads.during(lambda: operations.purge(node.broker, prio)) == 200
         await fill(world, client.sender("gone"), 200, durable=True)  # (the budget's room back)
         gone = node.queues.get("gone")
-        assert on_disk(gone) > 150
+        await world.until(lambda: on_disk(gone) > 150, what="runs written")
         assert reads.during(lambda: operations.delete(node.broker, gone, force=True))[
             "purged"] == 200
         assert reads.count == 0, f"the purges read {reads.count} records"
@@ -175,8 +176,9 @@ def test_a_purge_while_a_run_is_written_or_read_back(tmp_path, monkeypatch, mome
         client = await world.client("a")
         await fill(world, client.sender("q"), 300, durable=True)
         queue = node.queues.get("q")
+        await world.until(lambda: on_disk(queue) > 200, what="runs written")
         runs = queue.messages
-        assert type(runs) is RunQueue and on_disk(queue) > 200
+        assert type(runs) is RunQueue
         if moment == "writing":
             assert runs.tail, "messages in memory after the runs"
             runs.page_out(0, 10**9)  # the pager's next round, here and now
@@ -216,7 +218,7 @@ def test_queue_delete_while_messages_are_out_reads_nothing(tmp_path, monkeypatch
         receiver.flow(5)
         await world.until(lambda: len(receiver.received) == 5, what="5 out")
         queue = node.queues.get("q")
-        assert on_disk(queue) > 150
+        await world.until(lambda: on_disk(queue) > 150, what="runs written")
         answer = reads.during(lambda: operations.delete(node.broker, queue, force=True))
         assert answer["purged"] == 200, "the 5 out came back when its link closed"
         assert reads.count == 0, f"the delete read {reads.count} records"
@@ -302,7 +304,7 @@ def test_an_exchange_subscription_queue_removed_reads_nothing(tmp_path, monkeypa
         client = await world.client("a")
         await fill(world, client.sender("topic::audit"), 200, durable=True)
         queue = node.queues.get("topic::audit")
-        assert on_disk(queue) > 150
+        await world.until(lambda: on_disk(queue) > 150, what="runs written")
         subs = node.broker.exchanges.topic_subscriptions
         sub = Subscription("audit", "topic", queue)
         subs.by_name["audit"] = sub
