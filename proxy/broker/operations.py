@@ -148,9 +148,7 @@ def without_dead_letter_marks(payload: bytes) -> bytes:
 # -- changing ---------------------------------------------------------------------------
 def purge(broker, queue) -> int:
     """Every waiting message out (journaled as dequeued); how many."""
-    if broker.journal is not None:  # (a queue's runs are read for their journal ids)
-        for stored in queue.waiting():
-            journal_queues.dequeued(broker.journal, stored)
+    journal_queues.purged(broker.journal, queue)  # (nothing read: docs/paging_purge.md)
     count = queue.purge()
     broker.dirty_queues.add(queue)
     broker.run_pending()

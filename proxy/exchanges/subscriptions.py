@@ -282,8 +282,7 @@ class Subscriptions:
         options["durable"] = durable and broker.journal is not None
         queue = broker.queues.get(queue_name)
         if queue is not None and not restored:  # left by an earlier one: a new one starts empty
-            for message in list(queue.waiting()):
-                journal_queues.dequeued(broker.journal, message)
+            journal_queues.purged(broker.journal, queue)  # nothing read
             queue.purge()
         queue = queue or broker.queues.declare(queue_name, **options)
         queue.durable = options["durable"]
@@ -308,8 +307,7 @@ class Subscriptions:
             subs.remove(sub)
         queue = self.broker.queues.delete(sub.queue.name)
         if queue is not None:
-            for message in list(queue.waiting()):
-                journal_queues.dequeued(self.broker.journal, message)
+            journal_queues.purged(self.broker.journal, queue)  # nothing read
             queue.purge()
         if sub.durable:
             self._save()

@@ -68,6 +68,16 @@ def dequeued(journal: Journal | None, message: StoredMessage) -> None:
         journal.dequeue(message.journal_id)
 
 
+def purged(journal: Journal | None, queue: LocalQueue) -> None:
+    """Every message waiting in ``queue`` is about to be purged: journal each dequeue, the
+    journal ids of its runs from memory (no record read; docs/paging_purge.md)."""
+    if journal is not None:
+        dequeue = journal.dequeue
+        for journal_id, _ in queue.waiting_names():
+            if journal_id:
+                dequeue(journal_id)
+
+
 def dead_lettered(journal: Journal | None, target: LocalQueue, message: StoredMessage) -> None:
     """A dead-lettered copy going into ``target``: journal it if that queue keeps it.
 

@@ -108,6 +108,11 @@ class JournalRun:
             page = self.page(i)
             yield self.message(i, None, page.segment.read(page))
 
+    def names(self):
+        """``(journal_id, rid)`` of each message from its front: its ids, nothing read (purge)."""
+        for i in range(self.front, self.front + self.count):
+            yield self.ids[i], 0
+
     def release(self) -> None:
         """Purged: every hold it still has let go."""
         let_go = self.pages.let_go

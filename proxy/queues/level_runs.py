@@ -224,6 +224,11 @@ class LevelRuns:
         return False
 
     # -- leaving runs --------------------------------------------------------------------------
+    def names(self):
+        """``(journal_id, rid)`` of every message, level by level, nothing read (purge)."""
+        for level in self.levels:
+            yield from level.names()
+
     def drop_runs(self) -> int:
         """Purge: every level's runs' records dead (no read); their body bytes."""
         return sum(level.drop_runs() for level in self.levels)

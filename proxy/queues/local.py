@@ -567,6 +567,14 @@ class LocalQueue:
             consumer.matched.clear()
         return count
 
+    def waiting_names(self):
+        """``(journal_id, rid)`` of every message ``waiting`` yields, runs' from memory (no
+        record read: a purge's journal dequeues and dequeue events; docs/paging_purge.md)."""
+        names = getattr(self.messages, "names", None)
+        yield from (names() if names is not None else
+                    ((m.journal_id, m.rid) for m in list(self.messages)))
+        yield from self.scheduled.names()
+
     def waiting(self):
         """Every message held and not out with a consumer: ready, then scheduled."""
         yield from self.messages

@@ -23,6 +23,7 @@ A restarted node's durable backlog is in runs of journal records (``JournalRun``
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from itertools import islice
 from zlib import crc32
@@ -42,7 +43,7 @@ class Chunk:
     ``size`` of bodies), seqs up to ``max_seq``; ``messages`` while not ``ON_DISK``."""
 
     __slots__ = ("segment", "offset", "nbytes", "count", "size", "max_seq", "messages", "state",
-                 "since", "first_seq")
+                 "since", "first_seq", "front", "ids", "rids", "rid0")
 
     def __init__(self, segment, offset: int) -> None:
         self.segment = segment
@@ -58,10 +59,45 @@ class Chunk:
         # was promoted (the ttl runs from then); ``first_seq``: the seq of its front record
         self.since: float | None = None
         self.first_seq = 0
+        # what a purge names, kept from the write so that it reads nothing (docs/paging_purge.md):
+        # from ``front``, each record's journal id (``ids``: only when one is durable) and rid
+        # (``rids``; ``rid0`` + k instead while they are consecutive, 0: none has a rid)
+        self.front = 0
+        self.ids: array | None = None
+        self.rids: array | None = None
+        self.rid0 = 0
+
+    def add_name(self, journal_id: int, rid: int) -> None:
+        """The journal id and rid of the record written at its end (before ``count`` grows)."""
+        k = self.front + self.count
+        ids = self.ids
+        if ids is not None:
+            ids.append(journal_id)
+        elif journal_id:
+            self.ids = ids = array("q", bytes(8 * k))
+            ids.append(journal_id)
+        rids = self.rids
+        if rids is not None:
+            rids.append(rid)
+        elif k == 0:
+            self.rid0 = rid
+        elif rid != (self.rid0 + k if self.rid0 else 0):  # not consecutive: an array from here
+            base = self.rid0
+            self.rids = rids = array("q", range(base, base + k)) if base else array("q", bytes(8 * k))
+            self.rid0 = 0
+            rids.append(rid)
+
+    def names(self):
+        """``(journal_id, rid)`` of each record from its front, from memory."""
+        ids, rids, rid0 = self.ids, self.rids, self.rid0
+        for i in range(self.front, self.front + self.count):
+            yield (ids[i] if ids is not None else 0,
+                   rids[i] if rids is not None else (rid0 + i if rid0 else 0))
 
     def advance(self, count: int, size: int) -> None:
         """``count`` records of ``size`` body bytes left its front."""
         self.first_seq += count
+        self.front += count
         taken = count * HEADER.size + size
         self.offset += taken
         self.nbytes -= taken
@@ -221,6 +257,7 @@ class RunQueue:
                 chunks.append(chunk)
                 self.runs.append(chunk)
             chunk.messages.append(message)
+            chunk.add_name(message.journal_id, message.rid)
             chunk.count += 1
             chunk.size += page.size
             chunk.nbytes += HEADER.size + page.size
@@ -396,6 +433,22 @@ class RunQueue:
                 self.tail = deque()
 
     # -- leaving runs --------------------------------------------------------------------------
+    def names(self):
+        """``(journal_id, rid)`` of every message, in order, nothing read (purge: the journal's
+        dequeues, a replicated primary's dequeue events): a run's from its arrays."""
+        for message in list(self.head):
+            yield message.journal_id, message.rid
+        for chunk in list(self.runs):
+            if type(chunk) is JournalRun:
+                yield from chunk.names()
+            elif chunk.state != ON_DISK:
+                for message in list(chunk.messages or ()):
+                    yield message.journal_id, message.rid
+            else:
+                yield from chunk.names()
+        for message in list(self.tail):
+            yield message.journal_id, message.rid
+
     def drop_runs(self) -> int:
         """Purge: every run's records dead; their body bytes. Head and tail stay (one deque)."""
         pager = self.pager

@@ -49,7 +49,7 @@ class SchedRun:
     bodies); the times and seqs of its messages from ``front``; ``messages`` while written."""
 
     __slots__ = ("segment", "offset", "nbytes", "count", "size", "dues", "seqs", "front",
-                 "messages", "state", "serial")
+                 "messages", "state", "serial", "ids")
     journal = False  # (a JournalRun, proxy.queues.schedule_journal: True)
 
     def __init__(self, segment, offset: int) -> None:
@@ -58,6 +58,7 @@ class SchedRun:
         self.nbytes = self.count = self.size = self.front = 0
         self.dues = array("d")
         self.seqs = array("Q")
+        self.ids: array | None = None  # journal ids, once one is durable: a purge reads nothing
         self.messages: deque | None = deque()
         self.state = WRITING_RUN
         self.serial = next(_serials)
@@ -340,6 +341,10 @@ class Scheduled(list):
                 made.append(run)
             run.dues.append(due)
             run.seqs.append(seq)
+            if message.journal_id and run.ids is None:
+                run.ids = array("q", bytes(8 * run.count))
+            if run.ids is not None:
+                run.ids.append(message.journal_id)
             run.messages.append(message)
             run.count += 1
             run.size += page.size
@@ -419,6 +424,21 @@ class Scheduled(list):
         self.full = False
         list.clear(self)
         return size
+
+    def names(self):
+        """``(journal_id, rid)`` of every scheduled message, nothing read (purge)."""
+        if self.pending is not None:
+            self.pending.seal(self)
+        for _, _, message in list.__iter__(self):
+            yield message.journal_id, message.rid
+        for run in list(self.runs):
+            if run.journal:
+                yield from ((run.ids[i], 0) for i in range(run.front, run.front + run.count))
+            elif run.state != ON_DISK:
+                for message in list(run.messages or ()):
+                    yield message.journal_id, message.rid
+            elif run.ids is not None:
+                yield from ((run.ids[i], 0) for i in range(run.front, run.front + run.count))
 
     def in_order(self, pager=None):
         """Every scheduled message in (time, seq) order; a run's as transient objects read

@@ -210,7 +210,10 @@ class ReplicaSet:
 
     def dequeued(self, message, in_run: bool = False) -> None:
         """Gone for good; ``in_run``: a message of the queue's runs (purge), not in the index."""
-        value = message.rid
+        self.dequeued_rid(message.rid, in_run)
+
+    def dequeued_rid(self, value: int, in_run: bool = False) -> None:
+        """``dequeued`` by rid (a purge names a run's messages from its arrays)."""
         if self.index.pop(value, None) is None and not in_run:
             return
         self.acquired.discard(value)

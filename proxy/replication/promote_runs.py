@@ -33,6 +33,7 @@ nothing else runs between the copy's last batch and the queue's first dispatch.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 
 from proxy.amqp import message_header
@@ -94,6 +95,12 @@ def _run(run, pager, messages, keys: list, at: int, out: list) -> int:
             and run.span == sum(sizes) + count * HEADER.size):  # whole: one chunk
         chunk = _chunk(run.segment, run.offset)
         chunk.count, chunk.size, chunk.nbytes = count, run.span - count * HEADER.size, run.span
+        if run.journal_ids is not None:  # what a purge names (docs/paging_purge.md)
+            chunk.ids = array("q", run.journal_ids)
+        if rids[-1] - rids[0] == count - 1:  # ascending: consecutive
+            chunk.rid0 = rids[0]
+        else:
+            chunk.rids = array("q", rids)
         out.append(chunk)
         return at
     acquired = run.acquired or ()
@@ -121,6 +128,7 @@ def _run(run, pager, messages, keys: list, at: int, out: list) -> int:
         if chunk is None or where != end:
             chunk = _chunk(run.segment, where)
             out.append(chunk)
+        chunk.add_name(run.journal_id(i), value)
         chunk.count += 1
         chunk.size += size
         chunk.nbytes += HEADER.size + size

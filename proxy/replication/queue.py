@@ -111,9 +111,9 @@ class ReplicatedQueue(LocalQueue):
 
     def purge(self) -> int:
         rs = self.replica_set
-        if rs is not None:  # a run's messages are read from disk to be named (RunQueue.iterate)
-            for message in list(self.waiting()):
-                rs.dequeued(message, in_run=True)
+        if rs is not None:  # a run's rids from memory, nothing read (docs/paging_purge.md)
+            for _, rid in list(self.waiting_names()):
+                rs.dequeued_rid(rid, in_run=True)
             self.changed(self)
         return super().purge()
 
