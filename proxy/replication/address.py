@@ -36,7 +36,7 @@ from proxy.paging.store import body
 from proxy.queues.local import StoredMessage
 from routing.replication import replicas_of
 
-from . import catchup, eligible
+from . import catchup, eligible, recovered
 from .copies import BackupCopy, PrimaryCopy
 from .parked import PendingLink, hold_link, park, release_links, shed_stuck  # noqa: F401
 from .queue import ReplicatedQueue
@@ -281,11 +281,7 @@ class ReplicatedAddress:
         brought back is stale (and must not come back at the next restart)."""
         if self.recovered_messages is None:
             return
-        journal = self.node.broker.journal
-        if journal is not None:
-            for message in self.recovered_messages:
-                if message.journal_id:
-                    journal.dequeue(message.journal_id)
+        recovered.let_go(self.node, self.recovered_messages, dequeue=True)  # pins released
         self.recovered_messages = None
         self._kept_epoch = None
 
@@ -425,12 +421,7 @@ class ReplicatedAddress:
 
     def recovered(self, queue) -> None:
         """The journal brought messages back under this address before the service started."""
-        self.recovered_messages = list(queue.waiting())
-        pager = getattr(self.node, "pager", None)
-        if pager is not None:  # bodies paged meanwhile: back in memory, the records let go
-            for message in self.recovered_messages:
-                pager.load_now(queue, message)
-        queue.purge()
+        self.recovered_messages = recovered.take(self.node, queue)  # bodies left in the journal
         self.node.queues.delete(queue.name)
 
     # -- roles ------------------------------------------------------------------------------------
@@ -444,11 +435,11 @@ class ReplicatedAddress:
             options = registry.defaults(self.address)
             options["durable"] = self.settings.durable
             queue = registry.declare(self.address, kind=ReplicatedQueue, **options)
-        content = []
+        content, kept = [], self.recovered_messages or []
         if self.backup is not None and self.backup.image.depth:
             content = self.backup.promote()
-        elif self.recovered_messages:
-            content = self.recovered_messages
+            recovered.let_go(self.node, kept, dequeue=False)  # their pins
+            kept = []
         if self.backup is not None:
             self.backup.close()
             self.backup = None
@@ -456,6 +447,7 @@ class ReplicatedAddress:
         self._kept_epoch = None
         for message in content:
             queue.restore(message)
+        recovered.claim_with(queue, kept)
         self.claim = claim
         self.owner = (self.node_id, claim.epoch)
         self._count_failover(self.node_id)

@@ -51,15 +51,16 @@ class ReplicatedQueue(LocalQueue):
             rs.enqueued(message)
             self.changed(self)
 
-    def restore(self, message) -> None:
+    def restore(self, message, header=None) -> None:
         """Put ``message`` (promoted from a copy, its rid kept) at the tail, reporting nothing;
-        a ``Chunk``: a run of the copy, handed over as it is (``promote_runs``)."""
+        a ``Chunk``: a run of the copy, handed over as it is (``promote_runs``). ``header``:
+        (ttl, priority) known already (a recovered message left in the journal)."""
         if type(message) is Chunk:
             promote_runs.restore(self, message)
             return
         rs, self.replica_set = self.replica_set, None
         try:
-            super().enqueue(message)
+            super().enqueue(message, header=header)
         finally:
             self.replica_set = rs
 
