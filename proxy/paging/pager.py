@@ -298,12 +298,34 @@ class Pager:
             self.read_back += 1
         for queue in queues:
             queue.reading = False
-            if error is None:
-                self.on_loaded(queue)
-            else:  # asked again in a second, not in a tight loop
-                self._loop.call_later(1.0, self.on_loaded, queue)
+            self.loaded(queue, error)
+
+    def loaded(self, queue, error: OSError | None) -> None:
+        """A read back for ``queue`` is done (its messages', a run's, a scheduled run's): the
+        queue dispatched (asked again in a second after an error, not in a tight loop), and
+        the pager woken when the bodies in memory passed the budget."""
+        if error is None:
+            self.on_loaded(queue)
+        else:
+            self._loop.call_later(1.0, self.on_loaded, queue)
+        memory = self.memory
         if memory.resident - self.writing > memory.limit:
             self.wake()
+
+    def runs_written(self, error: OSError | None) -> None:
+        """A run's write is done, its records counted as paged by its owner (a queue's runs,
+        scheduled runs): the bounds looked at again after an error; else producers let go
+        and the pager woken if memory is still over the budget; what waited for the writer
+        goes on."""
+        memory = self.memory
+        if error is not None:
+            self._check_bounds()
+        else:
+            if memory.blocked or memory.waiting:
+                memory.freed()
+            if memory.resident - self.writing > memory.limit:
+                self.wake()
+        self.run_pending()
 
     # -- what the queue tells ------------------------------------------------------------------
     def load_now(self, queue, message) -> None:

@@ -162,13 +162,7 @@ def _read_back(runs, chunk: JournalRun, done: list, error) -> None:
                               if i >= chunk.front])
     if queue.messages is runs and not runs.runs:
         queue.messages = runs.head  # runs all read: a plain deque again
-    if error is None:
-        pager.on_loaded(queue)
-    else:  # asked again in a second, not in a tight loop
-        pager._loop.call_later(1.0, pager.on_loaded, queue)
-    memory = pager.memory
-    if memory.resident - pager.writing > memory.limit:
-        pager.wake()
+    pager.loaded(queue, error)
 
 
 def load_now(runs, chunk: JournalRun, limit: int) -> None:

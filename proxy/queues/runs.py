@@ -295,14 +295,7 @@ class RunQueue:
             queue.paged_bytes += chunk.size
             queue.paged_count += chunk.count
             memory.paged += chunk.size
-        if error is not None:
-            pager._check_bounds()
-        else:
-            if memory.blocked or memory.waiting:
-                memory.freed()
-            if memory.resident - pager.writing > memory.limit:
-                pager.wake()
-        pager.run_pending()
+        pager.runs_written(error)
 
     # -- reading back ------------------------------------------------------------------------
     def read_ahead(self) -> bool:
@@ -339,13 +332,7 @@ class RunQueue:
                     self.load_now()  # its first record is longer than the read
         if queue.messages is self and not self.runs:
             queue.messages = self.head  # runs all read: a plain deque again
-        if error is None:
-            pager.on_loaded(queue)
-        else:  # asked again in a second, not in a tight loop
-            pager._loop.call_later(1.0, pager.on_loaded, queue)
-        memory = pager.memory
-        if memory.resident - pager.writing > memory.limit:
-            pager.wake()
+        pager.loaded(queue, error)
 
     def load_now(self) -> None:
         """The first run's front into the head, here and now."""

@@ -31,7 +31,7 @@ from time import monotonic
 from proxy.amqp import message_header
 from proxy.paging.store import PAGED, READING, STORED, Page
 from proxy.queues.message import StoredMessage
-from proxy.queues.schedule_pages import DEAD, ON_DISK, _loaded, _room, _serials
+from proxy.queues.schedule_pages import DEAD, ON_DISK, _room, _serials
 
 FIELDS = ("dues", "seqs", "ids", "numbers", "offsets", "sizes")
 
@@ -93,10 +93,10 @@ class JournalRun:
         if self.state == DEAD:  # purged meanwhile: these records' pins are their pages' now
             for _, page, _ in done:
                 pager.store.dead(page)
-            _loaded(pager, queue, None)
+            pager.loaded(queue, None)
             return
         if error is not None or any(payload is None for _, _, payload in done):
-            _loaded(pager, queue, error or OSError("a journal record was not read"))
+            pager.loaded(queue, error or OSError("a journal record was not read"))
             return  # (the records stay in the run, their pins too: asked again)
         size = 0
         push = heapq.heappush
@@ -119,7 +119,7 @@ class JournalRun:
         pager.memory.paged -= size
         pager.read_back += count
         scheduled._front_moved(self)
-        _loaded(pager, queue, None)
+        pager.loaded(queue, None)
 
     # -- leaving -------------------------------------------------------------------------------
     def drop(self, queue) -> int:

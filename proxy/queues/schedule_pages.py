@@ -75,18 +75,6 @@ class SchedRun:
         self.front += count
 
 
-def _loaded(pager, queue, error) -> None:
-    """A read back is done: the queue dispatched (asked again in a second after an error,
-    not in a tight loop), and the pager woken when the bodies in memory passed the budget."""
-    if error is None:
-        pager.on_loaded(queue)
-    else:
-        pager._loop.call_later(1.0, pager.on_loaded, queue)
-    memory = pager.memory
-    if memory.resident - pager.writing > memory.limit:
-        pager.wake()
-
-
 def _room(pager, queue, size: int) -> int:
     """How many bodies of ``size`` bytes a read back may bring now (0: none; at most
     ``MANY``): as many as fit under the ceiling producers stop at, so that reads never
@@ -269,7 +257,7 @@ class Scheduled(list):
                 if not got and len(data) >= HEADER.size:  # its first record is longer
                     self._read(queue, run, 0.0, HEADER.size + HEADER.unpack_from(data)[0])
                     return
-        _loaded(pager, queue, error)
+        pager.loaded(queue, error)
 
     def _absorb(self, queue, run: SchedRun, data: bytes, n: int) -> int:
         count = size = 0
@@ -389,14 +377,7 @@ class Scheduled(list):
             self.paged_bytes += run.size
             queue.paged_bytes += run.size
             memory.paged += run.size
-        if error is not None:
-            pager._check_bounds()
-        else:
-            if memory.blocked or memory.waiting:
-                memory.freed()
-            if memory.resident - pager.writing > memory.limit:
-                pager.wake()
-        pager.run_pending()
+        pager.runs_written(error)
 
     # -- leaving -------------------------------------------------------------------------------
     def drop(self, queue) -> int:
