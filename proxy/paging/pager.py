@@ -312,6 +312,20 @@ class Pager:
         if memory.resident - self.writing > memory.limit:
             self.wake()
 
+    def run_pages_written(self, done: list, error: OSError | None) -> None:
+        """The pages of a run's write (``(message, page)`` pairs) back: after an error each
+        is dead and its message keeps its body; a page taken meanwhile keeps its record
+        (``STORED``); the owner then settles its runs and calls ``runs_written``."""
+        store = self.store
+        for message, page in done:
+            self.writing -= page.size
+            if error is not None:
+                if message.page is page:
+                    message.page = None
+                store.dead(page)
+            elif page.state == WRITING:
+                page.state = STORED
+
     def runs_written(self, error: OSError | None) -> None:
         """A run's write is done, its records counted as paged by its owner (a queue's runs,
         scheduled runs): the bounds looked at again after an error; else producers let go

@@ -28,7 +28,7 @@ from collections import deque
 from itertools import islice
 from zlib import crc32
 
-from proxy.paging.store import HEADER, PAGED, STORED, WRITING, Page, records
+from proxy.paging.store import HEADER, PAGED, STORED, Page, records
 from proxy.queues import journal_runs
 from proxy.queues.journal_runs import JournalRun
 from proxy.queues.message import StoredMessage
@@ -270,15 +270,7 @@ class RunQueue:
 
     def _written(self, chunks: list, done: list, error) -> None:
         pager = self.pager
-        store = pager.store
-        for message, page in done:
-            pager.writing -= page.size
-            if error is not None:
-                if message.page is page:
-                    message.page = None
-                store.dead(page)
-            elif page.state == WRITING:
-                page.state = STORED  # taken meanwhile: it keeps its record; else dropped below
+        pager.run_pages_written(done, error)
         queue = self.queue
         memory = pager.memory
         for chunk in chunks:

@@ -33,7 +33,7 @@ from array import array
 from collections import deque
 
 from proxy.paging.pager import LOW
-from proxy.paging.store import HEADER, STORED, WRITING, Page, records
+from proxy.paging.store import HEADER, STORED, Page, records
 from proxy.queues.runs import message_of
 
 WRITING_RUN, ON_DISK, DEAD = range(3)
@@ -350,15 +350,7 @@ class Scheduled(list):
         return sum(len(entry[2].payload) for entry in self) > limit
 
     def _written(self, queue, pager, made: list, done: list, error) -> None:
-        store = pager.store
-        for message, page in done:
-            pager.writing -= page.size
-            if error is not None:
-                if message.page is page:
-                    message.page = None
-                store.dead(page)
-            elif page.state == WRITING:
-                page.state = STORED  # taken meanwhile: it keeps its record; else dropped below
+        pager.run_pages_written(done, error)
         memory = pager.memory
         for run in made:
             if run.state != WRITING_RUN:
