@@ -14,30 +14,17 @@ in order, bodies checked.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from admin_client import wait_for
 from etcd_servers import cluster_name, etcd_url  # noqa: F401 (fixtures)
-from replication_support import (LEASE_TTL, replicated_nodes, replicated_rule, restart_all,
-                                 view_of, wait_isr, wait_primary)
+from replication_support import (LEASE_TTL, copy_depth, replicated_nodes, replicated_rule,
+                                 restart_all, rss_mb, wait_isr, wait_primary)
 
 pytestmark = pytest.mark.timeout(500)
 
 ADDRESS = "orders.kept"
 RULE = replicated_rule(nodes=["n1", "n2", "n3"], durable=True)
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def copy_depth(node) -> int:
-    view = view_of(node, ADDRESS) or {}
-    return (view.get("replication") or {}).get("copy", {}).get("depth", -1)
 
 
 def test_a_replicated_durable_backlog_of_ten_budgets_survives_a_kill_of_every_node(
@@ -57,7 +44,8 @@ def test_a_replicated_durable_backlog_of_ten_budgets_survives_a_kill_of_every_no
     (sent,) = clients("go", "send", n1.url, address=ADDRESS, count=count, sizes=size,
                       durable=True, timeout_ms=300_000).finish(timeout=320)
     assert sent["error"] is None and sent["accepted"] == count, sent
-    wait_for(lambda: copy_depth(nodes["n2"]) == copy_depth(nodes["n3"]) == count + 10, 60.0,
+    wait_for(lambda: copy_depth(nodes["n2"], ADDRESS) == copy_depth(nodes["n3"], ADDRESS)
+             == count + 10, 60.0,
              "both copies whole")
 
     for node in nodes.values():
@@ -67,7 +55,7 @@ def test_a_replicated_durable_backlog_of_ten_budgets_survives_a_kill_of_every_no
     primary = wait_primary(nodes, ADDRESS, LEASE_TTL + 30.0)
     ready = time.monotonic() - started
     others = [name for name in nodes if name != primary]
-    wait_for(lambda: all(copy_depth(nodes[n]) == count + 10 for n in others), 120.0,
+    wait_for(lambda: all(copy_depth(nodes[n], ADDRESS) == count + 10 for n in others), 120.0,
              "the backups caught up after the restart")
     # the budget, the index of the paged messages (a journal page each and, at the primary,
     # its rid index: measured +71 MB on the primary in all, 700 bytes a message allowed: 53 MB)

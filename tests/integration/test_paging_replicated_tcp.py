@@ -14,30 +14,17 @@ from them) and a consumer gets every id once, in order, bodies checked.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from admin_client import admin, wait_for
 from etcd_servers import cluster_name, etcd_url  # noqa: F401 (fixtures)
-from replication_support import (LEASE_TTL, replicated_nodes, replicated_rule, view_of,
-                                 wait_isr, wait_primary)
+from replication_support import (LEASE_TTL, copy_depth, replicated_nodes, replicated_rule,
+                                 rss_mb, wait_isr, wait_primary)
 
 pytestmark = pytest.mark.timeout(420)
 
 ADDRESS = "orders.deep"
 RULE = replicated_rule(nodes=["n1", "n2", "n3"])
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def copy_depth(node) -> int:
-    view = view_of(node, ADDRESS) or {}
-    return (view.get("replication") or {}).get("copy", {}).get("depth", -1)
 
 
 def test_backups_hold_a_deep_replicated_backlog_in_runs_and_one_serves_it(
@@ -58,7 +45,7 @@ def test_backups_hold_a_deep_replicated_backlog_in_runs_and_one_serves_it(
                       timeout_ms=300_000).finish(timeout=320)
     fill = time.monotonic() - started
     assert sent["error"] is None and sent["accepted"] == count, sent
-    wait_for(lambda: copy_depth(n2) == copy_depth(n3) == count + 10, 30.0,
+    wait_for(lambda: copy_depth(n2, ADDRESS) == copy_depth(n3, ADDRESS) == count + 10, 30.0,
              "both copies whole")
     for name in ("n2", "n3"):
         node = nodes[name]
@@ -95,7 +82,7 @@ def test_backups_hold_a_deep_replicated_backlog_in_runs_and_one_serves_it(
     growth = rss_mb(nodes[new].proc.pid) - before[new]
     print(f"\n{new} (promoted): RSS +{growth:.1f} MB over its start")
     assert growth < budget * 1.25 / 2**20 + 4 + 40, f"the new primary's RSS grew {growth:.1f} MB"
-    wait_for(lambda: copy_depth(nodes[third]) == count + 10, 120.0,
+    wait_for(lambda: copy_depth(nodes[third], ADDRESS) == count + 10, 120.0,
              f"{third} caught up from the new primary")
     growth = rss_mb(nodes[new].proc.pid) - before[new]
     print(f"{new} after {third}'s catch-up: RSS +{growth:.1f} MB")

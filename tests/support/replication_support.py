@@ -114,6 +114,21 @@ def view_of(node, address: str) -> dict | None:
     return queues_of(node).get(address)
 
 
+def copy_depth(node, address: str) -> int:
+    """The depth of ``node``'s backup copy of ``address`` (-1: it holds none)."""
+    view = view_of(node, address) or {}
+    return (view.get("replication") or {}).get("copy", {}).get("depth", -1)
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (``VmRSS``), in MB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def primary_of(nodes, address: str) -> str | None:
     """The one live node that serves ``address`` (the primary), else None."""
     holders = []
